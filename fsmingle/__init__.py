@@ -1,0 +1,66 @@
+"""fsmingle: rendezvous for multi-node PyTorch through a shared filesystem.
+
+Each participant atomically writes a JSON beacon into ``<dir>/<job_id>/``; rank
+0's beacon supplies the master address and port; once the world is complete one
+release record lets everyone go.  No etcd, no known endpoint, no hostname that
+must resolve.  Importing this package does not import torch.
+
+Public API: :func:`rendezvous`, :class:`Rendezvous`, :func:`init_process_group`,
+and the :class:`FsmingleError` family in :mod:`fsmingle.errors`.
+"""
+
+__version__ = "0.1.0"
+
+from .errors import (  # noqa: E402
+    ConfigError,
+    CorruptStateError,
+    FsmingleError,
+    RankConflictError,
+    RecordError,
+    RendezvousTimeoutError,
+    StorageError,
+    UnsafeDirectoryError,
+)
+from .api import Rendezvous, rendezvous  # noqa: E402
+from .protocol import Progress, Timing  # noqa: E402
+
+__all__ = [
+    "__version__", "rendezvous", "Rendezvous", "Timing", "Progress", "init_process_group",
+    "FsmingleError", "ConfigError", "CorruptStateError", "RankConflictError", "RecordError",
+    "RendezvousTimeoutError", "StorageError", "UnsafeDirectoryError",
+]
+
+
+def init_process_group(backend: str | None = None, **kwargs):
+    """Rendezvous, then call ``torch.distributed.init_process_group`` with the result (per-rank mode).
+
+    Keyword arguments of :func:`rendezvous` (``dir``, ``job_id``, ``world_size``,
+    ``rank``, ``addr``, ``iface``, ``port``, ``timeout``, ...) are taken from
+    ``kwargs``; the rest go to torch.  Sets ``MASTER_ADDR``, ``MASTER_PORT``,
+    ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE`` in ``os.environ``
+    and initialises with ``init_method="env://"``.
+
+    Args:
+        backend (str | None): torch backend (``"gloo"``, ``"nccl"``); None lets torch choose.
+
+    Returns:
+        Rendezvous: the rendezvous result.
+
+    Raises:
+        ImportError: torch is not installed (``pip install fsmingle[torch]``).
+        FsmingleError: as :func:`rendezvous` raises.
+    """
+    import inspect
+    import os
+
+    rdzv_keys = set(inspect.signature(rendezvous).parameters)
+    rdzv_kwargs = {k: kwargs.pop(k) for k in list(kwargs) if k in rdzv_keys}
+    if "world_size" not in rdzv_kwargs and "nnodes" not in rdzv_kwargs:
+        rdzv_kwargs.setdefault("world_size", None)
+    import torch.distributed as dist  # imported only here: the rendezvous path stays torch-free
+
+    r = rendezvous(**rdzv_kwargs)
+    os.environ.update(r.env())
+    dist.init_process_group(backend=backend, init_method="env://", rank=r.rank if r.rank is not None else r.node_rank,
+                            world_size=r.world_size if r.world_size is not None else r.nnodes, **kwargs)
+    return r

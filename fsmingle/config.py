@@ -1,0 +1,152 @@
+"""Where the rendezvous parameters come from: explicit values, then the scheduler's environment.
+
+Fallback order for each value (first one set wins):
+
+=================  ==========================================================================
+value              sources
+=================  ==========================================================================
+dir                ``--dir``, ``FSMINGLE_DIR``
+job id             ``--job-id``, ``FSMINGLE_JOB_ID``, ``SLURM_JOB_ID`` (for an array task
+                   ``SLURM_ARRAY_JOB_ID``, so all tasks of the array share it), ``PBS_JOBID``,
+                   ``LSB_JOBID``, ``JOB_ID`` (SGE), ``TORCHELASTIC_RUN_ID``
+nnodes             ``--nnodes``, ``SLURM_NNODES``, ``PET_NNODES``
+node rank          ``--node-rank``, ``SLURM_NODEID``, ``JOB_COMPLETION_INDEX`` (Kubernetes
+                   Indexed Job), ``PET_NODE_RANK``; none: first-come
+world size         ``--world-size``, ``SLURM_NTASKS``
+rank               ``--rank``, ``SLURM_PROCID``; none: first-come
+restart count      ``SLURM_RESTART_COUNT`` (0 if unset)
+=================  ==========================================================================
+
+Per-rank mode is chosen by ``--world-size``/``--rank`` (or by
+``SLURM_NTASKS`` > ``SLURM_NNODES`` when neither ``--nnodes`` nor
+``--world-size`` is given, i.e. one ``srun`` task per rank).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+
+from .errors import ConfigError
+
+MAX_JOB_ID_LEN = 128
+_JOB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+@=-]*$")
+
+
+def validate_job_id(job_id: str) -> str:
+    """Return ``job_id`` if it is safe as one directory name.
+
+    Allowed: letters, digits and ``. _ + @ = -`` (Slurm array ids like
+    ``123_4`` and Kubernetes names fit), starting with a letter or digit, at
+    most 128 characters.
+
+    Raises:
+        ConfigError: empty, too long, ``.``/``..``, or containing ``/``, NUL,
+            whitespace, control or other characters.
+    """
+    if not job_id:
+        raise ConfigError("no job id: pass --job-id or set FSMINGLE_JOB_ID (the same on every node)")
+    if len(job_id) > MAX_JOB_ID_LEN:
+        raise ConfigError(f"job id is {len(job_id)} characters long; at most {MAX_JOB_ID_LEN} are allowed")
+    if job_id in (".", "..") or not _JOB_ID_RE.match(job_id):
+        raise ConfigError(
+            f"job id {job_id!r} is not allowed: use letters, digits and . _ + @ = - only, starting with a "
+            "letter or digit (no '/', '..', spaces or control characters)"
+        )
+    return job_id
+
+
+def _int_env(env: dict, name: str) -> int | None:
+    v = env.get(name)
+    if v is None or v == "":
+        return None
+    try:
+        return int(v)
+    except ValueError:
+        raise ConfigError(f"environment variable {name}={v!r} is not an integer") from None
+
+
+def _first(env: dict, *names: str) -> tuple[str | None, str | None]:
+    for n in names:
+        if env.get(n):
+            return env[n], n
+    return None, None
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Resolved rendezvous parameters (see :func:`resolve`)."""
+
+    dir: str
+    job_id: str
+    mode: str  # "node" or "rank"
+    size: int  # nnodes or world size
+    rank: int | None  # node rank or global rank; None: first-come
+    restart_count: int
+
+
+def resolve(
+    dir: str | None = None,
+    job_id: str | None = None,
+    nnodes: int | None = None,
+    node_rank: int | None = None,
+    world_size: int | None = None,
+    rank: int | None = None,
+    env: dict | None = None,
+) -> Settings:
+    """Fill unset values from the environment and validate them all.
+
+    Raises:
+        ConfigError: no dir, no job id, an invalid job id, nnodes/world size
+            missing or below 1, a rank outside 0..size-1, node and per-rank
+            options mixed, or a non-integer scheduler variable.
+    """
+    env = os.environ if env is None else env
+    dir = dir or env.get("FSMINGLE_DIR")
+    if not dir:
+        raise ConfigError("no rendezvous directory: pass --dir or set FSMINGLE_DIR to a directory every node sees")
+    if not job_id:
+        job_id, _ = _first(env, "FSMINGLE_JOB_ID", "SLURM_ARRAY_JOB_ID", "SLURM_JOB_ID", "PBS_JOBID",
+                           "LSB_JOBID", "JOB_ID", "TORCHELASTIC_RUN_ID")
+    job_id = validate_job_id(job_id or "")
+    if (world_size is not None or rank is not None) and (nnodes is not None or node_rank is not None):
+        raise ConfigError("give either --nnodes/--node-rank (node mode) or --world-size/--rank (per-rank mode), not both")
+    mode = "rank" if (world_size is not None or rank is not None) else "node"
+    if mode == "node" and nnodes is None:
+        ntasks, nn = _int_env(env, "SLURM_NTASKS"), _int_env(env, "SLURM_NNODES")
+        if ntasks and nn and ntasks > nn and node_rank is None:
+            mode = "rank"  # one srun task per rank
+    if mode == "rank":
+        size = world_size if world_size is not None else _int_env(env, "SLURM_NTASKS")
+        if rank is None:
+            rank = _int_env(env, "SLURM_PROCID")
+        what = "--world-size (or SLURM_NTASKS)"
+    else:
+        size = nnodes
+        if size is None:
+            for n in ("SLURM_NNODES", "PET_NNODES"):
+                v = env.get(n)
+                if v and ":" in v:
+                    raise ConfigError(f"{n}={v} is an elastic range; the static rendezvous needs one number (--nnodes)")
+                size = _int_env(env, n)
+                if size is not None:
+                    break
+        if node_rank is None:
+            for n in ("SLURM_NODEID", "JOB_COMPLETION_INDEX", "PET_NODE_RANK"):
+                node_rank = _int_env(env, n)
+                if node_rank is not None:
+                    break
+        rank = node_rank
+        what = "--nnodes (or SLURM_NNODES)"
+    if size is None:
+        raise ConfigError(f"how many participants? pass {what}")
+    if size < 1:
+        raise ConfigError(f"{what.split()[0]} is {size}; it must be at least 1")
+    if size > 100_000:
+        raise ConfigError(f"{what.split()[0]} is {size}; at most 100000 are supported")
+    if rank is not None and not 0 <= rank < size:
+        flag = "--rank" if mode == "rank" else "--node-rank"
+        raise ConfigError(f"{flag} is {rank} but must be in 0..{size - 1} for a world of {size}")
+    return Settings(dir=dir, job_id=job_id, mode=mode, size=size, rank=rank,
+                    restart_count=_int_env(env, "SLURM_RESTART_COUNT") or 0)

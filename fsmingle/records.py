@@ -1,0 +1,315 @@
+"""The on-disk record format: beacons, rank claims and release records (JSON, schema 1).
+
+Every file fsmingle writes under ``<dir>/<job_id>/`` is one JSON object with a
+``schema`` (int) and a ``kind`` (str).  Never pickle: a record is an
+instruction to connect somewhere, and anyone who can write the directory could
+otherwise run code in every reader.  Decoding validates every field, so a
+hostile or torn file can only ever be rejected, never half-trusted.
+
+Kinds
+-----
+``beacon``   one per participant (process) and generation, replaced atomically
+             on every heartbeat; holds identity, address and heartbeat counter.
+``claim``    ``rank-NNNNN.claim``: created exclusively, names the instance that
+             owns the rank for this generation.  Immutable.
+``release``  ``release.json``: created exclusively, exactly once per generation;
+             ``state`` is ``"released"`` (master, port, ordered members) or
+             ``"restart"`` (the generation is void; go to the next one).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import RecordError
+
+SCHEMA_VERSION = 1
+MODES = ("node", "rank")
+_INSTANCE_RE = re.compile(r"^[0-9a-f]{8,64}$")
+_MAX_RECORD_BYTES = 1 << 20  # a release for 100k members is far below this
+
+
+def validate_addr(addr: str) -> str:
+    """Return ``addr`` normalised if it is a literal IPv4/IPv6 address.
+
+    Args:
+        addr (str): e.g. ``"10.1.2.3"`` or ``"fe80::1"``.
+
+    Returns:
+        str: the canonical text form.
+
+    Raises:
+        RecordError: if it is not an IP literal.  Hostnames are refused on
+            purpose: pods and compute nodes often cannot resolve each other.
+    """
+    try:
+        return str(ipaddress.ip_address(str(addr).split("%")[0]))
+    except ValueError:
+        raise RecordError(f"{addr!r} is not an IP address (hostnames are not accepted)") from None
+
+
+def validate_port(port: Any, *, allow_zero: bool = False) -> int:
+    """Return ``port`` if it is an int in 1..65535 (0 too if ``allow_zero``).
+
+    Raises:
+        RecordError: otherwise.
+    """
+    if isinstance(port, bool) or not isinstance(port, int):
+        raise RecordError(f"port {port!r} is not an integer")
+    low = 0 if allow_zero else 1
+    if not low <= port <= 65535:
+        raise RecordError(f"port {port} is outside {low}..65535")
+    return port
+
+
+@dataclass(frozen=True)
+class HostId:
+    """Who and where a process is, enough to check liveness directly on the same host.
+
+    Attributes:
+        hostname (str): ``socket.gethostname()``, for humans.
+        boot_id (str): ``/proc/sys/kernel/random/boot_id``; differs per kernel boot.
+        pidns (str): ``readlink /proc/self/ns/pid``; pids are comparable only
+            inside one pid namespace (two pods on one node share the boot id
+            but not the pid namespace).
+        pid (int): process id.
+        pid_start (float): psutil create time of the process (seconds since the
+            epoch, as the local kernel reports it); guards against pid reuse.
+    """
+
+    hostname: str
+    boot_id: str
+    pidns: str
+    pid: int
+    pid_start: float
+
+    def same_pid_space(self, other: "HostId") -> bool:
+        """True if ``other.pid`` names a process this host can inspect."""
+        return bool(self.boot_id) and self.boot_id == other.boot_id and self.pidns == other.pidns
+
+
+@dataclass(frozen=True)
+class Beacon:
+    """One participant's announcement in one generation.
+
+    Attributes:
+        job_id (str), generation (int): where it belongs.
+        instance (str): random hex id of the participating process; unique.
+        mode (str): ``"node"`` (one participant per node, ranks are node ranks)
+            or ``"rank"`` (one participant per process, ranks are global ranks).
+        size (int): nnodes (node mode) or world size (rank mode) it expects.
+        rank (int | None): the rank it holds in this generation, once claimed.
+        addr (str): its IP address (the master address if it becomes rank 0).
+        master_port (int | None): the port it holds open for torch, set only
+            by the rank-0 holder.
+        heartbeat (int): counter bumped on every heartbeat.  Liveness is judged
+            by watching it change on the *observer's* monotonic clock, never by
+            comparing file times with a local clock (clocks of nodes and the
+            file server disagree).
+        restart_count (int): ``SLURM_RESTART_COUNT`` (0 elsewhere); a record
+            with a smaller count than ours belongs to a requeued-away run.
+        host (HostId): identity for direct liveness checks on the same host.
+        wall_time (float): writer's ``time.time()``; informational only.
+    """
+
+    job_id: str
+    generation: int
+    instance: str
+    mode: str
+    size: int
+    rank: int | None
+    addr: str
+    master_port: int | None
+    heartbeat: int
+    restart_count: int
+    host: HostId
+    wall_time: float = 0.0
+    version: str = ""
+    kind: str = field(default="beacon", init=False)
+
+
+@dataclass(frozen=True)
+class Claim:
+    """Ownership of one rank in one generation (``rank-NNNNN.claim``)."""
+
+    rank: int
+    instance: str
+    kind: str = field(default="claim", init=False)
+
+
+@dataclass(frozen=True)
+class Member:
+    """One member of a released world, as listed in the release record."""
+
+    rank: int
+    instance: str
+    addr: str
+    host: HostId
+
+
+@dataclass(frozen=True)
+class Release:
+    """The one decision of a generation (``release.json``).
+
+    Attributes:
+        state (str): ``"released"`` or ``"restart"``.
+        master_addr (str | None), master_port (int | None): set when released.
+        members (tuple[Member, ...]): ordered by rank, ``size`` entries, when released.
+        reason (str): why a generation was restarted (for logs and status).
+        writer (str): instance id of the writer.
+    """
+
+    job_id: str
+    generation: int
+    state: str
+    mode: str
+    size: int
+    master_addr: str | None
+    master_port: int | None
+    members: tuple[Member, ...]
+    writer: str
+    reason: str = ""
+    wall_time: float = 0.0
+    kind: str = field(default="release", init=False)
+
+
+def encode(record: Beacon | Claim | Release) -> bytes:
+    """Serialise a record to UTF-8 JSON bytes with the schema version."""
+    d = dataclasses.asdict(record)
+    d["schema"] = SCHEMA_VERSION
+    return (json.dumps(d, sort_keys=True, separators=(",", ":")) + "\n").encode()
+
+
+def _req(d: dict, key: str, typ: type | tuple, *, optional: bool = False) -> Any:
+    if key not in d:
+        raise RecordError(f"field {key!r} is missing")
+    v = d[key]
+    if v is None and optional:
+        return None
+    if isinstance(v, bool) and typ is not bool:
+        raise RecordError(f"field {key!r} has type bool")
+    if not isinstance(v, typ):
+        raise RecordError(f"field {key!r} has type {type(v).__name__}")
+    return v
+
+
+def _hostid(d: Any) -> HostId:
+    if not isinstance(d, dict):
+        raise RecordError("field 'host' is not an object")
+    return HostId(
+        hostname=_req(d, "hostname", str)[:255],
+        boot_id=_req(d, "boot_id", str)[:64],
+        pidns=_req(d, "pidns", str)[:64],
+        pid=_req(d, "pid", int),
+        pid_start=float(_req(d, "pid_start", (int, float))),
+    )
+
+
+def _instance(v: Any) -> str:
+    if not isinstance(v, str) or not _INSTANCE_RE.match(v):
+        raise RecordError(f"instance id {v!r} is not 8-64 lowercase hex digits")
+    return v
+
+
+def _nonneg(v: int, what: str) -> int:
+    if v < 0:
+        raise RecordError(f"{what} {v} is negative")
+    return v
+
+
+def decode(data: bytes, expect: type) -> Any:
+    """Parse and validate one record.
+
+    Args:
+        data (bytes): file contents.
+        expect (type): :class:`Beacon`, :class:`Claim` or :class:`Release`.
+
+    Returns:
+        An instance of ``expect``.
+
+    Raises:
+        RecordError: invalid UTF-8/JSON (e.g. a torn write), too large, an
+            unknown ``schema`` (written by another fsmingle version: upgrade all
+            nodes to one version), a different ``kind``, or any field of the
+            wrong type or range.
+    """
+    if len(data) > _MAX_RECORD_BYTES:
+        raise RecordError(f"record is {len(data)} bytes, larger than {_MAX_RECORD_BYTES}")
+    try:
+        d = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise RecordError(f"not valid JSON ({e.__class__.__name__}: {e}); a torn or foreign write") from None
+    if not isinstance(d, dict):
+        raise RecordError("not a JSON object")
+    schema = d.get("schema")
+    if schema != SCHEMA_VERSION:
+        raise RecordError(
+            f"unknown schema version {schema!r} (this fsmingle reads {SCHEMA_VERSION}); "
+            "run the same fsmingle version on every node"
+        )
+    kind = {Beacon: "beacon", Claim: "claim", Release: "release"}[expect]
+    if d.get("kind") != kind:
+        raise RecordError(f"kind is {d.get('kind')!r}, expected {kind!r}")
+    if expect is Claim:
+        return Claim(rank=_nonneg(_req(d, "rank", int), "rank"), instance=_instance(d.get("instance")))
+    mode = _req(d, "mode", str)
+    if mode not in MODES:
+        raise RecordError(f"mode {mode!r} is not one of {MODES}")
+    size = _req(d, "size", int)
+    if size < 1:
+        raise RecordError(f"size {size} is below 1")
+    common = dict(
+        job_id=_req(d, "job_id", str),
+        generation=_nonneg(_req(d, "generation", int), "generation"),
+        mode=mode,
+        size=size,
+        wall_time=float(_req(d, "wall_time", (int, float))),
+    )
+    if expect is Beacon:
+        rank = _req(d, "rank", int, optional=True)
+        if rank is not None and not 0 <= rank < size:
+            raise RecordError(f"rank {rank} outside 0..{size - 1}")
+        mp = _req(d, "master_port", int, optional=True)
+        return Beacon(
+            instance=_instance(d.get("instance")),
+            rank=rank,
+            addr=validate_addr(_req(d, "addr", str)),
+            master_port=None if mp is None else validate_port(mp),
+            heartbeat=_nonneg(_req(d, "heartbeat", int), "heartbeat"),
+            restart_count=_nonneg(_req(d, "restart_count", int), "restart_count"),
+            host=_hostid(d.get("host")),
+            version=str(d.get("version", ""))[:64],
+            **common,
+        )
+    state = _req(d, "state", str)
+    if state not in ("released", "restart"):
+        raise RecordError(f"state {state!r} is not 'released' or 'restart'")
+    members: list[Member] = []
+    master_addr = master_port = None
+    if state == "released":
+        master_addr = validate_addr(_req(d, "master_addr", str))
+        master_port = validate_port(_req(d, "master_port", int))
+        raw = _req(d, "members", list)
+        if len(raw) != size:
+            raise RecordError(f"{len(raw)} members listed for size {size}")
+        for i, m in enumerate(raw):
+            if not isinstance(m, dict) or m.get("rank") != i:
+                raise RecordError(f"member {i} is missing or out of order")
+            members.append(Member(rank=i, instance=_instance(m.get("instance")),
+                                  addr=validate_addr(_req(m, "addr", str)), host=_hostid(m.get("host"))))
+        if members[0].addr != master_addr:
+            raise RecordError("master_addr is not rank 0's address")
+    return Release(
+        state=state,
+        master_addr=master_addr,
+        master_port=master_port,
+        members=tuple(members),
+        writer=_instance(d.get("writer")),
+        reason=str(d.get("reason", ""))[:1000],
+        **common,
+    )

@@ -1,0 +1,390 @@
+"""Filesystem primitives for one job directory: the state store the protocol runs on.
+
+:class:`Store` is the interface the rendezvous policy (``protocol.py``) uses;
+:class:`PosixStore` implements it on a real, possibly weakly consistent shared
+filesystem (NFS, Lustre, GPFS, a FUSE mount).  Tests swap in an in-memory store
+with stale reads and torn writes; both implement the same five operations, so
+the same policy code runs on either.
+
+Rules every method follows, each because of a filesystem fact (see
+``docs/protocol.md`` and nfs(5)):
+
+* Readers ``open()`` afresh every time: NFS guarantees only close-to-open
+  consistency, so a descriptor kept open may show stale data forever.
+* ``ENOENT`` and ``ESTALE`` on reads mean "not there (yet)", never a crash: a
+  file another client just replaced or removed gives ESTALE on NFS.
+* Hidden names (``.tmp-*``, ``.nfs*`` silly-renames, ``.trash-*``) are never
+  listed, so a reader never picks up a half-written temporary.
+* Files are opened with ``O_NOFOLLOW`` and must be regular files owned by our
+  uid; anything else is untrusted and treated as absent (and reported once).
+"""
+
+from __future__ import annotations
+
+import abc
+import errno
+import logging
+import os
+import secrets
+import shutil
+import socket
+import stat
+
+from .errors import StorageError, UnsafeDirectoryError
+
+log = logging.getLogger("fsmingle.store")
+
+# errnos that mean "the shared filesystem refuses writes" -> StorageError
+_WRITE_FATAL = {
+    errno.EACCES: "permission denied",
+    errno.EPERM: "operation not permitted",
+    errno.EROFS: "the filesystem is mounted read-only",
+    errno.ENOSPC: "the filesystem is full",
+    errno.EDQUOT: "your disk quota is exceeded",
+}
+_RETRY_READ = (errno.ENOENT, errno.ESTALE, errno.ENOTDIR)
+
+
+def storage_error(e: OSError, what: str, path: str) -> StorageError:
+    """Translate an OSError from a write into a :class:`StorageError` that says what to do."""
+    reason = _WRITE_FATAL.get(e.errno or 0, os.strerror(e.errno or 0) if e.errno else str(e))
+    hint = {
+        errno.EACCES: "use a directory you can write (--dir / FSMINGLE_DIR)",
+        errno.EPERM: "use a directory you can write (--dir / FSMINGLE_DIR)",
+        errno.EROFS: "point --dir at a writable shared mount",
+        errno.ENOSPC: "free space there or choose another --dir",
+        errno.EDQUOT: "free space in your quota or choose another --dir",
+    }.get(e.errno or 0, "check the shared mount on this node")
+    err = StorageError(f"cannot {what} {path}: {reason}; {hint}")
+    err.errno = e.errno
+    return err
+
+
+class Store(abc.ABC):
+    """State store of one job directory; names are relative paths inside it (``"gen-00000001/release.json"``)."""
+
+    @abc.abstractmethod
+    def listdir(self, name: str = "") -> list[str]:
+        """Visible entry names of directory ``name``; ``[]`` if it does not exist. Hidden names are skipped."""
+
+    @abc.abstractmethod
+    def read(self, name: str) -> bytes | None:
+        """Contents of file ``name``, or None if absent, stale (ESTALE) or untrusted."""
+
+    @abc.abstractmethod
+    def publish(self, name: str, data: bytes) -> None:
+        """Atomically create or replace file ``name`` (readers see old or new, never a mix).
+
+        Raises:
+            StorageError: the filesystem refuses the write (read-only, full, permissions).
+            FileNotFoundError: the parent directory no longer exists.
+        """
+
+    @abc.abstractmethod
+    def create(self, name: str, data: bytes) -> bool:
+        """Create file ``name`` with ``data`` only if it does not exist; True if this call created it.
+
+        Raises:
+            StorageError, FileNotFoundError: as for :meth:`publish`.
+        """
+
+    @abc.abstractmethod
+    def mkdir(self, name: str) -> bool:
+        """Create directory ``name`` (owner-only); True if created, False if it already existed.
+
+        Raises:
+            StorageError: as for :meth:`publish`.
+        """
+
+    @abc.abstractmethod
+    def remove(self, name: str) -> None:
+        """Remove file ``name``; absent is fine."""
+
+    @abc.abstractmethod
+    def retire(self, name: str) -> bool:
+        """Move directory ``name`` aside atomically, then delete it; False if it was already gone."""
+
+
+def _tmp_name() -> str:
+    # Unique per host, process and call; hidden so listings never show it.
+    return f".tmp-{socket.gethostname()[:32]}-{os.getpid()}-{secrets.token_hex(6)}"
+
+
+class PosixStore(Store):
+    """:class:`Store` on a real directory (local disk, NFS, Lustre, GPFS, FUSE).
+
+    Args:
+        root (str): the job directory, already validated by :func:`open_job_dir`.
+    """
+
+    def __init__(self, root: str):
+        self.root = root
+        self._uid = os.geteuid()
+        self._reported: set[str] = set()
+
+    def path(self, name: str) -> str:
+        return os.path.join(self.root, name) if name else self.root
+
+    def _report(self, name: str, msg: str) -> None:
+        # Report each untrusted file once: polling must not flood the log.
+        if name not in self._reported:
+            self._reported.add(name)
+            log.warning("ignoring %s: %s", self.path(name), msg)
+
+    def listdir(self, name: str = "") -> list[str]:
+        try:
+            # readdir goes to the server on NFS when the directory changed
+            # (ctime revalidation), unlike lookups of single names, which the
+            # negative dentry cache may answer "missing" for seconds.
+            entries = os.listdir(self.path(name))
+        except OSError as e:
+            if e.errno in _RETRY_READ:
+                return []
+            raise
+        return sorted(n for n in entries if not n.startswith("."))
+
+    def read(self, name: str) -> bytes | None:
+        p = self.path(name)
+        try:
+            # A fresh open() each time: close-to-open consistency is all NFS
+            # promises.  O_NOFOLLOW: a symlink planted by someone else must not
+            # redirect us.  O_NONBLOCK: a FIFO planted there must not hang us.
+            fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        except OSError as e:
+            if e.errno in _RETRY_READ:
+                return None
+            if e.errno == errno.ELOOP:
+                self._report(name, "it is a symlink (never followed)")
+                return None
+            if e.errno in (errno.EACCES, errno.EPERM):
+                self._report(name, "permission denied")
+                return None
+            raise
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                self._report(name, "not a regular file")
+                return None
+            if st.st_uid != self._uid:
+                self._report(name, f"owned by uid {st.st_uid}, not by you (uid {self._uid}); never trusted")
+                return None
+            chunks = []
+            while True:
+                b = os.read(fd, 1 << 16)
+                if not b:
+                    break
+                chunks.append(b)
+                if sum(map(len, chunks)) > (1 << 21):
+                    self._report(name, "larger than 2 MiB")
+                    return None
+            return b"".join(chunks)
+        except OSError as e:
+            if e.errno in _RETRY_READ:  # ESTALE mid-read: the file was replaced
+                return None
+            raise
+        finally:
+            os.close(fd)
+
+    def _write_tmp(self, name: str, data: bytes) -> str:
+        directory = os.path.dirname(self.path(name))
+        # Same directory as the target: rename/link are atomic only within one
+        # directory (and one filesystem) on NFS, Lustre and GPFS.
+        tmp = os.path.join(directory, _tmp_name())
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        except FileNotFoundError:
+            raise
+        except OSError as e:
+            raise storage_error(e, "write in", directory) from None
+        try:
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view):]
+                # fsync before publishing: after a crash of this node the name
+                # must never point at an empty or partial file.
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError as e:
+            _unlink_quiet(tmp)  # loses nothing: the target was never touched
+            raise storage_error(e, "write", tmp) from None
+        return tmp
+
+    def publish(self, name: str, data: bytes) -> None:
+        tmp = self._write_tmp(name, data)
+        try:
+            # rename() within a directory is atomic on NFS, Lustre and GPFS:
+            # readers see the old or the new beacon, never a mix.
+            os.replace(tmp, self.path(name))
+        except OSError as e:
+            _unlink_quiet(tmp)
+            if e.errno == errno.ENOENT:
+                raise
+            raise storage_error(e, "publish", self.path(name)) from None
+
+    def create(self, name: str, data: bytes) -> bool:
+        tmp = self._write_tmp(name, data)
+        target = self.path(name)
+        try:
+            try:
+                # link() of a fully written unique file is the exclusive create
+                # that nfs(5)/open(2) recommend: O_EXCL was unreliable before
+                # NFSv3, and link() publishes complete content atomically.
+                os.link(tmp, target)
+                return True
+            except FileExistsError:
+                # link() may report failure after succeeding (a retransmitted
+                # NFS request): a link count of 2 on our unique file is the truth.
+                return _nlink(tmp) == 2
+            except OSError as e:
+                if e.errno in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK) and _nlink(tmp) != 2:
+                    return self._create_excl(target, data)
+                if e.errno == errno.ENOENT:
+                    raise
+                if _nlink(tmp) == 2:
+                    return True
+                raise storage_error(e, "create", target) from None
+        finally:
+            _unlink_quiet(tmp)
+
+    def _create_excl(self, target: str, data: bytes) -> bool:
+        # Fallback for filesystems without hard links: O_EXCL create is atomic
+        # on NFSv3+ with Linux >= 2.6.5 (open(2)).  Readers may briefly see an
+        # empty file; they treat unparsable content as "not yet".
+        try:
+            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        except FileExistsError:
+            return False
+        except OSError as e:
+            raise storage_error(e, "create", target) from None
+        try:
+            os.write(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        return True
+
+    def mkdir(self, name: str) -> bool:
+        p = self.path(name)
+        try:
+            os.mkdir(p, 0o700)  # mkdir is atomic and exclusive on every POSIX filesystem
+            return True
+        except FileExistsError:
+            st = os.lstat(p)
+            if not stat.S_ISDIR(st.st_mode) or st.st_uid != self._uid:
+                raise UnsafeDirectoryError(
+                    f"{p} exists but is not a directory owned by you; remove it or use another --dir"
+                ) from None
+            return False
+        except OSError as e:
+            raise storage_error(e, "create directory", p) from None
+
+    def remove(self, name: str) -> None:
+        _unlink_quiet(self.path(name))
+
+    def retire(self, name: str) -> bool:
+        trash = os.path.join(self.root, f".trash-{name.replace('/', '_')}-{secrets.token_hex(4)}")
+        try:
+            # One atomic rename takes the whole directory out of every reader's
+            # view; slow readers then get ENOENT (= "not there"), never a
+            # half-deleted directory.
+            os.rename(self.path(name), trash)
+        except OSError as e:
+            if e.errno in (errno.ENOENT, errno.ESTALE):
+                return False
+            raise storage_error(e, "move aside", self.path(name)) from None
+        shutil.rmtree(trash, ignore_errors=True)  # .nfs* leftovers go when their holders close
+        return True
+
+
+def _nlink(path: str) -> int:
+    try:
+        return os.stat(path).st_nlink
+    except OSError:
+        return 0
+
+
+def _unlink_quiet(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def open_job_dir(base: str, job_id: str) -> PosixStore:
+    """Validate ``base``, create ``base/job_id`` owner-only if needed, and return its store.
+
+    ``base`` itself is created (mode 0700) when its parent exists, like
+    ``mkdir`` without ``-p``: a missing parent usually means the shared mount
+    is absent on this node, which must be an error, not a silent local dir.
+
+    Args:
+        base (str): the rendezvous directory (``--dir``), shared by all nodes.
+        job_id (str): an already validated job id (see :func:`fsmingle.config.validate_job_id`).
+
+    Returns:
+        PosixStore: rooted at ``base/job_id``.
+
+    Raises:
+        StorageError: ``base``'s parent is missing, ``base`` is not a directory,
+            or it cannot be written (permissions, read-only, full).
+        UnsafeDirectoryError: ``base`` is world-writable without the sticky bit,
+            or the job directory is a symlink, not owned by you, or group- or
+            world-writable.
+    """
+    base = os.path.abspath(base)
+    uid = os.geteuid()
+    try:
+        st = os.stat(base)
+    except FileNotFoundError:
+        parent = os.path.dirname(base)
+        if not os.path.isdir(parent):
+            raise StorageError(
+                f"--dir {base}: its parent {parent} does not exist; is the shared filesystem mounted on this node?"
+            ) from None
+        try:
+            os.mkdir(base, 0o700)
+        except FileExistsError:
+            pass
+        except OSError as e:
+            raise storage_error(e, "create directory", base) from None
+        st = os.stat(base)
+    if not stat.S_ISDIR(st.st_mode):
+        raise StorageError(f"--dir {base} is not a directory; point --dir at a directory on the shared filesystem")
+    if st.st_mode & stat.S_IWOTH and not st.st_mode & stat.S_ISVTX:
+        raise UnsafeDirectoryError(
+            f"--dir {base} is world-writable without the sticky bit: anyone could replace your job "
+            f"directory; use a directory of your own, or `chmod +t {base}`"
+        )
+    jd = os.path.join(base, job_id)
+    try:
+        os.mkdir(jd, 0o700)  # owner-only: other users of shared scratch cannot plant beacons
+    except FileExistsError:
+        pass
+    except OSError as e:
+        raise storage_error(e, "create job directory", jd) from None
+    check_owned_dir(jd, what="job directory")
+    if not os.access(jd, os.W_OK | os.X_OK):
+        raise StorageError(f"cannot write job directory {jd}: permission denied; use a directory you can write")
+    return PosixStore(jd)
+
+
+def check_owned_dir(path: str, what: str = "directory") -> None:
+    """Raise :class:`UnsafeDirectoryError` unless ``path`` is a real directory of ours, not group/world-writable."""
+    st = os.lstat(path)
+    uid = os.geteuid()
+    if stat.S_ISLNK(st.st_mode):
+        raise UnsafeDirectoryError(f"{what} {path} is a symlink; fsmingle never follows it. Remove it and retry")
+    if not stat.S_ISDIR(st.st_mode):
+        raise UnsafeDirectoryError(f"{what} {path} is not a directory; remove it and retry")
+    if st.st_uid != uid:
+        raise UnsafeDirectoryError(
+            f"{what} {path} is owned by uid {st.st_uid}, not by you (uid {uid}); another user may have "
+            "created it to redirect your job: choose another --job-id or --dir"
+        )
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise UnsafeDirectoryError(
+            f"{what} {path} is group- or world-writable (mode {stat.S_IMODE(st.st_mode):04o}): others could plant "
+            f"beacons there; run `chmod go-w {path}` or remove it"
+        )
