@@ -1,0 +1,22 @@
+"""Cluster-on-one-machine pytest fixtures, for tests/conftest.py to import:
+
+    from conftest_cluster import *  # noqa: F401,F403
+
+Fixtures: make_cluster, cluster, make_slurm, slurm_cluster, slurm_cluster_module
+(see tests/cluster.py for the Cluster / Host / SlurmCluster API).
+"""
+
+try:
+    from cluster import (  # noqa: F401
+        Cluster, Host, JobResult, SlurmCluster, PYTHON_BIN,
+        cluster, make_cluster, make_slurm, missing_capabilities,
+        require_capabilities, slurm_cluster, slurm_cluster_module,
+    )
+except ImportError:  # tests/ imported as a package
+    from tests.cluster import (  # noqa: F401
+        Cluster, Host, JobResult, SlurmCluster, PYTHON_BIN,
+        cluster, make_cluster, make_slurm, missing_capabilities,
+        require_capabilities, slurm_cluster, slurm_cluster_module,
+    )
+
+__all__ = ["make_cluster", "cluster", "make_slurm", "slurm_cluster", "slurm_cluster_module"]
