@@ -259,6 +259,7 @@ class Participant:
         self._reset_gen_state()
         self.note = ""
         self._last_progress: tuple | None = None
+        self.ever_present: set[int] = set()  # ranks seen claimed in any generation of this attempt
 
     # ------------------------------------------------------------------ helpers
     def _reset_gen_state(self) -> None:
@@ -379,6 +380,7 @@ class Participant:
         self.on_progress(p)
 
     def _set_present(self, present: tuple[int, ...]) -> None:
+        self.ever_present.update(present)
         if present != self.present:
             self.present = present
             self._emit()
@@ -696,6 +698,11 @@ class Participant:
         if rel is not None:
             return rel
         missing, present = self._missing()
+        never = [r for r in missing if r not in self.ever_present]
+        if never:
+            # Ranks that never showed up in any generation are the news; ranks
+            # that did and then left (voided generations) are not.
+            missing = never
         who = "node ranks" if self.mode == "node" else "ranks"
         if missing:
             what = (f"missing {who} {_ranges(missing)} ({len(missing)} of {self.size})"
@@ -717,6 +724,7 @@ class Participant:
         for g in (self.gen, self.gen + 1):
             names = self.store.listdir(gen_name(g))
             present = sorted(int(m.group(1)) for m in map(CLAIM_RE.match, names) if m)
+            self.ever_present.update(present)
             if g == self.gen or present:
                 best = present
         return [r for r in range(self.size) if r not in best], best
