@@ -1,0 +1,663 @@
+"""The ``fsmingle`` torchrun rendezvous backend (fsmingle/torchrun_backend.py).
+
+Three layers:
+
+* :class:`FsRendezvousBackend` against the semantics torch's own backend tests
+  demand (mirror of ``RendezvousBackendTestMixin`` in torch's
+  ``test/distributed/elastic/rendezvous/rendezvous_backend_test.py``), plus
+  concurrency, pruning, run boundaries and on-disk format.
+* Two handlers in one process (threads): rendezvous, the round's TCPStore,
+  shutdown, and a second run with the same id.
+* Real ``torchrun`` processes on loopback: two fixed nodes, an elastic 1:3 job
+  that a third node joins mid-run, a worker crash with ``--max-restarts 1``,
+  and the same command re-run several times with the same id.  Every launch is
+  wrapped in ``timeout -k`` and torchrun's TMPDIR points into ``tmp_path``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import stat
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+from torch.distributed.elastic.rendezvous import (  # noqa: E402
+    RendezvousClosedError,
+    RendezvousParameters,
+    RendezvousStateError,
+)
+from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (  # noqa: E402
+    _NodeDesc,
+    _RendezvousState,
+)
+
+from fsmingle.errors import ConfigError  # noqa: E402
+from fsmingle.store import open_job_dir  # noqa: E402
+from fsmingle import torchrun_backend as tb  # noqa: E402
+
+pytestmark = pytest.mark.torch
+
+REPO = Path(__file__).resolve().parents[1]
+TRAIN = REPO / "examples" / "train_ddp.py"
+KILL_AFTER_S = 10
+
+_LAUNCH_VARS = (
+    "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
+    "ROLE_WORLD_SIZE", "NODE_RANK", "NNODES", "MASTER_ADDR", "MASTER_PORT",
+    "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS",
+    "TORCHELASTIC_USE_AGENT_STORE", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE",
+)
+
+
+# --------------------------------------------------------------------------
+# helpers
+# --------------------------------------------------------------------------
+
+
+def _state(round_: int = 0, closed: bool = False, members: int = 1, hb_age_s: float = 0.0) -> _RendezvousState:
+    st = _RendezvousState()
+    st.round = round_
+    st.closed = closed
+    now = datetime.now(timezone.utc) - timedelta(seconds=hb_age_s)
+    for i in range(members):
+        n = _NodeDesc("10.0.0.%d" % (i + 1), 1000 + i, 0)
+        st.participants[n] = i
+        st.last_heartbeats[n] = now
+    st.deadline = now + timedelta(seconds=30)
+    return st
+
+
+def _b(st: _RendezvousState) -> bytes:
+    return pickle.dumps(st)
+
+
+def _norm(data: bytes) -> dict:
+    return tb.state_to_json(pickle.loads(data))
+
+
+def _backend(tmp_path: Path, run_id: str = "job1", **kw) -> tb.FsRendezvousBackend:
+    kw.setdefault("corrupt_grace_s", 0.2)
+    kw.setdefault("retry_s", 2.0)
+    return tb.FsRendezvousBackend(open_job_dir(str(tmp_path / "rdzv"), run_id), run_id, **kw)
+
+
+def _state_files(d: Path) -> list[str]:
+    return sorted(p.name for p in d.iterdir() if p.name.startswith("state-"))
+
+
+# --------------------------------------------------------------------------
+# torch's RendezvousBackendTestMixin, mirrored (states are real pickled
+# _RendezvousState: the backend stores JSON, so it accepts nothing else)
+# --------------------------------------------------------------------------
+
+
+class TestBackendSemantics:
+    @pytest.fixture(autouse=True)
+    def _setup(self, tmp_path):
+        self.tmp = tmp_path
+        self.backend = _backend(tmp_path)
+        self.x, self.y, self.z = _b(_state(1)), _b(_state(2)), _b(_state(3))
+
+    def _set_state(self, state, token=None):
+        result = self.backend.set_state(state, token)
+        assert result is not None
+        return result
+
+    def test_get_state_returns_backend_state(self):
+        self.backend.set_state(self.x)
+        result = self.backend.get_state()
+        assert result is not None
+        state, token = result
+        assert _norm(state) == _norm(self.x)
+        assert token is not None
+
+    def test_get_state_returns_none_if_backend_state_does_not_exist(self):
+        assert self.backend.get_state() is None
+
+    def test_get_state_raises_error_if_backend_state_is_corrupt(self):
+        self.backend.set_state(self.x)
+        self.backend.store.publish(tb.state_name(1), b"\x80 not json")
+        with pytest.raises(RendezvousStateError):
+            self.backend.get_state()
+
+    def test_set_state_sets_backend_state_if_it_does_not_exist(self):
+        state, token, has_set = self._set_state(self.x)
+        assert state == self.x
+        assert token is not None
+        assert has_set
+
+    def test_set_state_sets_backend_state_if_token_is_current(self):
+        _, token1, has_set1 = self._set_state(self.x)
+        state2, token2, has_set2 = self._set_state(self.y, token1)
+        assert state2 == self.y
+        assert token1 != token2
+        assert has_set1 and has_set2
+
+    def test_set_state_returns_current_backend_state_if_token_is_old(self):
+        _, token1, _ = self._set_state(self.x)
+        state2, token2, _ = self._set_state(self.y, token1)
+        state3, token3, has_set = self._set_state(self.z, token1)
+        assert _norm(state2) == _norm(state3)
+        assert token2 == token3
+        assert not has_set
+
+    def test_set_state_returns_current_backend_state_if_token_is_none(self):
+        state1, token1, _ = self._set_state(self.x)
+        state2, token2, has_set = self._set_state(self.y)
+        assert _norm(state1) == _norm(state2)
+        assert token1 == token2
+        assert not has_set
+
+    def test_set_state_returns_current_backend_state_if_token_is_invalid(self):
+        state1, token1, _ = self._set_state(self.x)
+        state2, token2, has_set = self._set_state(self.y, token="invalid")
+        assert _norm(state1) == _norm(state2)
+        assert token1 == token2
+        assert not has_set
+
+    def test_other_backend_instance_sees_the_same_state(self):
+        _, token1, _ = self._set_state(self.x)
+        other = _backend(self.tmp)
+        state, token = other.get_state()
+        assert token == token1 and _norm(state) == _norm(self.x)
+
+
+# --------------------------------------------------------------------------
+# backend: format, security, concurrency, pruning, run boundaries
+# --------------------------------------------------------------------------
+
+
+def test_on_disk_is_owner_only_json_and_round_trips(tmp_path):
+    be = _backend(tmp_path)
+    st = _state(4, members=3)
+    st.wait_list.add(_NodeDesc("node-7.cluster", 42, 3))
+    st.last_heartbeats[_NodeDesc("node-7.cluster", 42, 3)] = datetime.now(timezone.utc)
+    st.redundancy_list.add(_NodeDesc("fe80::1", 43, 0))
+    be.set_state(_b(st))
+    run_dir = tmp_path / "rdzv" / "job1"
+    assert stat.S_IMODE(run_dir.stat().st_mode) == 0o700
+    f = run_dir / tb.state_name(1)
+    assert stat.S_IMODE(f.stat().st_mode) == 0o600
+    d = json.loads(f.read_bytes())  # plain JSON, nothing pickled
+    assert d["kind"] == tb.STATE_KIND and d["version"] == 1 and d["epoch"] == 1
+    got, _ = _backend(tmp_path).get_state()
+    assert _norm(got) == tb.state_to_json(st)
+    back = pickle.loads(got)
+    assert back.deadline == st.deadline and back.last_heartbeats == st.last_heartbeats
+
+
+def test_set_state_refuses_pickles_of_anything_else(tmp_path):
+    class Evil:
+        def __reduce__(self):
+            return (os.system, ("echo pwned > /dev/null",))
+
+    be = _backend(tmp_path)
+    for bad in (pickle.dumps(Evil()), pickle.dumps({"round": 1}), b"not a pickle"):
+        with pytest.raises(RendezvousStateError):
+            be.set_state(bad)
+    assert _state_files(tmp_path / "rdzv" / "job1") == []
+
+
+@pytest.mark.parametrize(
+    "mutate",
+    [
+        lambda d: d.update(schema=99),
+        lambda d: d.update(run_id="other"),
+        lambda d: d.update(version=7),
+        lambda d: d["state"].update(round=-1),
+        lambda d: d["state"].update(participants=[["10.0.0.1; rm -rf /", 1, 0, 0]]),
+        lambda d: d["state"].update(closed="yes"),
+    ],
+)
+def test_invalid_state_files_are_rejected(tmp_path, mutate):
+    be = _backend(tmp_path)
+    be.set_state(_b(_state(1)))
+    f = tmp_path / "rdzv" / "job1" / tb.state_name(1)
+    d = json.loads(f.read_bytes())
+    mutate(d)
+    be.store.publish(tb.state_name(1), json.dumps(d).encode())
+    with pytest.raises(RendezvousStateError):
+        _backend(tmp_path).get_state()
+
+
+def test_concurrent_compare_and_set_loses_no_update(tmp_path):
+    """Threads, each with its own backend, increment state.round by CAS: no update is lost."""
+    n_threads, per_thread = 4, 15
+    _backend(tmp_path).set_state(_b(_state(0)))
+    errors = []
+
+    def worker():
+        be = _backend(tmp_path, retry_s=10.0)
+        try:
+            for _ in range(per_thread):
+                data, token = be.get_state()
+                while True:
+                    st = pickle.loads(data)
+                    st.round += 1
+                    data2, token2, ok = be.set_state(_b(st), token)
+                    if ok:
+                        break
+                    data, token = data2, token2
+        except Exception as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker) for _ in range(n_threads)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors
+    data, token = _backend(tmp_path).get_state()
+    assert pickle.loads(data).round == n_threads * per_thread
+    assert token == 1 + n_threads * per_thread
+    files = _state_files(tmp_path / "rdzv" / "job1")
+    assert len(files) <= tb.KEEP_VERSIONS + 1, files  # old versions pruned
+    assert files[-1] == tb.state_name(token)
+
+
+def test_reader_survives_pruning_and_stale_listing(tmp_path):
+    be = _backend(tmp_path)
+    _, tok, _ = be.set_state(_b(_state(0)))
+    reader = _backend(tmp_path)
+    reader.get_state()
+    for i in range(1, 3 * tb.KEEP_VERSIONS):
+        _, tok, ok = be.set_state(_b(_state(i)), tok)
+        assert ok
+    # The reader's last known version is long pruned: it must find the newest.
+    data, token = reader.get_state()
+    assert token == tok and pickle.loads(data).round == 3 * tb.KEEP_VERSIONS - 1
+    # A listing that lags (files exist but are not listed) is caught up by probing.
+    orig = reader.store.listdir
+    reader.store.listdir = lambda name="": [n for n in orig(name) if n != tb.state_name(tok)]
+    _, tok2, _ = be.set_state(_b(_state(99)), tok)
+    data, token = reader.get_state()
+    assert token == tok2 and pickle.loads(data).round == 99
+
+
+def test_finished_run_is_hidden_and_a_fresh_lineage_starts(tmp_path):
+    old = _backend(tmp_path)
+    _, tok, _ = old.set_state(_b(_state(5, members=2)))
+    # End of run: closed, every member left.
+    _, tok, _ = old.set_state(_b(_state(6, closed=True, members=0)), tok)
+    # The agent that lived in that lineage still sees it closed (torch raises
+    # RendezvousClosedError from it) ...
+    data, token = old.get_state()
+    assert pickle.loads(data).closed and token == tok
+    # ... a new agent sees no state, and starts epoch tok+1 at round 0.
+    new = _backend(tmp_path)
+    assert new.get_state() is None
+    data, token, ok = new.set_state(_b(_state(0)), None)
+    assert ok and token == tok + 1 and new.epoch == tok + 1
+    # A second new agent racing with token None gets the winner's state.
+    other = _backend(tmp_path)
+    data2, token2, ok2 = other.set_state(_b(_state(0, members=2)), None)
+    assert not ok2 and token2 == token and _norm(data2) == _norm(data)
+
+
+def test_closed_run_with_live_members_is_not_finished(tmp_path):
+    be = _backend(tmp_path, liveness_s=15)
+    be.set_state(_b(_state(2, closed=True, members=1, hb_age_s=1)))
+    rec = _backend(tmp_path).peek()
+    assert rec.state.closed and not be.is_finished(rec)
+    new = _backend(tmp_path, liveness_s=15)
+    data, _ = new.get_state()
+    assert pickle.loads(data).closed  # torch's ClosedError semantics while it lives
+    # Once the member's heartbeat is older than liveness_s, the run is over.
+    stale = _backend(tmp_path, liveness_s=0.5)
+    time.sleep(1.6)
+    assert stale.is_finished(stale.peek()) and stale.get_state() is None
+
+
+def test_store_address_files(tmp_path):
+    be = _backend(tmp_path)
+    node = _NodeDesc("127.0.0.1", 1, 0)
+    for r in range(tb.KEEP_STORE_FILES + 3):
+        be.publish_store_address(tb.StoreAddress(1, r, node, "127.0.0.1", 1000 + r))
+    be.publish_store_address(tb.StoreAddress(1, 6, node, "127.0.0.1", 1006))  # idempotent
+    names = sorted(p.name for p in (tmp_path / "rdzv" / "job1").iterdir() if p.name.startswith("store-"))
+    assert len(names) == tb.KEEP_STORE_FILES and names[-1] == tb.store_name(1, 6)
+    a = _backend(tmp_path).wait_store_address(1, 6, node, timeout=1)
+    assert (a.addr, a.port) == ("127.0.0.1", 1006)
+    with pytest.raises(RendezvousStateError):
+        be.publish_store_address(tb.StoreAddress(1, 6, _NodeDesc("127.0.0.2", 1, 0), "127.0.0.2", 1))
+    with pytest.raises(RendezvousStateError):
+        be.wait_store_address(1, 6, _NodeDesc("127.0.0.2", 1, 0), timeout=1)
+    from torch.distributed.elastic.rendezvous import RendezvousTimeoutError
+
+    t0 = time.monotonic()
+    with pytest.raises(RendezvousTimeoutError):
+        be.wait_store_address(1, 7, node, timeout=0.5)
+    assert time.monotonic() - t0 < 5
+
+
+# --------------------------------------------------------------------------
+# registration and configuration
+# --------------------------------------------------------------------------
+
+
+def _params(tmp_path, run_id="job1", min_nodes=1, max_nodes=1, endpoint=None, **conf):
+    conf.setdefault("addr", "127.0.0.1")
+    return RendezvousParameters(
+        backend="fsmingle",
+        endpoint=str(tmp_path / "rdzv") if endpoint is None else endpoint,
+        run_id=run_id,
+        min_nodes=min_nodes,
+        max_nodes=max_nodes,
+        **conf,
+    )
+
+
+def test_entry_point_registers_the_backend(tmp_path):
+    from importlib.metadata import entry_points
+
+    from torch.distributed.elastic.rendezvous import registry
+
+    eps = [ep for ep in entry_points(group="torchrun.handlers") if ep.name == "fsmingle"]
+    assert eps, "run `pip install -e .` to register the entry point"
+    creator = eps[0].load()()
+    h = creator(_params(tmp_path))
+    assert h.get_backend() == "fsmingle" and h.get_run_id() == "job1"
+    h2 = registry.get_rendezvous_handler(_params(tmp_path, run_id="job2"))
+    assert isinstance(h2, tb.FsRendezvousHandler)
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(endpoint="relative/dir"),
+        dict(endpoint="10.0.0.1:29400"),
+        dict(endpoint=""),
+        dict(run_id="../escape"),
+        dict(join_timeout="soon"),
+        dict(last_call_timeout="0"),
+        dict(store_port="70000"),
+        dict(addr="not an address"),
+        dict(addr=None, iface="no-such-iface0"),
+    ],
+)
+def test_bad_configuration_is_a_config_error(tmp_path, kw):
+    with pytest.raises(ConfigError):
+        tb.create_rdzv_handler(_params(tmp_path, **kw))
+
+
+# --------------------------------------------------------------------------
+# two handlers in one process
+# --------------------------------------------------------------------------
+
+
+def _rendezvous_threads(tmp_path, n=2, **conf):
+    handlers = [tb.create_rdzv_handler(_params(tmp_path, min_nodes=n, max_nodes=n, **conf)) for _ in range(n)]
+    infos: list = [None] * n
+    errors: list = []
+
+    def go(i):
+        try:
+            infos[i] = handlers[i].next_rendezvous()
+        except Exception as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=go, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(90)
+    assert not errors, errors
+    return handlers, infos
+
+
+def test_in_process_rendezvous_store_and_rerun(tmp_path):
+    epochs = []
+    for run in range(2):
+        handlers, infos = _rendezvous_threads(tmp_path, join_timeout=60)
+        assert sorted(i.rank for i in infos) == [0, 1]
+        assert all(i.world_size == 2 for i in infos)
+        boot = {(i.bootstrap_store_info.master_addr, i.bootstrap_store_info.master_port) for i in infos}
+        assert len(boot) == 1 and next(iter(boot))[0] == "127.0.0.1"
+        # The round's store is shared: what rank 0 sets, rank 1 reads.
+        by_rank = {i.rank: i for i in infos}
+        by_rank[0].store.set("k", f"run{run}")
+        assert by_rank[1].store.get("k") == f"run{run}".encode()
+        epochs.append(handlers[0]._fs_backend.epoch)
+        assert handlers[0].num_nodes_waiting() == 0 and not handlers[0].is_closed()
+        assert all(h.shutdown() for h in handlers)
+        assert handlers[0].is_closed()
+    assert epochs[1] > epochs[0]  # the second run started a fresh lineage
+    run_dir = tmp_path / "rdzv" / "job1"
+    last = json.loads((run_dir / _state_files(run_dir)[-1]).read_bytes())
+    assert last["state"]["closed"] and last["state"]["participants"] == []
+
+
+def test_killed_run_is_continued_after_its_members_expire(tmp_path):
+    """Agents SIGKILLed: nothing closed; new agents drop the dead (heartbeat rule) and go on."""
+    dead = _state(5, members=2, hb_age_s=3600)
+    dead.complete = True
+    be = _backend(tmp_path)
+    be.set_state(_b(dead))
+    handlers, infos = _rendezvous_threads(tmp_path, join_timeout=60)
+    assert sorted(i.rank for i in infos) == [0, 1]
+    st = handlers[0]._state_holder.state
+    assert st.round == 6 and handlers[0]._fs_backend.epoch == 1  # same lineage, next round
+    assert all(h.shutdown() for h in handlers)
+
+
+def test_shutdown_of_a_node_that_never_joined_does_not_close_the_run(tmp_path):
+    be = _backend(tmp_path)
+    be.set_state(_b(_state(0, members=1)))
+    h = tb.create_rdzv_handler(_params(tmp_path, min_nodes=2, max_nodes=2))
+    assert h.shutdown()
+    data, _ = _backend(tmp_path).get_state()
+    assert not pickle.loads(data).closed
+
+
+def test_closed_run_with_live_member_makes_new_agent_wait(tmp_path):
+    be = _backend(tmp_path, liveness_s=15)
+    be.set_state(_b(_state(1, closed=True, members=1, hb_age_s=0)))
+    h = tb.create_rdzv_handler(_params(tmp_path, join_timeout=2))
+    t0 = time.monotonic()
+    with pytest.raises(RendezvousClosedError):
+        h.next_rendezvous()
+    assert 1.5 < time.monotonic() - t0 < 15
+
+
+# --------------------------------------------------------------------------
+# real torchrun processes
+# --------------------------------------------------------------------------
+
+ELASTIC_WORKER = r'''
+import datetime, gc, json, os, sys, time
+import torch, torch.distributed as dist
+out, target = sys.argv[1], int(sys.argv[2])
+env = {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "GROUP_RANK", "TORCHELASTIC_RESTART_COUNT",
+                                      "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID")}
+ws = int(env["WORLD_SIZE"])
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+t = torch.ones(1)
+dist.all_reduce(t)
+env["allreduce"] = t.item()
+env["pid"] = os.getpid()
+p = os.path.join(out, "w-%d.json" % os.getpid())
+with open(p + ".tmp", "w") as f:
+    json.dump(env, f)
+os.replace(p + ".tmp", p)
+if ws < target:
+    time.sleep(180)   # until the agent restarts us for the new membership
+    sys.exit(1)
+gc.collect()
+dist.barrier()
+dist.destroy_process_group()
+'''
+
+CRASH_ONCE = r'''
+import os, runpy, sys, time
+out = sys.argv[1]
+with open(os.path.join(out, "start-%d.json" % os.getpid()), "w") as f:
+    f.write('{"group_rank": %s, "restart_count": %s}' % (os.environ["GROUP_RANK"],
+                                                         os.environ["TORCHELASTIC_RESTART_COUNT"]))
+if os.environ["GROUP_RANK"] == "1":
+    try:
+        os.close(os.open(os.path.join(out, "crashed"), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        pass
+    else:
+        print("crash_once: crashing on purpose", flush=True)
+        sys.exit(3)
+sys.argv = [sys.argv[2]] + sys.argv[3:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+'''
+
+
+def _env(tmp_path: Path) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in _LAUNCH_VARS and not k.startswith("PET_")}
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir(exist_ok=True)
+    env["TMPDIR"] = str(tmpdir)
+    env["PYTHONUNBUFFERED"] = "1"
+    env["OMP_NUM_THREADS"] = "1"
+    env.pop("LOGLEVEL", None)
+    return env
+
+
+class Node:
+    """One ``torchrun`` (one "node") under ``timeout -k``."""
+
+    def __init__(self, tmp_path: Path, name: str, args: list[str], secs: int, endpoint: Path, run_id: str,
+                 nnodes: str, nproc: int = 1, conf: str = "", extra: list[str] | None = None):
+        self.log = tmp_path / f"{name}.log"
+        rdzv_conf = "addr=127.0.0.1,join_timeout=120" + ("," + conf if conf else "")
+        cmd = [
+            "timeout", "-k", str(KILL_AFTER_S), str(secs),
+            sys.executable, "-m", "torch.distributed.run",
+            "--rdzv-backend", "fsmingle", "--rdzv-endpoint", str(endpoint), "--rdzv-id", run_id,
+            "--nnodes", nnodes, "--nproc-per-node", str(nproc), "--rdzv-conf", rdzv_conf,
+            "--monitor-interval", "0.5",
+            *(extra or []),
+            *args,
+        ]
+        self._f = open(self.log, "wb")
+        self.proc = subprocess.Popen(cmd, stdout=self._f, stderr=subprocess.STDOUT, env=_env(tmp_path),
+                                     cwd=str(tmp_path))
+
+    def wait(self, timeout: float) -> int:
+        try:
+            return self.proc.wait(timeout)
+        finally:
+            self._f.close()
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+def _finish(nodes: list[Node], timeout: float) -> list[int]:
+    rcs = [n.wait(timeout) for n in nodes]
+    if any(rcs):
+        tails = "\n".join(f"--- {n.log.name} rc={rc}\n{n.text()[-4000:]}" for n, rc in zip(nodes, rcs))
+        pytest.fail(f"torchrun exit codes {rcs}\n{tails}")
+    return rcs
+
+
+def _rank_records(out: Path) -> dict[int, dict]:
+    return {json.loads(p.read_text())["rank"]: json.loads(p.read_text()) for p in out.glob("rank*.json")}
+
+
+@pytest.mark.slow
+def test_torchrun_two_fixed_nodes(tmp_path):
+    out = tmp_path / "out"
+    args = [str(TRAIN), "--steps", "3", "--out", str(out)]
+    nodes = [Node(tmp_path, f"node{i}", args, 240, tmp_path / "rdzv", "fixed", "2", nproc=2) for i in range(2)]
+    _finish(nodes, 260)
+    recs = _rank_records(out)
+    assert sorted(recs) == [0, 1, 2, 3]
+    assert all(r["world_size"] == 4 and r["ranks_agree"] for r in recs.values())
+    assert {r["MASTER_ADDR"] for r in recs.values()} == {"127.0.0.1"}
+    assert len({r["MASTER_PORT"] for r in recs.values()}) == 1
+    assert {r["node_rank"] for r in recs.values()} == {"0", "1"}
+
+
+@pytest.mark.slow
+def test_torchrun_elastic_third_node_joins_mid_run(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    script = tmp_path / "elastic_worker.py"
+    script.write_text(ELASTIC_WORKER)
+    kw = dict(endpoint=tmp_path / "rdzv", run_id="elastic", nnodes="1:3", conf="last_call_timeout=1")
+    nodes = [Node(tmp_path, f"node{i}", [str(script), str(out), "3"], 280, **kw) for i in range(2)]
+    # Wait until the first two nodes train (world size 1 or 2), then add a third.
+    deadline = time.monotonic() + 150
+    while not list(out.glob("w-*.json")):
+        assert time.monotonic() < deadline, nodes[0].text()[-3000:]
+        assert all(n.proc.poll() is None for n in nodes), nodes[0].text()[-3000:]
+        time.sleep(0.5)
+    nodes.append(Node(tmp_path, "node2", [str(script), str(out), "3"], 240, **kw))
+    _finish(nodes, 300)
+    recs = [json.loads(p.read_text()) for p in out.glob("w-*.json")]
+    sizes = [int(r["WORLD_SIZE"]) for r in recs]
+    final = [r for r in recs if r["WORLD_SIZE"] == "3"]
+    assert len(final) == 3 and sorted(r["RANK"] for r in final) == ["0", "1", "2"]
+    assert all(r["allreduce"] == 3.0 for r in final)
+    assert min(sizes) < 3  # the first workers ran with fewer nodes, then were restarted
+    assert len({r["MASTER_PORT"] for r in final}) == 1
+    # Membership changes are not failures: the restart count stays 0.
+    assert {r["TORCHELASTIC_RESTART_COUNT"] for r in recs} == {"0"}
+
+
+@pytest.mark.slow
+def test_torchrun_worker_crash_once_then_completes(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    script = tmp_path / "crash_once.py"
+    script.write_text(CRASH_ONCE)
+    args = [str(script), str(out), str(TRAIN), "--steps", "3", "--out", str(out)]
+    nodes = [
+        Node(tmp_path, f"node{i}", args, 280, tmp_path / "rdzv", "crash", "2", extra=["--max-restarts", "1"])
+        for i in range(2)
+    ]
+    _finish(nodes, 300)
+    assert (out / "crashed").exists()
+    recs = _rank_records(out)
+    assert sorted(recs) == [0, 1] and all(r["world_size"] == 2 and r["ranks_agree"] for r in recs.values())
+    starts = [json.loads(p.read_text()) for p in out.glob("start-*.json")]
+    assert any(s["restart_count"] == 1 for s in starts), starts  # the crashed node restarted its worker
+    assert "crashing on purpose" in "".join(n.text() for n in nodes)
+
+
+@pytest.mark.slow
+def test_torchrun_rerun_same_id(tmp_path):
+    """The same command, same endpoint and id, run again and again (torch's c10d FileStore fails the 2nd).
+
+    ``FSMINGLE_RERUNS=100`` makes it the 100-in-a-row check (default 3).
+    """
+    runs = int(os.environ.get("FSMINGLE_RERUNS", "3"))
+    endpoint = tmp_path / "rdzv"
+    script = tmp_path / "worker.py"
+    script.write_text(ELASTIC_WORKER)
+    for k in range(runs):
+        out = tmp_path / f"out{k}"
+        out.mkdir()
+        nodes = [Node(tmp_path, f"run{k}-node{i}", [str(script), str(out), "2"], 200, endpoint, "exp42", "2")
+                 for i in range(2)]
+        t0 = time.monotonic()
+        _finish(nodes, 220)
+        recs = [json.loads(p.read_text()) for p in out.glob("w-*.json")]
+        assert sorted(r["RANK"] for r in recs) == ["0", "1"], k
+        assert all(r["WORLD_SIZE"] == "2" and r["allreduce"] == 2.0 for r in recs), k
+        print(f"run {k + 1}/{runs} ok in {time.monotonic() - t0:.1f} s", flush=True)
+        for n in nodes:  # keep tmp_path small over many runs
+            n.log.unlink()
+    run_dir = endpoint / "exp42"
+    files = _state_files(run_dir)
+    assert len(files) <= tb.KEEP_VERSIONS + 1
+    assert len([p for p in run_dir.iterdir() if p.name.startswith("store-")]) <= tb.KEEP_STORE_FILES
+    assert not [p for p in run_dir.iterdir() if p.name.startswith(".tmp-")]
+    last = json.loads((run_dir / files[-1]).read_bytes())
+    assert last["state"]["closed"] and last["state"]["participants"] == []
