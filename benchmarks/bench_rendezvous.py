@@ -43,15 +43,19 @@ from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BACKENDS = ("fsmingle", "torch-file", "torch-tcp")
-FS_MODES = ("local", "bindfs")
+FS_MODES = ("local", "bindfs", "bindfs-coherent")
+# NFS-like: per-mount attribute/lookup caches of 1 s, no lock forwarding
+# (flock is then local to each mount, like NFS with local_lock).
 BINDFS_OPTS = "attr_timeout=1,entry_timeout=1,negative_timeout=1"
-# torch's FileStore serialises its append-only log with flock(); bindfs does
-# not forward locks to the backing directory unless told to, so separate
-# mounts would silently not exclude each other (like NFS with local_lock).
-# For torch-file we therefore mount with lock forwarding (which bindfs
-# requires to be multithreaded): the best case for torch, like NFS with a
-# working lock manager.  See --bindfs-locks.
-BINDFS_LOCK_OPTS = "enable-lock-forwarding,multithreaded"
+# A lock-coherent shared mount, like NFS with a working lock manager where a
+# lock revalidates the cache: locks forwarded to the backing directory (bindfs
+# requires multithreaded mode for that), no attribute cache, no page cache.
+# torch's FileStore (flock + append to one log file) needs this: on plain
+# "bindfs" a stale cached file size makes its appends overwrite the log and
+# the rendezvous hangs from N = 4 on (measured, see README).
+BINDFS_COHERENT_OPTS = ("attr_timeout=0,entry_timeout=0,negative_timeout=0,"
+                        "enable-lock-forwarding,multithreaded,direct_io")
+FS_OPTS = {"bindfs": BINDFS_OPTS, "bindfs-coherent": BINDFS_COHERENT_OPTS}
 MSG = "@@"  # prefix of worker protocol lines on stdout
 
 
@@ -252,18 +256,26 @@ _MUT = {"rename", "renameat", "renameat2", "unlink", "unlinkat", "link", "linkat
         "utimensat", "truncate", "ftruncate", "fsync", "fdatasync"}
 _RW_FD = {"read", "write", "pread64", "pwrite64", "readv", "writev"}
 _LINE = re.compile(r"^(?:\[pid\s+)?(\d+)\]?\s+(\w+)\((.*)$")
-_FD0 = re.compile(r"^\s*(-?\d+)<([^>]*)>")
+_FD0 = re.compile(r"^\s*(-?\d+|AT_FDCWD)<([^>]*)>")
+_PATHARG = re.compile(r'"((?:[^"\\]|\\.)*)"')
+_NET = {"sendto", "recvfrom", "sendmsg", "recvmsg", "connect", "accept", "accept4", "socket",
+        "poll", "ppoll", "shutdown", "setsockopt", "getsockopt", "bind", "listen",
+        "getsockname", "getpeername"}
 
 
-def classify_strace(text: str) -> dict[str, int]:
+def classify_strace(text: str, prefixes: tuple[str, ...] = ()) -> dict[str, int]:
     """Count syscalls of an ``strace -f -y`` log into categories.
 
     fd-based calls are attributed by strace's -y annotation: ``<\\/path>`` is
     a file, ``<socket:...>``/``<TCP:...>`` network, pipes/anon inodes are the
-    harness's own control channel and are ignored.
+    harness's own control channel and are ignored.  File operations whose path
+    lies under one of `prefixes` (the rendezvous directories) go into the
+    categories; file operations elsewhere (e.g. torch's ``inspect.stack()``
+    stat()ing its own source files on every rendezvous event) are counted in
+    ``outside`` only.
     """
     c = {k: 0 for k in ("opens", "stats", "listdirs", "getdents", "locks", "reads",
-                        "writes", "closes", "mutations", "net", "other_file", "total")}
+                        "writes", "closes", "mutations", "other_file", "net", "outside")}
     for line in text.splitlines():
         if "resumed>" in line or line.startswith(("---", "+++")):
             continue
@@ -272,69 +284,68 @@ def classify_strace(text: str) -> dict[str, int]:
             continue
         name, args = m.group(2), m.group(3)
         fdm = _FD0.match(args)
-        fdkind = None
+        fdkind, path = None, None
         if fdm:
             target = fdm.group(2)
             if target.startswith("/"):
-                fdkind = "file"
+                fdkind, path = "file", target
             elif target.startswith(("socket:", "TCP", "UDP", "UNIX", "NETLINK")):
                 fdkind = "net"
             else:
                 fdkind = "ipc"
-        if name in _OPEN:
-            if "O_DIRECTORY" in args:
-                c["listdirs"] += 1
-            else:
-                c["opens"] += 1
-        elif name in _STAT:
-            if name in ("fstat", "fstatfs") and fdkind != "file":
-                continue
-            c["stats"] += 1
-        elif name == "getdents64" or name == "getdents":
-            c["getdents"] += 1
-        elif name == "flock" or (name == "fcntl" and re.search(r"F_(OFD_)?SETLKW?", args)):
-            if fdkind == "file":
-                c["locks"] += 1
-            else:
-                continue
-        elif name in _RW_FD:
-            if fdkind == "file":
-                c["reads" if name.startswith(("read", "pread")) else "writes"] += 1
-            elif fdkind == "net":
-                c["net"] += 1
-            else:
-                continue
-        elif name == "close":
-            if fdkind == "file":
-                c["closes"] += 1
-            elif fdkind == "net":
-                c["net"] += 1
-            else:
-                continue
-        elif name in _MUT:
-            c["mutations"] += 1
-        elif name in ("sendto", "recvfrom", "sendmsg", "recvmsg", "connect", "accept",
-                      "accept4", "socket", "poll", "ppoll", "shutdown", "setsockopt",
-                      "getsockopt", "bind", "listen", "getsockname", "getpeername"):
+        q = _PATHARG.search(args)
+        if q and (name in _OPEN or name in _STAT or name in _MUT or name.startswith(("access", "readlink"))):
+            path = q.group(1)
+            if not path.startswith("/") and fdm and fdm.group(2).startswith("/"):
+                path = os.path.join(fdm.group(2), path)
+        net_call = name in _NET
+        if net_call or (fdkind == "net" and name in (_RW_FD | {"close"})):
             if name in ("poll", "ppoll") and "socket" not in args and "TCP" not in args:
                 continue
             c["net"] += 1
-        elif name in ("fcntl", "lseek", "fstat"):
+            continue
+        if fdkind == "ipc":
+            continue
+        if name in _OPEN:
+            cat = "listdirs" if "O_DIRECTORY" in args else "opens"
+        elif name in _STAT:
+            if fdm and name in ("fstat", "fstatfs") and fdkind != "file":
+                continue
+            cat = "stats"
+        elif name in ("getdents64", "getdents"):
+            cat = "getdents"
+        elif name == "flock" or (name == "fcntl" and re.search(r"F_(OFD_)?SETLKW?", args)):
+            cat = "locks"
+        elif name in _RW_FD:
             if fdkind != "file":
                 continue
-            c["other_file"] += 1
+            cat = "reads" if name.startswith(("read", "pread")) else "writes"
+        elif name == "close":
+            if fdkind != "file":
+                continue
+            cat = "closes"
+        elif name in _MUT:
+            cat = "mutations"
         else:
-            c["other_file"] += 1
-        c["total"] += 1
-    c["fs_syscalls"] = c["total"] - c["net"]
+            if fdm and fdkind != "file":
+                continue
+            cat = "other_file"
+        if path is not None and prefixes and not any(
+            path == pf or path.startswith(pf.rstrip("/") + "/") for pf in prefixes
+        ):
+            c["outside"] += 1
+            continue
+        c[cat] += 1
     # Operations that can reach a shared filesystem's server (NFS/Lustre):
-    # everything file-related except close/lseek/fstat-style local bookkeeping.
+    # everything file-related except close/lseek-style local bookkeeping.
     c["fs_ops"] = (c["opens"] + c["stats"] + c["listdirs"] + c["getdents"] + c["locks"]
                    + c["reads"] + c["writes"] + c["mutations"])
+    c["fs_syscalls"] = c["fs_ops"] + c["closes"] + c["other_file"]
     return c
 
 
-def strace_sample(pids: list[int], seconds: float, logdir: str) -> list[dict]:
+def strace_sample(pids: list[int], seconds: float, logdir: str,
+                  prefixes: tuple[str, ...] = ()) -> list[dict]:
     """Attach strace -f -y to each pid for `seconds`; return per-pid counts."""
     procs = []
     for pid in pids:
@@ -358,7 +369,7 @@ def strace_sample(pids: list[int], seconds: float, logdir: str) -> list[dict]:
                 text = f.read()
         except OSError:
             text = ""
-        res.append({"pid": pid, "seconds": t_end - t_start, "counts": classify_strace(text),
+        res.append({"pid": pid, "seconds": t_end - t_start, "counts": classify_strace(text, prefixes),
                     "strace_rc": sp.returncode, "strace_err": err.decode(errors="replace")[-500:]})
     return res
 
@@ -391,12 +402,12 @@ def _unmount(mnt: str) -> None:
 class MountSet:
     """One backing directory and M bindfs mounts of it (NFS-like client caches)."""
 
-    def __init__(self, root: str, count: int, extra_opts: str = "") -> None:
+    def __init__(self, root: str, count: int, opts: str) -> None:
         self.root = root
         self.backing = os.path.join(root, "backing")
         os.makedirs(self.backing, mode=0o700, exist_ok=True)
         self.mounts: list[str] = []
-        self.opts = BINDFS_OPTS + ("," + extra_opts if extra_opts else "")
+        self.opts = opts
         try:
             for i in range(count):
                 mnt = os.path.join(root, f"mnt{i:04d}")
@@ -610,8 +621,12 @@ def run_once(args, backend: str, fs: str, n: int, rep: int, dirs_for: list[str],
         if strace_secs > 0 and args.strace_procs > 0 and shutil.which("strace"):
             cands = [w for w in workers[:-1]
                      if not (backend == "torch-tcp" and cfg_base["tcp_host"] in w.participants)]
-            sample = cands[: args.strace_procs]
-            res = strace_sample([w.pid for w in sample], strace_secs, logdir)
+            k = min(args.strace_procs, len(cands))
+            # spread the sample over the early processes
+            sample = [cands[round(i * (len(cands) - 1) / max(k - 1, 1))] for i in range(k)] if k else []
+            sample = list({id(w): w for w in sample}.values())
+            prefixes = tuple(sorted({os.path.realpath(d) for d in dirs_for} | set(dirs_for)))
+            res = strace_sample([w.pid for w in sample], strace_secs, logdir, prefixes)
             per = []
             for w, r in zip(sample, res):
                 k = len(w.participants)
@@ -684,13 +699,14 @@ def run_once(args, backend: str, fs: str, n: int, rep: int, dirs_for: list[str],
 
 
 def _count_beacons(job_dir: str) -> int:
-    """Non-hidden *.json files under the job directory (read on the backing
-    store by the orchestrator, never through a participant's mount)."""
+    """fsmingle beacons (``<job>/gen-N/beacon-*.json``, see docs/protocol.md)
+    under the job directory, read on the backing store by the orchestrator,
+    never through a participant's mount."""
     n = 0
     try:
         for root, dnames, fnames in os.walk(job_dir):
             dnames[:] = [d for d in dnames if not d.startswith(".")]
-            n += sum(1 for f in fnames if f.endswith(".json") and not f.startswith("."))
+            n += sum(1 for f in fnames if f.startswith("beacon") and f.endswith(".json"))
     except OSError:
         return 0
     return n
@@ -737,8 +753,8 @@ def render_tables(rows: list[dict], notes: list[str]) -> str:
     out.append("### Last arrival → release (seconds) and steady-state filesystem load\n")
     out.append("| backend | fs | N | procs × threads | reps | last→own p50 / p95 / max | last→all p50 / p95 / max "
                "| any waiter p50 / p95 | wall p50 | opens/s | stats/s | listdirs/s | locks/s | reads/s | writes/s "
-               "| mutations/s | fs ops/s | net ops/s | status |")
-    out.append("|" + "---|" * 19)
+               "| mutations/s | fs ops/s | net ops/s | other files/s | status |")
+    out.append("|" + "---|" * 20)
     for r in rows:
         s = r.get("summary", {})
         o = s.get("ops_per_s") or {}
@@ -754,7 +770,7 @@ def render_tables(rows: list[dict], notes: list[str]) -> str:
             f"| {_f(s.get('last_all_p50'))} / {_f(s.get('last_all_p95'))} / {_f(s.get('last_all_max'))} "
             f"| {_f(s.get('waiter_p50'))} / {_f(s.get('waiter_p95'))} | {_f(s.get('wall_p50'), 1)} "
             f"| {g('opens')} | {g('stats')} | {g('listdirs')} | {g('locks')} | {g('reads')} | {g('writes')} "
-            f"| {g('mutations')} | {g('fs_ops')} | {g('net')} | {status} |"
+            f"| {g('mutations')} | {g('fs_ops')} | {g('net')} | {g('outside')} | {status} |"
         )
     # ratios fsmingle / torch
     by = {(r["backend"], r["fs"], r["n"]): r.get("summary", {}) for r in rows}
@@ -835,12 +851,13 @@ def environment() -> dict:
         "loadavg_start": os.getloadavg(),
         "mem_available_gib": (mem_available_bytes() or 0) / 2**30,
     }
-    try:
-        r = subprocess.run([sys.executable, "-c", "import torch; print(torch.__version__)"],
-                           capture_output=True, text=True, timeout=60)
-        env["torch"] = r.stdout.strip() or None
-    except Exception:
-        env["torch"] = None
+    for dist in ("torch", "fsmingle", "matplotlib"):
+        try:
+            from importlib.metadata import version
+
+            env[dist] = version(dist)
+        except Exception:
+            env[dist] = None
     try:
         r = subprocess.run(["git", "-C", os.path.dirname(HERE), "rev-parse", "HEAD"],
                            capture_output=True, text=True, timeout=10)
@@ -858,7 +875,11 @@ def check_backend(backend: str) -> str | None:
                 "try:\n    b._fsmingle_entry()\n"
                 "except b.BackendUnavailable as e:\n    print(e); sys.exit(3)\n") % HERE
     else:
-        code = "import torch.distributed.elastic.rendezvous.registry"
+        import importlib.util
+
+        if importlib.util.find_spec("torch") is None:
+            return f"{backend} not available: torch is not installed"
+        return None
     env = dict(os.environ)
     repo = os.path.dirname(HERE)
     env["PYTHONPATH"] = repo + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
@@ -877,7 +898,7 @@ def main(argv: list[str] | None = None) -> int:
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--n", default="2,4,16,64", help="comma-separated participant counts")
     ap.add_argument("--backends", default="fsmingle,torch-file,torch-tcp")
-    ap.add_argument("--fs", default="local,bindfs", help="local and/or bindfs (torch-tcp ignores it: fs='net')")
+    ap.add_argument("--fs", default="local,bindfs", help="local, bindfs (NFS-like caches), bindfs-coherent (lock-coherent, uncached); torch-tcp ignores it: fs='net'")
     ap.add_argument("--reps", type=int, default=3, help="repetitions per configuration")
     ap.add_argument("--settle", type=float, default=6.0,
                     help="seconds between 'all early participants joined' and the last arrival")
@@ -886,9 +907,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-procs", type=int, default=16,
                     help="participant processes at most; beyond, participants are threads (the last one always has its own process)")
     ap.add_argument("--max-mounts", type=int, default=64, help="bindfs mounts at most (participant p uses mount p %% M)")
-    ap.add_argument("--bindfs-locks", choices=("auto", "on", "off"), default="auto",
-                    help="lock forwarding on bindfs mounts: auto = only for torch-file (its FileStore needs flock)")
-    ap.add_argument("--timeout", type=float, default=180.0, help="per-phase timeout (s) and fsmingle's timeout")
+    ap.add_argument("--timeout", type=float, default=120.0, help="per-phase timeout (s) and fsmingle's timeout")
     ap.add_argument("--ready-timeout", type=float, default=300.0, help="time allowed for spawning and imports")
     ap.add_argument("--budget", type=float, default=900.0,
                     help="stop escalating N for a backend/fs once one configuration takes longer than this (s)")
@@ -932,7 +951,7 @@ def main(argv: list[str] | None = None) -> int:
         if why:
             log(f"! {b}: {why}")
 
-    bindfs_reason = bindfs_unavailable_reason() if "bindfs" in fss else None
+    bindfs_reason = bindfs_unavailable_reason() if any(f in FS_OPTS for f in fss) else None
     if bindfs_reason:
         log(f"! skipping bindfs mode: {bindfs_reason}")
         notes.append(f"bindfs mode skipped: {bindfs_reason}")
@@ -944,7 +963,7 @@ def main(argv: list[str] | None = None) -> int:
             combos.append((b, "net"))
             continue
         for f in fss:
-            if f == "bindfs" and bindfs_reason:
+            if f in FS_OPTS and bindfs_reason:
                 continue
             combos.append((b, f))
 
@@ -975,16 +994,13 @@ def main(argv: list[str] | None = None) -> int:
                     notes.append(f"{b}/{f}: {stopped}")
                     continue
                 # directories for participants
-                if f == "bindfs":
-                    locks = (args.bindfs_locks == "on") or (args.bindfs_locks == "auto" and b == "torch-file")
-                    key = "bindfs-locks" if locks else "bindfs"
+                if f in FS_OPTS:
                     m = min(max(ns), args.max_mounts)
-                    if key not in mountsets:
-                        root = os.path.join(workdir, key)
-                        log(f"# mounting {m} bindfs mounts ({BINDFS_OPTS}"
-                            f"{',' + BINDFS_LOCK_OPTS if locks else ''}) under {root}")
-                        mountsets[key] = MountSet(root, m, BINDFS_LOCK_OPTS if locks else "")
-                    ms = mountsets[key]
+                    if f not in mountsets:
+                        root = os.path.join(workdir, f)
+                        log(f"# mounting {m} bindfs mounts (-o {FS_OPTS[f]}) under {root}")
+                        mountsets[f] = MountSet(root, m, FS_OPTS[f])
+                    ms = mountsets[f]
                     dirs_for = ms.mounts[: min(n, len(ms.mounts))]
                     backing = ms.backing
                     row["mounts"] = len(dirs_for)
@@ -994,7 +1010,7 @@ def main(argv: list[str] | None = None) -> int:
                     os.makedirs(backing, mode=0o700, exist_ok=True)
                     dirs_for = [backing]
                 log(f"## {b} fs={f} N={n}: {len(groups)} processes (≤{max(len(g) for g in groups)} "
-                    f"participants each){'' if f != 'bindfs' else f', {len(dirs_for)} mounts'}")
+                    f"participants each){'' if f not in FS_OPTS else f', {len(dirs_for)} mounts'}")
                 t_cfg = time.monotonic()
                 for rep in range(args.reps):
                     try:
@@ -1036,10 +1052,10 @@ def main(argv: list[str] | None = None) -> int:
     notes.append(f"Settle {args.settle:g}s after all N-1 early participants joined; strace window "
                  f"{args.strace_secs:g}s on ≤{args.strace_procs} waiting processes per repetition "
                  f"(ops/s are per waiting participant; strace is detached before the last arrival).")
-    if "bindfs" in fss and not bindfs_reason:
-        notes.append(f"bindfs: one mount per participant up to {args.max_mounts} (then shared round-robin), "
-                     f"options {BINDFS_OPTS}; torch-file mounts add {BINDFS_LOCK_OPTS} "
-                     f"(--bindfs-locks={args.bindfs_locks}).")
+    for f in fss:
+        if f in FS_OPTS and not bindfs_reason:
+            notes.append(f"{f}: one bindfs mount per participant up to {args.max_mounts} (then shared "
+                         f"round-robin) of one backing directory, -o {FS_OPTS[f]}.")
     notes.append("torch: c10d DynamicRendezvousHandler via registry.get_rendezvous_handler with torch defaults "
                  "(join_timeout 600, last_call_timeout 30 — unused since min_nodes = max_nodes, "
                  "keep_alive_interval 5, state cache 1 s, poll delay 1 s); local_addr = participant address.")

@@ -1,0 +1,114 @@
+"""Smoke test of the rendezvous benchmark harness (benchmarks/bench_rendezvous.py).
+
+Runs the real harness at N=2, one repetition, on a local directory, for
+fsmingle and torch's c10d-on-FileStore rendezvous, and checks that it prints
+a table and writes its results.  Also checks the strace accounting on a
+synthetic log.  Needs torch (the CI installs it) and strace for the ops
+columns (the CI installs it too).
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BENCH = os.path.join(ROOT, "benchmarks", "bench_rendezvous.py")
+
+
+def _load_bench():
+    spec = importlib.util.spec_from_file_location("bench_rendezvous", BENCH)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("bench_rendezvous", mod)  # dataclasses look their module up
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_classify_strace_counts_file_ops_by_directory():
+    b = _load_bench()
+    log = "\n".join([
+        '101 read(0<pipe:[1]>,  <unfinished ...>',
+        '102 openat(AT_FDCWD</w>, "/rdzv/job/gen-1/release.json", O_RDONLY|O_CLOEXEC) = -1 ENOENT (No such file)',
+        '102 openat(AT_FDCWD</w>, "/rdzv/job/gen-1", O_RDONLY|O_CLOEXEC|O_DIRECTORY) = 5</rdzv/job/gen-1>',
+        '102 getdents64(5</rdzv/job/gen-1>, 0x1 /* 3 entries */, 32768) = 80',
+        '102 close(5</rdzv/job/gen-1>) = 0',
+        '102 newfstatat(AT_FDCWD</w>, "/rdzv/job/gen-1/beacon-a.json", {st_mode=S_IFREG}, 0) = 0',
+        '102 flock(3</rdzv/store>, LOCK_SH) = 0',
+        '102 read(3</rdzv/store>, "x", 10) = 1',
+        '102 write(1<pipe:[2]>, "@@ {}", 5) = 5',
+        '102 newfstatat(AT_FDCWD</w>, "/usr/lib/python3/x.py", {st_mode=S_IFREG}, 0) = 0',
+        '103 sendto(7<socket:[9]>, "abc", 3, 0, NULL, 0) = 3',
+        '102 <... read resumed>"", 10) = 0',
+        '+++ exited with 0 +++',
+    ])
+    c = b.classify_strace(log, ("/rdzv",))
+    assert c["opens"] == 1
+    assert c["listdirs"] == 1
+    assert c["getdents"] == 1
+    assert c["closes"] == 1
+    assert c["stats"] == 1
+    assert c["locks"] == 1
+    assert c["reads"] == 1
+    assert c["writes"] == 0  # the pipe write is the harness's own channel
+    assert c["net"] == 1
+    assert c["outside"] == 1  # the stat of a python source file
+    assert c["fs_ops"] == 1 + 1 + 1 + 1 + 1 + 1  # opens, listdirs, getdents, stats, locks, reads
+
+
+def test_layout_keeps_last_participant_alone():
+    b = _load_bench()
+    groups = b.layout(10, 4)
+    assert groups[-1] == [9]
+    assert sorted(p for g in groups[:-1] for p in g) == list(range(9))
+    assert len(groups) == 4
+    assert b.layout(2, 16) == [[0], [1]]
+
+
+@pytest.mark.torch
+def test_benchmark_smoke_runs_and_prints_table(tmp_path):
+    pytest.importorskip("torch")
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "results"
+    cmd = [
+        sys.executable, BENCH,
+        "--n", "2", "--reps", "1", "--fs", "local",
+        "--backends", "fsmingle,torch-file",
+        "--settle", "2", "--strace-secs", "1",
+        "--timeout", "40", "--ready-timeout", "40",
+        "--out", str(out), "--workdir", str(tmp_path / "work"),
+    ]
+    t0 = time.monotonic()
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    elapsed = time.monotonic() - t0
+    assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
+    assert elapsed < 60, f"smoke benchmark took {elapsed:.0f}s"
+    table = p.stdout
+    assert "| backend | fs | N |" in table
+    for backend in ("fsmingle", "torch-file"):
+        rows = [ln for ln in table.splitlines() if ln.startswith(f"| {backend} | local | 2 |")]
+        assert rows, table
+        assert rows[0].rstrip().endswith("| ok |"), rows[0]
+    assert "### Ratios fsmingle / torch" in table
+
+    res = json.loads((out / "results.json").read_text())
+    assert res["command"].startswith("python ")
+    by = {(r["backend"], r["fs"], r["n"]): r for r in res["rows"]}
+    for backend in ("fsmingle", "torch-file"):
+        row = by[(backend, "local", 2)]
+        assert row["status"] == "ok"
+        (run,) = row["runs"]
+        assert run["valid"], run["problems"]
+        assert 0 <= run["last_own_s"] <= run["last_all_s"] < 30
+        if shutil.which("strace"):
+            assert run["fsops"], "strace sample missing"
+            assert run["fsops"][0]["counts"]["fs_ops"] > 0
+    assert by[("fsmingle", "local", 2)]["runs"][0]["torch_imported_in_fsmingle"] is False
+    assert (out / "rendezvous.png").stat().st_size > 1000
+    assert (out / "results.md").read_text().count("| fsmingle | local | 2 |") == 1
+    assert (out / "command.txt").read_text().strip() == res["command"]
