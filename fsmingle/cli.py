@@ -109,7 +109,7 @@ def _install_sigterm():
 @app.command(context_settings={"allow_interspersed_args": False})
 def run(
     command: List[str] = typer.Argument(..., help="The command to exec once released, e.g. torchrun ... train.py.",
-                                        metavar="-- COMMAND [ARGS]..."),
+                                        metavar="COMMAND [ARGS]..."),
     dir: Optional[str] = DirOpt, job_id: Optional[str] = JobOpt, nnodes: Optional[int] = NnodesOpt,
     node_rank: Optional[int] = NodeRankOpt, world_size: Optional[int] = WorldOpt, rank: Optional[int] = RankOpt,
     addr: Optional[str] = AddrOpt, iface: Optional[str] = IfaceOpt, port: Optional[int] = PortOpt,
@@ -119,6 +119,7 @@ def run(
     """Wait for the world, then exec COMMAND with MASTER_ADDR, MASTER_PORT, NODE_RANK, NNODES and PET_* set.
 
     Per-rank mode (--world-size/--rank) sets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE instead of PET_*.
+
     Exit codes: the command's own once it runs; 3 bad value, 4 unsafe directory, 5 storage, 6 rank conflict,
     7 timeout, 8 corrupt release, 126 not executable, 127 not found, 130 interrupted.
     """
