@@ -1,0 +1,361 @@
+"""Helpers for the process-level fault, bad-input and NFS-like tests.
+
+Every participant is a real ``fsmingle`` process (``python -m fsmingle ...``)
+whose stdout and stderr go to files, so a test can watch its progress while it
+runs and read everything once it ended, without pipe deadlocks.  Every wait is
+bounded; :class:`Procs` kills whatever a test left running (and the whole
+process group, so ``unshare``'d children go too).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Iterable, Sequence
+
+import psutil
+
+FSMINGLE = [sys.executable, "-m", "fsmingle"]
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# environment variables that would change what a participant resolves
+_SCRUB = re.compile(r"^(SLURM_|FSMINGLE_|PET_|PBS_|LSB_|TORCHELASTIC_|NCCL_SOCKET_IFNAME$|GLOO_SOCKET_IFNAME$|"
+                    r"JOB_ID$|JOB_COMPLETION_INDEX$)")
+
+
+def clean_env(extra: dict | None = None) -> dict:
+    """``os.environ`` without scheduler/fsmingle variables, plus ``extra``; fsmingle importable."""
+    env = {k: v for k, v in os.environ.items() if not _SCRUB.match(k)}
+    env["PYTHONPATH"] = REPO + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra or {})
+    return env
+
+
+def free_port() -> int:
+    """A TCP port that was free a moment ago (bound and released)."""
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(pred: Callable[[], object], timeout: float, what: str, interval: float = 0.05):
+    """Poll ``pred`` until it returns something truthy; AssertionError naming ``what`` after ``timeout``."""
+    end = time.monotonic() + timeout
+    while True:
+        v = pred()
+        if v:
+            return v
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(interval)
+
+
+def gen_dir(d, job: str, g: int) -> Path:
+    return Path(d) / job / f"gen-{g:08d}"
+
+
+def read_json(path) -> dict | None:
+    try:
+        return json.loads(Path(path).read_bytes())
+    except (OSError, ValueError):
+        return None
+
+
+def claim_of(d, job: str, g: int, rank: int) -> dict | None:
+    return read_json(gen_dir(d, job, g) / f"rank-{rank:05d}.claim")
+
+
+def beacon_of(d, job: str, g: int, instance: str) -> dict | None:
+    return read_json(gen_dir(d, job, g) / f"beacon-{instance}.json")
+
+
+def release_of(d, job: str, g: int) -> dict | None:
+    return read_json(gen_dir(d, job, g) / "release.json")
+
+
+def generations(d, job: str) -> list[int]:
+    try:
+        names = os.listdir(Path(d) / job)
+    except OSError:
+        return []
+    return sorted(int(n[4:]) for n in names if re.fullmatch(r"gen-\d{8}", n))
+
+
+class Proc:
+    """One spawned process; stdout/stderr in files under ``logdir``."""
+
+    def __init__(self, argv: Sequence[str], logdir: Path, name: str, env: dict | None = None,
+                 preexec_user: Sequence[str] = (), cwd: str | None = None):
+        self.name = name
+        self.argv = list(preexec_user) + list(argv)
+        self.out_path = logdir / f"{name}.out"
+        self.err_path = logdir / f"{name}.err"
+        self._out = open(self.out_path, "wb")
+        self._err = open(self.err_path, "wb")
+        self.started = time.monotonic()
+        self.popen = subprocess.Popen(self.argv, stdout=self._out, stderr=self._err, stdin=subprocess.DEVNULL,
+                                      env=env if env is not None else clean_env(), cwd=cwd,
+                                      start_new_session=True)
+        self.ended: float | None = None
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def stdout(self) -> str:
+        return self.out_path.read_text(errors="replace")
+
+    def stderr(self) -> str:
+        return self.err_path.read_text(errors="replace")
+
+    def poll(self) -> int | None:
+        rc = self.popen.poll()
+        if rc is not None and self.ended is None:
+            self.ended = time.monotonic()
+        return rc
+
+    def wait(self, timeout: float) -> int:
+        """Exit status; kills the process and fails the test if it is still running after ``timeout``."""
+        try:
+            rc = self.popen.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise AssertionError(f"{self.name} still running after {timeout:g} s (killed); "
+                                 f"argv={self.argv}\nstderr:\n{self.stderr()[-4000:]}") from None
+        self.poll()
+        self._out.close()
+        self._err.close()
+        return rc
+
+    @property
+    def elapsed(self) -> float:
+        return (self.ended or time.monotonic()) - self.started
+
+    def result(self, timeout: float = 30) -> dict:
+        """Wait for success and return the JSON ``fsmingle env --format json`` printed."""
+        rc = self.wait(timeout)
+        assert rc == 0, f"{self.name} exited {rc}\nstderr:\n{self.stderr()[-4000:]}"
+        try:
+            return json.loads(self.stdout().strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            raise AssertionError(f"{self.name}: no JSON on stdout: {self.stdout()!r}\nstderr:\n{self.stderr()}")
+
+    def descendants(self) -> list[psutil.Process]:
+        try:
+            return psutil.Process(self.pid).children(recursive=True)
+        except psutil.Error:
+            return []
+
+    def signal(self, sig: int) -> None:
+        try:
+            os.kill(self.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def kill(self) -> None:
+        """SIGKILL the process, its descendants and its process group."""
+        for p in self.descendants():
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+        try:
+            os.killpg(self.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            self.popen.kill()
+        except ProcessLookupError:
+            pass
+        try:
+            self.popen.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+        self.poll()
+
+
+class Procs:
+    """Spawns participants for one test and kills the leftovers at teardown."""
+
+    def __init__(self, logdir: Path):
+        self.logdir = Path(logdir)
+        self.logdir.mkdir(parents=True, exist_ok=True)
+        self.all: list[Proc] = []
+        self._n = 0
+
+    def spawn(self, argv: Sequence[str], name: str | None = None, env: dict | None = None,
+              prefix: Sequence[str] = (), cwd: str | None = None) -> Proc:
+        self._n += 1
+        p = Proc(argv, self.logdir, name or f"p{self._n}", env=env, preexec_user=prefix, cwd=cwd)
+        self.all.append(p)
+        return p
+
+    def env(self, d, job: str, *args, timeout: float = 30, stale_after: float | None = 3,
+            addr: str | None = "127.0.0.1", extra_env: dict | None = None, name: str | None = None,
+            prefix: Sequence[str] = (), cmd: str = "env", fmt: str | None = "json", python: bool = False) -> Proc:
+        """Spawn ``fsmingle env --format json --dir d --job-id job ARGS`` (or ``run`` with ``cmd='run'``).
+
+        ``prefix`` is prepended to the argv (``unshare ...``, ``setpriv ...``);
+        ``args`` are appended (for ``run``: options, then ``--``, then the command).
+        """
+        argv = FSMINGLE + [cmd, "--dir", str(d), "--job-id", job, "--timeout", str(timeout)]
+        if stale_after is not None:
+            argv += ["--stale-after", str(stale_after)]
+        if addr is not None:
+            argv += ["--addr", addr]
+        if fmt is not None and cmd == "env":
+            argv += ["--format", fmt]
+        argv += [str(a) for a in args]
+        return self.spawn(argv, name=name, env=clean_env(extra_env), prefix=prefix)
+
+    def cli(self, *args, env: dict | None = None, prefix: Sequence[str] = (), timeout: float = 30,
+            name: str | None = None) -> tuple[int, str, str]:
+        """Run ``fsmingle ARGS`` to completion: (rc, stdout, stderr)."""
+        p = self.spawn(FSMINGLE + [str(a) for a in args], name=name, env=env if env is not None else clean_env(),
+                       prefix=prefix)
+        rc = p.wait(timeout)
+        return rc, p.stdout(), p.stderr()
+
+    def cleanup(self) -> None:
+        for p in self.all:
+            if p.poll() is None:
+                p.kill()
+            for f in (p._out, p._err):
+                try:
+                    f.close()
+                except Exception:
+                    pass
+
+
+def results(procs: Iterable[Proc], timeout: float = 30) -> list[dict]:
+    """JSON results of several participants, all of which must succeed within ``timeout`` (in total)."""
+    procs = list(procs)
+    end = time.monotonic() + timeout
+    out = []
+    try:
+        for p in procs:
+            out.append(p.result(timeout=max(0.1, end - time.monotonic())))
+    except AssertionError:
+        for q in procs:
+            if q.poll() is None:
+                q.kill()
+        details = "\n".join(f"--- {q.name} rc={q.poll()}\n{q.stderr()[-2500:]}" for q in procs)
+        raise AssertionError(f"rendezvous failed:\n{details}") from None
+    return out
+
+
+def assert_one_world(res: list[dict], n: int, generation: int | None = None) -> dict:
+    """All results name one master/generation and distinct ranks 0..n-1; returns one of them."""
+    masters = {(r["master_addr"], r["master_port"], r["generation"]) for r in res}
+    assert len(masters) == 1, f"participants disagree: {res}"
+    key = "rank" if res[0].get("mode") == "rank" else "node_rank"
+    assert sorted(r[key] for r in res) == list(range(n)), res
+    if generation is not None:
+        assert res[0]["generation"] == generation, res
+    return res[0]
+
+
+def wait_claimed(d, job: str, g: int, ranks: Iterable[int], timeout: float = 15,
+                 procs: Sequence[Proc] = ()) -> dict[int, dict]:
+    """Wait until each rank in ``ranks`` has a readable claim and its holder's beacon names the rank.
+
+    Returns: {rank: beacon}.  Fails early if any process of ``procs`` exited.
+    """
+    ranks = list(ranks)
+
+    def ready():
+        for p in procs:
+            if p.poll() is not None:
+                raise AssertionError(f"{p.name} exited {p.poll()} early:\n{p.stderr()[-3000:]}")
+        out = {}
+        for r in ranks:
+            c = claim_of(d, job, g, r)
+            if not c:
+                return None
+            b = beacon_of(d, job, g, c["instance"])
+            if not b or b.get("rank") != r:
+                return None
+            if r == 0 and not b.get("master_port"):
+                return None
+            out[r] = b
+        return out
+
+    return wait_for(ready, timeout, f"claims of ranks {ranks} in {gen_dir(d, job, g)}")
+
+
+def wait_text(p: Proc, needle: str, timeout: float = 15) -> None:
+    """Wait until ``needle`` appears in the stderr of ``p``."""
+    def seen():
+        if needle in p.stderr():
+            return True
+        if p.poll() is not None:
+            raise AssertionError(f"{p.name} exited {p.poll()} before printing {needle!r}:\n{p.stderr()[-3000:]}")
+        return False
+
+    wait_for(seen, timeout, f"{needle!r} from {p.name}")
+
+
+# ----------------------------------------------------------------- isolation helpers
+
+def have(*tools: str) -> list[str]:
+    """The names of ``tools`` that are not on PATH."""
+    return [t for t in tools if not shutil.which(t)]
+
+
+def other_pidns_prefix() -> list[str]:
+    """argv prefix running a command in a new pid namespace: its psutil identity is not checkable from here.
+
+    ``--kill-child`` makes the namespace die with ``unshare`` itself, so no orphan survives a killed test.
+    """
+    return ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child=SIGKILL"]
+
+
+def ns_python(p: Proc, timeout: float = 10) -> psutil.Process:
+    """The python process running inside ``p``'s ``unshare`` namespace."""
+    def find():
+        for c in p.descendants():
+            try:
+                if "fsmingle" in " ".join(c.cmdline()):
+                    return c
+            except psutil.Error:
+                pass
+        return None
+
+    return wait_for(find, timeout, f"the fsmingle process inside {p.name}'s pid namespace")
+
+
+# capabilities root loses so that file permissions apply to it as to anyone else
+DAC_CAPS = "-dac_override,-dac_read_search,-fowner,-chown"
+
+
+def unprivileged_prefix() -> list[str]:
+    """argv prefix running a command as root *without* the capabilities that bypass file permissions.
+
+    Running as ``nobody`` is not possible here: the interpreter lives under
+    ``/root`` (mode 0700).  Dropping CAP_DAC_OVERRIDE & co. from the bounding
+    set makes uid 0 subject to mode bits exactly like an ordinary user.
+    """
+    return ["setpriv", f"--bounding-set={DAC_CAPS}", "--inh-caps=-all"]
+
+
+def is_mountpoint(path) -> bool:
+    path = os.path.realpath(path)
+    with open("/proc/self/mountinfo") as f:
+        return any(line.split()[4] == path for line in f)
+
+
+def umount(path) -> None:
+    """Unmount ``path`` (FUSE or not), lazily if busy; never raises."""
+    for argv in (["fusermount", "-u", "-z", str(path)], ["umount", str(path)], ["umount", "-l", str(path)]):
+        if not is_mountpoint(path):
+            return
+        subprocess.run(argv, capture_output=True, timeout=20)
