@@ -9,12 +9,14 @@ dir                ``--dir``, ``FSMINGLE_DIR``
 job id             ``--job-id``, ``FSMINGLE_JOB_ID``, ``SLURM_JOB_ID`` (for an array task
                    ``SLURM_ARRAY_JOB_ID``, so all tasks of the array share it), ``PBS_JOBID``,
                    ``LSB_JOBID``, ``JOB_ID`` (SGE), ``TORCHELASTIC_RUN_ID``
-nnodes             ``--nnodes``, ``SLURM_NNODES``, ``PET_NNODES``
-node rank          ``--node-rank``, ``SLURM_NODEID``, ``JOB_COMPLETION_INDEX`` (Kubernetes
+nnodes             ``--nnodes``, for a job array (job id from ``SLURM_ARRAY_JOB_ID``)
+                   ``SLURM_NNODES`` x ``SLURM_ARRAY_TASK_COUNT``, else ``SLURM_NNODES``, ``PET_NNODES``
+node rank          ``--node-rank``, for a job array (task index - min) x ``SLURM_NNODES`` +
+                   ``SLURM_NODEID``, else ``SLURM_NODEID``, ``JOB_COMPLETION_INDEX`` (Kubernetes
                    Indexed Job), ``PET_NODE_RANK``; none: first-come
 world size         ``--world-size``, ``SLURM_NTASKS``
 rank               ``--rank``, ``SLURM_PROCID``; none: first-come
-restart count      ``SLURM_RESTART_COUNT`` (0 if unset)
+restart count      ``SLURM_RESTART_COUNT`` when the job id came from ``SLURM_JOB_ID``, else 0
 =================  ==========================================================================
 
 Per-rank mode is chosen by ``--world-size``/``--rank`` (or by
@@ -106,10 +108,12 @@ def resolve(
     dir = dir or env.get("FSMINGLE_DIR")
     if not dir:
         raise ConfigError("no rendezvous directory: pass --dir or set FSMINGLE_DIR to a directory every node sees")
+    source = "--job-id"
     if not job_id:
-        job_id, _ = _first(env, "FSMINGLE_JOB_ID", "SLURM_ARRAY_JOB_ID", "SLURM_JOB_ID", "PBS_JOBID",
-                           "LSB_JOBID", "JOB_ID", "TORCHELASTIC_RUN_ID")
+        job_id, source = _first(env, "FSMINGLE_JOB_ID", "SLURM_ARRAY_JOB_ID", "SLURM_JOB_ID", "PBS_JOBID",
+                                "LSB_JOBID", "JOB_ID", "TORCHELASTIC_RUN_ID")
     job_id = validate_job_id(job_id or "")
+    array = source == "SLURM_ARRAY_JOB_ID" and env.get("SLURM_ARRAY_TASK_COUNT")
     if (world_size is not None or rank is not None) and (nnodes is not None or node_rank is not None):
         raise ConfigError("give either --nnodes/--node-rank (node mode) or --world-size/--rank (per-rank mode), not both")
     mode = "rank" if (world_size is not None or rank is not None) else "node"
@@ -124,6 +128,14 @@ def resolve(
         what = "--world-size (or SLURM_NTASKS)"
     else:
         size = nnodes
+        if size is None and array:
+            # A job array shares SLURM_ARRAY_JOB_ID, but each task sees only its
+            # own SLURM_NNODES/SLURM_NODEID: the world is every task's nodes.
+            per = _int_env(env, "SLURM_NNODES") or 1
+            size = per * (_int_env(env, "SLURM_ARRAY_TASK_COUNT") or 1)
+            if node_rank is None:
+                idx = (_int_env(env, "SLURM_ARRAY_TASK_ID") or 0) - (_int_env(env, "SLURM_ARRAY_TASK_MIN") or 0)
+                node_rank = idx * per + (_int_env(env, "SLURM_NODEID") or 0)
         if size is None:
             for n in ("SLURM_NNODES", "PET_NNODES"):
                 v = env.get(n)
@@ -148,5 +160,7 @@ def resolve(
     if rank is not None and not 0 <= rank < size:
         flag = "--rank" if mode == "rank" else "--node-rank"
         raise ConfigError(f"{flag} is {rank} but must be in 0..{size - 1} for a world of {size}")
-    return Settings(dir=dir, job_id=job_id, mode=mode, size=size, rank=rank,
-                    restart_count=_int_env(env, "SLURM_RESTART_COUNT") or 0)
+    # SLURM_RESTART_COUNT orders incarnations of ONE Slurm job; separate jobs
+    # joining through an explicit job id count their requeues independently.
+    restart = _int_env(env, "SLURM_RESTART_COUNT") or 0 if source == "SLURM_JOB_ID" else 0
+    return Settings(dir=dir, job_id=job_id, mode=mode, size=size, rank=rank, restart_count=restart)
