@@ -140,7 +140,6 @@ def clean_job(store: Store, *, keep_decided: int = 1, stale_after: float = 0.0, 
         would be, with ``dry_run``).
     """
     gens = [g for g in generations(store) if below is None or g < below]
-    newest = max(generations(store), default=0)
     decided = []
     out = []
     for g in reversed(gens):
@@ -149,9 +148,8 @@ def clean_job(store: Store, *, keep_decided: int = 1, stale_after: float = 0.0, 
             decided.append(g)
             if len(decided) > keep_decided:
                 out.append((g, f"{info.state} generation"))
-        elif g != newest or info.state in ("stale", "empty"):
-            if info.state in ("stale", "empty") or (stale_after > 0 and inspect(store, g, stale_after).state == "stale"):
-                out.append((g, "no live participants"))
+        elif info.state in ("stale", "empty") or (stale_after > 0 and inspect(store, g, stale_after).state == "stale"):
+            out.append((g, "no live participants"))
     if not dry_run:
         for g, why in out:
             if store.retire(gen_name(g)):

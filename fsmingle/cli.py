@@ -72,6 +72,9 @@ def _do_rendezvous(dir, job_id, nnodes, node_rank, world_size, rank, addr, iface
     from .progress import Reporter, fmt_duration
     from .protocol import Timing
 
+    for flag, value in (("--poll-max", poll_max), ("--stale-after", stale_after), ("--timeout", timeout)):
+        if not value > 0:
+            raise _fail(ConfigError(f"{flag} must be a positive number of seconds, got {value:g}"))
     try:
         timing = Timing(poll_max=poll_max, poll_min=min(0.01, poll_max), stale_after=stale_after, status_interval=10.0)
     except FsmingleError as e:

@@ -260,6 +260,7 @@ class Participant:
         self.note = ""
         self._last_progress: tuple | None = None
         self.ever_present: set[int] = set()  # ranks seen claimed in any generation of this attempt
+        self._warned: set[str] = set()
 
     # ------------------------------------------------------------------ helpers
     def _reset_gen_state(self) -> None:
@@ -303,14 +304,22 @@ class Participant:
             return False
         return rel
 
+    def _warn_once(self, name: str, msg: str) -> None:
+        # Polling re-reads the same bad file many times a second: say it once.
+        if name not in self._warned:
+            self._warned.add(name)
+            log.warning("ignoring %s: %s", self.store_path(name), msg)
+
     def _read_beacon(self, instance: str) -> Beacon | None:
-        data = self.store.read(beacon_name(self.gen, instance))
+        name = beacon_name(self.gen, instance)
+        data = self.store.read(name)
         if data is None:
             return None
         try:
             b = decode(data, Beacon)
         except RecordError as e:
-            log.debug("beacon %s not usable yet: %s", instance, e)
+            # A torn write can't happen (atomic rename); what stays unusable is named.
+            self._warn_once(name, f"{e}; its holder counts as silent until it writes a valid beacon")
             return None
         if b.instance != instance or b.generation != self.gen or b.job_id != self.job_id:
             return None
@@ -326,16 +335,16 @@ class Participant:
         try:
             c = decode(data, Claim)
         except RecordError as e:
-            log.warning("unusable claim %s: %s", claim_name(self.gen, r), e)
+            self._warn_once(claim_name(self.gen, r), f"{e}; its rank is treated as held by a silent participant")
             return None
         if c.rank != r:
             return None
         self.claims[r] = c.instance
         return c.instance
 
-    def _judge(self, instance: str | None, now: float) -> str:
-        """'alive', 'dead' or 'unknown' for the holder ``instance`` (None: claim unreadable)."""
-        key = instance or "?"
+    def _judge(self, instance: str | None, now: float, key: str | None = None) -> str:
+        """'alive', 'dead' or 'unknown' for the holder ``instance`` (None: claim unreadable, tracked under ``key``)."""
+        key = instance or key or "?"
         b = self._read_beacon(instance) if instance else None
         s = self.seen.get(key)
         if b is None:
@@ -592,9 +601,14 @@ class Participant:
         names = self.store.listdir(gen_name(self.gen))
         if RELEASE in names:
             return  # decided; the next poll reads it
-        for m in map(CLAIM_RE.match, names):
-            if m:
-                self._read_claim(int(m.group(1)))
+        listed = sorted(int(m.group(1)) for m in map(CLAIM_RE.match, names) if m)
+        unreadable = [r for r in listed if r < self.size and self._read_claim(r) is None]
+        for r in unreadable:
+            # A claim that exists but cannot be read blocks its rank: judge it
+            # like a silent holder, so it is voided after stale_after.
+            if self._judge(None, now, key=f"?rank{r}") == "dead":
+                self._void(f"rank {r}'s claim stayed unreadable for {self.timing.stale_after:g} s")
+                return
         present = tuple(sorted(r for r in self.claims if r < self.size))
         self._set_present(present)
         complete = len(present) == self.size

@@ -43,6 +43,7 @@ _WRITE_FATAL = {
     errno.EDQUOT: "your disk quota is exceeded",
 }
 _RETRY_READ = (errno.ENOENT, errno.ESTALE, errno.ENOTDIR)
+UNTRUSTED = b""  # read() result for a file that exists but is not ours to trust (never valid JSON)
 
 
 def storage_error(e: OSError, what: str, path: str) -> StorageError:
@@ -69,7 +70,9 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def read(self, name: str) -> bytes | None:
-        """Contents of file ``name``, or None if absent, stale (ESTALE) or untrusted."""
+        """Contents of file ``name``; None if absent or stale (ESTALE); ``UNTRUSTED`` (``b""``) if it exists
+        but must not be trusted (foreign-owned, a symlink, not a regular file), so that callers can
+        tell "nobody wrote it yet" from "somebody else's file is in the way"."""
 
     @abc.abstractmethod
     def publish(self, name: str, data: bytes) -> None:
@@ -155,19 +158,19 @@ class PosixStore(Store):
                 return None
             if e.errno == errno.ELOOP:
                 self._report(name, "it is a symlink (never followed)")
-                return None
+                return UNTRUSTED
             if e.errno in (errno.EACCES, errno.EPERM):
                 self._report(name, "permission denied")
-                return None
+                return UNTRUSTED
             raise
         try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
                 self._report(name, "not a regular file")
-                return None
+                return UNTRUSTED
             if st.st_uid != self._uid:
                 self._report(name, f"owned by uid {st.st_uid}, not by you (uid {self._uid}); never trusted")
-                return None
+                return UNTRUSTED
             chunks = []
             while True:
                 b = os.read(fd, 1 << 16)
@@ -176,7 +179,7 @@ class PosixStore(Store):
                 chunks.append(b)
                 if sum(map(len, chunks)) > (1 << 21):
                     self._report(name, "larger than 2 MiB")
-                    return None
+                    return UNTRUSTED
             return b"".join(chunks)
         except OSError as e:
             if e.errno in _RETRY_READ:  # ESTALE mid-read: the file was replaced

@@ -428,11 +428,6 @@ def test_corrupt_files_in_generation_are_ignored_explicit_ranks(procs, d):
     assert {m["host"]["pid"] for m in rel["members"]} == {p.pid for p in ps}
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: first-come participants skip a rank whose claim file exists but is unreadable (corrupt, unknown "
-    "schema, foreign-owned), yet nobody ever judges that claim's holder: _scan() only checks claims it could "
-    "parse, so the world never completes and everyone times out (exit 7) with 'all 3 node ranks were claimed "
-    "but no release was written (an unreachable master?)'"))
 def test_corrupt_claim_does_not_block_first_come(procs, d):
     gd = _prepare_gen(d, JOB)
     _plant_garbage(gd)
@@ -441,10 +436,6 @@ def test_corrupt_claim_does_not_block_first_come(procs, d):
     assert_one_world(res, 3)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG (log flood): Participant._read_claim logs 'unusable claim ...' at WARNING on every poll while "
-    "contesting (dozens of lines per second of --stale-after); PosixStore reports untrusted files once, "
-    "unparsable ones should be reported once too"))
 def test_unusable_claim_warning_is_not_repeated_every_poll(procs, d):
     gd = _prepare_gen(d, JOB)
     _plant(gd, "rank-00001.claim", '{"schema": 1, "kind": "claim", "rank": 1, "inst')
@@ -454,9 +445,6 @@ def test_unusable_claim_warning_is_not_repeated_every_poll(procs, d):
     assert 1 <= n <= 3, f"the same warning was printed {n} times"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG (diagnostics): a beacon that stays unusable (corrupt JSON, unknown schema) is only logged at DEBUG "
-    "(Participant._read_beacon), so the user never learns which file made the holder look dead"))
 def test_unusable_beacon_of_a_claim_holder_is_named_in_a_warning(procs, d):
     gd = _prepare_gen(d, JOB)
     inst = "5" * 16
@@ -539,10 +527,6 @@ def test_clean_keeps_generation_of_live_remote_participant(procs, d):
 
 
 @needs_unshare
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: `fsmingle clean --stale-after S` never removes the NEWEST undecided generation whose only (remote) "
-    "participants are proven dead: clean_job() first inspects with stale_after=0 (state 'waiting' for "
-    "unknown liveness) and only watches heartbeats when `g != newest`"))
 def test_clean_removes_newest_generation_of_dead_remote_participant(procs, d):
     remote = _remote(procs, d, "--nnodes", 2, "--node-rank", 0, timeout=40, stale_after=2, name="remote")
     wait_claimed(d, JOB, 1, [0], procs=[remote])
