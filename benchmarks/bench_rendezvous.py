@@ -215,7 +215,7 @@ def worker_main(cfg: dict) -> None:
 
     def participant(p: int) -> None:
         t_arr = time.monotonic()
-        _emit(ev="entered", p=p, t=t_arr)
+        _emit(ev="entered", p=p, t=t_arr, tid=threading.get_native_id())
         try:
             res = backend.join(p)
             t_rel = time.monotonic()
@@ -264,6 +264,23 @@ _NET = {"sendto", "recvfrom", "sendmsg", "recvmsg", "connect", "accept", "accept
 
 
 def classify_strace(text: str, prefixes: tuple[str, ...] = ()) -> dict[str, int]:
+    return classify_strace_by_tid(text, prefixes)["total"]
+
+
+_CATS = ("opens", "stats", "listdirs", "getdents", "locks", "reads",
+         "writes", "closes", "mutations", "other_file", "net", "outside")
+
+
+def _finish(c: dict[str, int]) -> dict[str, int]:
+    # Operations that can reach a shared filesystem's server (NFS/Lustre):
+    # everything file-related except close/lseek-style local bookkeeping.
+    c["fs_ops"] = (c["opens"] + c["stats"] + c["listdirs"] + c["getdents"] + c["locks"]
+                   + c["reads"] + c["writes"] + c["mutations"])
+    c["fs_syscalls"] = c["fs_ops"] + c["closes"] + c["other_file"]
+    return c
+
+
+def classify_strace_by_tid(text: str, prefixes: tuple[str, ...] = ()) -> dict:
     """Count syscalls of an ``strace -f -y`` log into categories.
 
     fd-based calls are attributed by strace's -y annotation: ``<\\/path>`` is
@@ -274,8 +291,8 @@ def classify_strace(text: str, prefixes: tuple[str, ...] = ()) -> dict[str, int]
     stat()ing its own source files on every rendezvous event) are counted in
     ``outside`` only.
     """
-    c = {k: 0 for k in ("opens", "stats", "listdirs", "getdents", "locks", "reads",
-                        "writes", "closes", "mutations", "other_file", "net", "outside")}
+    total = {k: 0 for k in _CATS}
+    tids: dict[int, dict[str, int]] = {}
     for line in text.splitlines():
         if "resumed>" in line or line.startswith(("---", "+++")):
             continue
@@ -283,6 +300,7 @@ def classify_strace(text: str, prefixes: tuple[str, ...] = ()) -> dict[str, int]
         if not m:
             continue
         name, args = m.group(2), m.group(3)
+        tid = int(m.group(1))
         fdm = _FD0.match(args)
         fdkind, path = None, None
         if fdm:
@@ -302,11 +320,10 @@ def classify_strace(text: str, prefixes: tuple[str, ...] = ()) -> dict[str, int]
         if net_call or (fdkind == "net" and name in (_RW_FD | {"close"})):
             if name in ("poll", "ppoll") and "socket" not in args and "TCP" not in args:
                 continue
-            c["net"] += 1
+            cat = "net"
+        elif fdkind == "ipc":
             continue
-        if fdkind == "ipc":
-            continue
-        if name in _OPEN:
+        elif name in _OPEN:
             cat = "listdirs" if "O_DIRECTORY" in args else "opens"
         elif name in _STAT:
             if fdm and name in ("fstat", "fstatfs") and fdkind != "file":
@@ -330,18 +347,16 @@ def classify_strace(text: str, prefixes: tuple[str, ...] = ()) -> dict[str, int]
             if fdm and fdkind != "file":
                 continue
             cat = "other_file"
-        if path is not None and prefixes and not any(
+        if cat != "net" and path is not None and prefixes and not any(
             path == pf or path.startswith(pf.rstrip("/") + "/") for pf in prefixes
         ):
-            c["outside"] += 1
-            continue
-        c[cat] += 1
-    # Operations that can reach a shared filesystem's server (NFS/Lustre):
-    # everything file-related except close/lseek-style local bookkeeping.
-    c["fs_ops"] = (c["opens"] + c["stats"] + c["listdirs"] + c["getdents"] + c["locks"]
-                   + c["reads"] + c["writes"] + c["mutations"])
-    c["fs_syscalls"] = c["fs_ops"] + c["closes"] + c["other_file"]
-    return c
+            cat = "outside"
+        total[cat] += 1
+        t = tids.get(tid)
+        if t is None:
+            t = tids[tid] = {k: 0 for k in _CATS}
+        t[cat] += 1
+    return {"total": _finish(total), "tids": {k: _finish(v) for k, v in tids.items()}}
 
 
 def strace_sample(pids: list[int], seconds: float, logdir: str,
@@ -369,7 +384,8 @@ def strace_sample(pids: list[int], seconds: float, logdir: str,
                 text = f.read()
         except OSError:
             text = ""
-        res.append({"pid": pid, "seconds": t_end - t_start, "counts": classify_strace(text, prefixes),
+        cl = classify_strace_by_tid(text, prefixes)
+        res.append({"pid": pid, "seconds": t_end - t_start, "counts": cl["total"], "tids": cl["tids"],
                     "strace_rc": sp.returncode, "strace_err": err.decode(errors="replace")[-500:]})
     return res
 
@@ -570,6 +586,7 @@ def run_once(args, backend: str, fs: str, n: int, rep: int, dirs_for: list[str],
                     state["ready"][widx] = ev
                 elif kind == "entered":
                     state["entered"][ev["p"]] = ev["t"]
+                    state.setdefault("tid", {})[ev["tid"]] = ev["p"]
                 elif kind == "joined":
                     state["joined"][ev["p"]] = ev["t"]
                 elif kind == "released":
@@ -628,10 +645,20 @@ def run_once(args, backend: str, fs: str, n: int, rep: int, dirs_for: list[str],
             prefixes = tuple(sorted({os.path.realpath(d) for d in dirs_for} | set(dirs_for)))
             res = strace_sample([w.pid for w in sample], strace_secs, logdir, prefixes)
             per = []
+            tidmap = state.get("tid", {})
             for w, r in zip(sample, res):
                 k = len(w.participants)
-                per.append({"participants": k, "seconds": r["seconds"], "counts": r["counts"],
+                own = {}  # participant -> fs calls/s made on its own thread
+                for tid, cnt in r["tids"].items():
+                    p = tidmap.get(int(tid))
+                    if p is not None:
+                        own[p] = {c: v / r["seconds"] for c, v in cnt.items()}
+                helpers = {c: sum(cnt[c] for tid, cnt in r["tids"].items() if int(tid) not in tidmap)
+                           / r["seconds"] for c in r["counts"]}
+                per.append({"participants": k, "participant_ids": list(w.participants),
+                            "seconds": r["seconds"], "counts": r["counts"],
                             "per_participant_per_s": {c: v / r["seconds"] / k for c, v in r["counts"].items()},
+                            "own_thread_per_s": own, "helper_threads_per_s": helpers,
                             "strace_rc": r["strace_rc"]})
             fsops = per
         pump(lambda: time.monotonic() - t_joined >= args.settle, args.settle + 5, "settle")
@@ -671,6 +698,8 @@ def run_once(args, backend: str, fs: str, n: int, rep: int, dirs_for: list[str],
         problems.append(f"{len(masters)} different master addr/port pairs")
     if torch_in_fsmingle:
         problems.append("torch was imported in an fsmingle worker")
+    for smp in fsops or []:
+        smp["ranks"] = {str(p): rel[p]["rank"] for p in smp["participant_ids"]}
     result = {
         "backend": backend, "fs": fs, "n": n, "rep": rep, "job_id": job_id,
         "procs": len(groups), "max_threads_per_proc": max(len(g) for g in groups),
@@ -741,6 +770,16 @@ def summarize(runs: list[dict]) -> dict:
         cats = samples[0]["per_participant_per_s"].keys()
         s["ops_per_s"] = {c: sum(x["per_participant_per_s"][c] for x in samples) / len(samples) for c in cats}
         s["ops_samples"] = len(samples)
+        own = [(x["ranks"].get(str(p)), v) for x in samples for p, v in x["own_thread_per_s"].items()
+               if "ranks" in x]
+        if own:
+            s["own_fs_ops_p50"] = pct([v["fs_ops"] for _, v in own], 50)
+            s["own_fs_ops_max"] = max(v["fs_ops"] for _, v in own)
+            non0 = [v for r, v in own if r != 0]
+            r0 = [v for r, v in own if r == 0]
+            s["own_non_rank0_p50"] = {c: pct([v[c] for v in non0], 50) for c in cats} if non0 else None
+            s["own_rank0_p50"] = {c: pct([v[c] for v in r0], 50) for c in cats} if r0 else None
+            s["own_participants"] = len(own)
     return s
 
 
@@ -753,8 +792,8 @@ def render_tables(rows: list[dict], notes: list[str]) -> str:
     out.append("### Last arrival → release (seconds) and steady-state filesystem load\n")
     out.append("| backend | fs | N | procs × threads | reps | last→own p50 / p95 / max | last→all p50 / p95 / max "
                "| any waiter p50 / p95 | wall p50 | opens/s | stats/s | listdirs/s | locks/s | reads/s | writes/s "
-               "| mutations/s | fs ops/s | net ops/s | other files/s | status |")
-    out.append("|" + "---|" * 20)
+               "| mutations/s | fs ops/s | net ops/s | other files/s | typical waiter fs ops/s | rank 0 fs ops/s | status |")
+    out.append("|" + "---|" * 22)
     for r in rows:
         s = r.get("summary", {})
         o = s.get("ops_per_s") or {}
@@ -764,38 +803,45 @@ def render_tables(rows: list[dict], notes: list[str]) -> str:
             status = status[:77] + "..."
         status = status.replace("|", "/").replace("\n", " ")
         g = lambda k: _f(o.get(k)) if o else "—"  # noqa: E731
+        tw = _f((s.get("own_non_rank0_p50") or {}).get("fs_ops"))
+        r0 = _f((s.get("own_rank0_p50") or {}).get("fs_ops"))
         out.append(
             f"| {r['backend']} | {r['fs']} | {r['n']} | {lay} | {s.get('reps_ok', 0)}/{s.get('reps', 0)} "
             f"| {_f(s.get('last_own_p50'))} / {_f(s.get('last_own_p95'))} / {_f(s.get('last_own_max'))} "
             f"| {_f(s.get('last_all_p50'))} / {_f(s.get('last_all_p95'))} / {_f(s.get('last_all_max'))} "
             f"| {_f(s.get('waiter_p50'))} / {_f(s.get('waiter_p95'))} | {_f(s.get('wall_p50'), 1)} "
             f"| {g('opens')} | {g('stats')} | {g('listdirs')} | {g('locks')} | {g('reads')} | {g('writes')} "
-            f"| {g('mutations')} | {g('fs_ops')} | {g('net')} | {g('outside')} | {status} |"
+            f"| {g('mutations')} | {g('fs_ops')} | {g('net')} | {g('outside')} | {tw} | {r0} | {status} |"
         )
     # ratios fsmingle / torch
     by = {(r["backend"], r["fs"], r["n"]): r.get("summary", {}) for r in rows}
     fs_list = sorted({r["fs"] for r in rows if r["backend"] == "fsmingle"})
     ns = sorted({r["n"] for r in rows})
     if fs_list and any(b != "fsmingle" for b, _, _ in by):
-        out.append("\n### Ratios fsmingle / torch (p50 last arrival → everyone released; fs ops/s per waiter)\n")
-        out.append("| fs | N | fsmingle s | torch-file s | ratio | torch-tcp s | ratio | fs ops/s fsmingle / torch-file |")
-        out.append("|" + "---|" * 8)
+        out.append("\n### Ratios fsmingle / torch (p50 last arrival → everyone released; "
+                   "mean fs ops/s per waiting participant)\n")
+        out.append("| fs | N | fsmingle s | torch-file (same fs) s | ratio | torch-file (bindfs-coherent) s | ratio "
+                   "| torch-tcp s | ratio | fs ops/s fsmingle / torch-file (same fs) |")
+        out.append("|" + "---|" * 10)
         for fs in fs_list:
             for n in ns:
                 fm = by.get(("fsmingle", fs, n))
                 if fm is None:
                     continue
                 tf = by.get(("torch-file", fs, n), {})
+                tc = by.get(("torch-file", "bindfs-coherent", n), {}) if fs.startswith("bindfs") else {}
                 tt = by.get(("torch-tcp", "net", n), {})
                 a = fm.get("last_all_p50")
-                b = tf.get("last_all_p50")
-                c = tt.get("last_all_p50")
-                ra = f"{a / b:.2f}" if a is not None and b else "—"
-                rc = f"{a / c:.2f}" if a is not None and c else "—"
+
+                def ratio(x):
+                    return f"{a / x:.2f}" if a is not None and x else "—"
+
+                b, c, d = tf.get("last_all_p50"), tc.get("last_all_p50"), tt.get("last_all_p50")
                 fo = (fm.get("ops_per_s") or {}).get("fs_ops")
                 to = (tf.get("ops_per_s") or {}).get("fs_ops")
                 ro = f"{fo / to:.2f}" if fo is not None and to else "—"
-                out.append(f"| {fs} | {n} | {_f(a)} | {_f(b)} | {ra} | {_f(c)} | {rc} | {ro} |")
+                out.append(f"| {fs} | {n} | {_f(a)} | {_f(b)} | {ratio(b)} | {_f(c)} | {ratio(c)} "
+                           f"| {_f(d)} | {ratio(d)} | {ro} |")
     if notes:
         out.append("\n### Notes\n")
         out.extend(f"- {x}" for x in notes)
@@ -823,17 +869,19 @@ def plot(rows: list[dict], path: str) -> None:
         ax1.plot(xs, p95, ls=":", color=line.get_color(), alpha=0.7)
         ax1.plot(xs, lo, ls="--", marker="x", color=line.get_color(), alpha=0.7)
         ops = [(p[0], p[1]["ops_per_s"]["fs_ops"]) for p in pts if p[1].get("ops_per_s")]
-        if ops:
+        if ops and fs != "net":
             ax2.plot([o[0] for o in ops], [max(o[1], 1e-3) for o in ops], marker="o", label=f"{b} / {fs}")
     for ax in (ax1, ax2):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("participants N")
         ax.grid(True, which="both", alpha=0.3)
+    ax1.set_yscale("log")
     ax1.set_ylabel("seconds after the last arrival")
     ax1.set_title("Release latency (solid p50 all, dotted p95 all, dashed p50 last's own)", fontsize=9)
-    ax2.set_ylabel("filesystem syscalls / s per waiting participant")
+    ax2.set_ylabel("fs ops / s per waiting participant (strace)")
     ax2.set_yscale("log")
-    ax2.set_title("Steady-state fs load (strace)", fontsize=9)
+    ax2.set_title("Steady-state load on the rendezvous directory\n"
+                  "(opens+stats+listdirs+getdents+locks+reads+writes+mutations)", fontsize=9)
     if series:
         ax1.legend(fontsize=7)
     if ax2.lines:
