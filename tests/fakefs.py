@@ -1,0 +1,406 @@
+"""An in-memory shared filesystem with bounded staleness, for model-checking the rendezvous policy.
+
+:class:`FakeFS` holds the truth: every file's full history of versions (with
+the fake time each became current) and every directory's.  Each simulated node
+gets its own :class:`FakeStore` (``fs.view(node)``), an implementation of
+:class:`fsmingle.store.Store` that answers the way an NFS client with attribute,
+lookup and directory caches may:
+
+* **Reads may be stale, within a bound.**  A view has a ``lag`` (0 ..
+  ``fs.max_staleness`` fake seconds, set by the test): ``read`` returns the
+  version that was current at ``now - lag`` -- an older version of a file, or a
+  removed file still present.  Never older than the bound, and never older than
+  what this view already returned (caches do not go backwards).
+* **Negative caching.**  "Absent" for a file that exists is answered only if
+  this view itself looked the name up and found it missing (a negative dentry),
+  and only while the file is younger than the lag.  A view that never looked a
+  name up asks the server and sees the file.
+* **listdir lags** the same way (the directory as it was at ``now - lag``,
+  monotonic per view and directory); a view's own writes refresh its listing
+  of that directory (the client invalidates its directory cache).
+* ``create`` (exclusive) and ``mkdir`` are **linearisable on the truth**, as
+  ``link()``/``O_EXCL`` and ``mkdir`` are on NFSv3+; ``publish`` is an atomic
+  replace; ``retire`` removes a whole directory at once.
+* **Crashes** (:meth:`FakeStore.arm_crash`): the process dies at its k-th store
+  operation, before or after the operation takes effect.  A crash inside
+  ``publish`` leaves a hidden temporary and either the old or the new target,
+  never a partial one; inside ``create`` likewise with ``link()`` semantics --
+  or, with ``FakeFS(link=False)`` (filesystems without hard links, where
+  :class:`~fsmingle.store.PosixStore` falls back to ``O_EXCL``), an **empty
+  target** when it dies between the exclusive open and the write.
+* **Corruption** (:meth:`FakeFS.corrupt`): a hostile or broken writer replaces
+  a file with arbitrary bytes.
+
+:class:`FakeClock` gives each node a monotonic clock with its own offset and a
+wall clock skewed by minutes; ``sleep`` advances nothing -- the test advances
+``fs.now``.  Everything is deterministic: no randomness, no real time.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+from fsmingle.store import Store
+
+__all__ = ["Crash", "FakeClock", "FakeFS", "FakeStore"]
+
+NEVER = -math.inf
+
+
+class Crash(BaseException):
+    """The simulated process died inside a store operation.
+
+    A ``BaseException`` so that nothing in fsmingle catches it, as nothing
+    survives a SIGKILL.
+    """
+
+
+@dataclass(frozen=True)
+class Version:
+    t: float  # fake time it became current
+    data: bytes | None  # None: absent (before creation, or removed)
+    writer: str | None = None  # node that wrote it (None: the test, e.g. corruption)
+
+
+@dataclass(frozen=True)
+class Event:
+    """One effective mutation of the truth, for the test's invariants."""
+
+    t: float
+    node: str | None
+    op: str  # publish | create | mkdir | remove | retire | corrupt | tmp
+    name: str
+    data: bytes | None
+    ok: bool  # create/mkdir/retire: whether it took effect
+
+
+def parent(name: str) -> str:
+    return name.rsplit("/", 1)[0] if "/" in name else ""
+
+
+def basename(name: str) -> str:
+    return name.rsplit("/", 1)[-1]
+
+
+class FakeFS:
+    """The truth of one shared job directory, and the fake time.
+
+    Args:
+        max_staleness (float): the most any view may lag behind the truth.
+        link (bool): ``create`` behaves like ``link()`` (a crash never leaves a
+            partial target); False: like ``O_EXCL`` then write (a crash in
+            between leaves an empty target).
+    """
+
+    def __init__(self, max_staleness: float = 0.0, *, link: bool = True, start: float = 1000.0):
+        self.now = float(start)
+        self.max_staleness = float(max_staleness)
+        self.link = link
+        self.files: dict[str, list[Version]] = {}
+        self.dirs: dict[str, list[Version]] = {"": [Version(NEVER, b"")]}
+        self.children: dict[str, set[str]] = {"": set()}
+        self.events: list[Event] = []
+        self.listeners: list[Callable[[Event], None]] = []
+        self._views: dict[str, FakeStore] = {}
+        self._tmp_counter = 0
+
+    # ------------------------------------------------------------------ time
+    def advance(self, dt: float) -> None:
+        assert dt >= 0
+        self.now += dt
+
+    # ------------------------------------------------------------------ views
+    def view(self, node: str) -> "FakeStore":
+        """The store as node ``node`` sees it (one NFS client; shared by its processes)."""
+        if node not in self._views:
+            self._views[node] = FakeStore(self, node)
+        return self._views[node]
+
+    # ------------------------------------------------------------------ truth
+    def hist(self, name: str) -> list[Version]:
+        h = self.files.get(name)
+        if h is None:
+            h = self.files[name] = [Version(NEVER, None)]
+            self.children.setdefault(parent(name), set()).add(name)
+        return h
+
+    def current(self, name: str) -> bytes | None:
+        h = self.files.get(name)
+        return None if h is None else h[-1].data
+
+    def dir_exists(self, name: str, t: float | None = None) -> bool:
+        h = self.dirs.get(name)
+        if h is None:
+            return False
+        if t is None:
+            return h[-1].data is not None
+        return _at(h, t).data is not None
+
+    def _emit(self, ev: Event) -> None:
+        self.events.append(ev)
+        for f in list(self.listeners):
+            f(ev)
+
+    def write(self, name: str, data: bytes | None, node: str | None, op: str) -> None:
+        h = self.hist(name)
+        if h[-1].t == self.now and len(h) > 1:
+            # two versions at the same instant: keep both, the later one wins at that instant
+            pass
+        h.append(Version(self.now, data, node))
+        self._emit(Event(self.now, node, op, name, data, True))
+
+    def new_tmp(self, directory: str, node: str) -> str:
+        self._tmp_counter += 1
+        name = (directory + "/" if directory else "") + f".tmp-{node}-{self._tmp_counter}"
+        self.write(name, b"", node, "tmp")
+        return name
+
+    def mkdir_truth(self, name: str, node: str | None) -> bool:
+        if not self.dir_exists(parent(name)):
+            raise FileNotFoundError(name)
+        if self.dir_exists(name) or self.current(name) is not None:
+            self._emit(Event(self.now, node, "mkdir", name, None, False))
+            return False
+        self.dirs.setdefault(name, [Version(NEVER, None)]).append(Version(self.now, b"", node))
+        self.children.setdefault(parent(name), set()).add(name)
+        self.children.setdefault(name, set())
+        self._emit(Event(self.now, node, "mkdir", name, None, True))
+        return True
+
+    def retire_truth(self, name: str, node: str | None) -> bool:
+        if not self.dir_exists(name):
+            self._emit(Event(self.now, node, "retire", name, None, False))
+            return False
+        # One atomic rename takes everything below out of view.
+        for child in sorted(self.children.get(name, ())):
+            if child in self.dirs:
+                if self.dir_exists(child):
+                    self.retire_truth(child, node)
+            elif self.current(child) is not None:
+                self.hist(child).append(Version(self.now, None, node))
+        self.dirs[name].append(Version(self.now, None, node))
+        self._emit(Event(self.now, node, "retire", name, None, True))
+        return True
+
+    def corrupt(self, name: str, data: bytes) -> None:
+        """A hostile or broken writer replaces ``name`` (truth) with ``data``."""
+        self.write(name, data, None, "corrupt")
+
+    def present_files(self, directory: str | None = None) -> list[str]:
+        """Names of files that exist now (truth), optionally only in ``directory``; hidden ones included."""
+        names = self.files if directory is None else self.children.get(directory, ())
+        return sorted(n for n in names if n in self.files and self.files[n][-1].data is not None)
+
+    def listing(self, directory: str, t: float) -> list[str]:
+        """Visible entries of ``directory`` as of time ``t``."""
+        if not self.dir_exists(directory, t):
+            return []
+        out = []
+        for child in self.children.get(directory, ()):
+            b = basename(child)
+            if b.startswith("."):
+                continue
+            if child in self.dirs:
+                if self.dir_exists(child, t):
+                    out.append(b)
+            elif child in self.files and _at(self.files[child], t).data is not None:
+                out.append(b)
+        return sorted(out)
+
+
+def _index_at(h: list[Version], t: float) -> int:
+    """Index of the version current at time t (the last one with .t <= t)."""
+    i = len(h) - 1
+    while i > 0 and h[i].t > t:
+        i -= 1
+    return i
+
+
+def _at(h: list[Version], t: float) -> Version:
+    return h[_index_at(h, t)]
+
+
+class FakeStore(Store):
+    """One node's view of a :class:`FakeFS` (see the module docstring for the staleness rules).
+
+    Attributes:
+        lag (float): how far behind the truth this view answers (clamped to
+            ``fs.max_staleness``).
+    """
+
+    def __init__(self, fs: FakeFS, node: str):
+        self.fs, self.node = fs, node
+        self._lag = 0.0
+        self.seen: dict[str, int] = {}  # name -> history index last returned (caches never go back)
+        self.listed: dict[str, float] = {}  # directory -> truth time of the last listing returned
+        self.ops = 0
+        self._crash_at: int | None = None
+        self._crash_after_effect = False
+        self._hook_at: int | None = None
+        self._hook: Callable[[], None] | None = None
+
+    @property
+    def lag(self) -> float:
+        return self._lag
+
+    @lag.setter
+    def lag(self, value: float) -> None:
+        self._lag = max(0.0, min(float(value), self.fs.max_staleness))
+
+    def path(self, name: str) -> str:
+        return f"fake://{self.node}/{name}"
+
+    # ------------------------------------------------------------------ crashes
+    def arm_crash(self, after_ops: int, after_effect: bool = False) -> None:
+        """Die (raise :class:`Crash`) at the ``after_ops``-th next store operation (0: the next one).
+
+        ``after_effect``: a mutating operation takes effect before the crash
+        (for ``create``/``publish`` with ``link()``, leaving the temporary behind).
+        """
+        self._crash_at = self.ops + after_ops
+        self._crash_after_effect = after_effect
+
+    def arm_hook(self, after_ops: int, fn: Callable[[], None]) -> None:
+        """Call ``fn`` just before the ``after_ops``-th next store operation (a preemption point:
+        the test runs another process there, modelling true concurrency inside one step)."""
+        self._hook_at, self._hook = self.ops + after_ops, fn
+
+    def disarm(self) -> None:
+        self._crash_at = None
+        self._hook_at = self._hook = None
+
+    def _op(self) -> bool:
+        """Count one operation; True if the process dies in it."""
+        n = self.ops
+        self.ops += 1
+        if self._hook is not None and n >= self._hook_at:
+            fn, self._hook_at, self._hook = self._hook, None, None
+            fn()
+        if self._crash_at is not None and n >= self._crash_at:
+            self._crash_at = None
+            return True
+        return False
+
+    # ------------------------------------------------------------------ reads
+    def read(self, name: str) -> bytes | None:
+        if self._op():
+            raise Crash(f"{self.node} died reading {name}")
+        fs = self.fs
+        h = fs.hist(name)
+        last = len(h) - 1
+        idx = _index_at(h, fs.now - self._lag)
+        seen = self.seen.get(name)
+        if seen is not None and seen > idx:
+            idx = seen
+        # "Absent" although the file exists (later) only from our own negative dentry.
+        while h[idx].data is None and idx < last and idx != seen:
+            idx += 1
+        self.seen[name] = idx
+        return h[idx].data
+
+    def listdir(self, name: str = "") -> list[str]:
+        if self._op():
+            raise Crash(f"{self.node} died listing {name!r}")
+        t = max(self.fs.now - self._lag, self.listed.get(name, NEVER))
+        self.listed[name] = t
+        return self.fs.listing(name, t)
+
+    # ------------------------------------------------------------------ writes
+    def _wrote(self, name: str) -> None:
+        # Read-your-writes, and our directory cache is invalidated by our own change.
+        self.seen[name] = len(self.fs.hist(name)) - 1
+        self.listed[parent(name)] = self.fs.now
+
+    def _check_parent(self, name: str) -> None:
+        if not self.fs.dir_exists(parent(name)):
+            raise FileNotFoundError(f"{self.path(parent(name))}: no such directory")
+
+    def publish(self, name: str, data: bytes) -> None:
+        crash = self._op()
+        self._check_parent(name)
+        if crash and not self._crash_after_effect:
+            self.fs.new_tmp(parent(name), self.node)  # written (perhaps partly), never renamed
+            raise Crash(f"{self.node} died publishing {name}")
+        self.fs.write(name, bytes(data), self.node, "publish")
+        self._wrote(name)
+        if crash:
+            raise Crash(f"{self.node} died after publishing {name}")
+
+    def create(self, name: str, data: bytes) -> bool:
+        crash = self._op()
+        self._check_parent(name)
+        fs = self.fs
+        if fs.current(name) is not None or fs.dir_exists(name):
+            fs._emit(Event(fs.now, self.node, "create", name, bytes(data), False))
+            if crash:
+                raise Crash(f"{self.node} died creating {name} (it existed)")
+            return False
+        if crash and not self._crash_after_effect:
+            if fs.link:
+                fs.new_tmp(parent(name), self.node)  # the unique file, never linked
+            else:
+                fs.write(name, b"", self.node, "create")  # O_EXCL succeeded, the write never happened
+            raise Crash(f"{self.node} died creating {name}")
+        fs.write(name, bytes(data), self.node, "create")
+        self._wrote(name)
+        if crash:
+            if fs.link:
+                fs.new_tmp(parent(name), self.node)  # linked, but the unique name not yet unlinked
+            raise Crash(f"{self.node} died after creating {name}")
+        return True
+
+    def mkdir(self, name: str) -> bool:
+        crash = self._op()
+        if crash and not self._crash_after_effect:
+            raise Crash(f"{self.node} died before mkdir {name}")
+        made = self.fs.mkdir_truth(name, self.node)
+        self.listed[parent(name)] = self.fs.now
+        if crash:
+            raise Crash(f"{self.node} died after mkdir {name}")
+        return made
+
+    def remove(self, name: str) -> None:
+        crash = self._op()
+        if crash and not self._crash_after_effect:
+            raise Crash(f"{self.node} died before removing {name}")
+        if self.fs.current(name) is not None:
+            self.fs.write(name, None, self.node, "remove")
+            self._wrote(name)
+        if crash:
+            raise Crash(f"{self.node} died after removing {name}")
+
+    def retire(self, name: str) -> bool:
+        crash = self._op()
+        if crash and not self._crash_after_effect:
+            raise Crash(f"{self.node} died before retiring {name}")
+        gone = self.fs.retire_truth(name, self.node)
+        self.listed[parent(name)] = self.fs.now
+        if crash:
+            raise Crash(f"{self.node} died after retiring {name}")
+        return gone
+
+
+class FakeClock:
+    """A node's clocks on the fake time of ``fs``.
+
+    ``monotonic()`` is ``fs.now`` plus a per-node offset (monotonic clocks of
+    different machines share no origin); ``time()`` is a wall clock skewed by
+    ``skew`` seconds (minutes, on badly synchronised clusters).  ``sleep``
+    records the request and advances nothing: the test moves time.
+    """
+
+    def __init__(self, fs: FakeFS, mono_offset: float = 0.0, skew: float = 0.0):
+        self.fs, self.mono_offset, self.skew = fs, mono_offset, skew
+        self.slept = 0.0
+
+    def monotonic(self) -> float:
+        return self.fs.now + self.mono_offset
+
+    def time(self) -> float:
+        return 1.7e9 + self.fs.now + self.skew
+
+    def sleep(self, seconds: float) -> None:
+        assert seconds >= 0
+        self.slept += seconds
