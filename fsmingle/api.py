@@ -191,7 +191,7 @@ def rendezvous(
     p = Participant(
         store, job_id=s.job_id, mode=s.mode, size=s.size, rank=s.rank, addr=address,
         instance=secrets.token_hex(8), me=this_process(), timeout=timeout, timing=timing, master_port=port,
-        restart_count=s.restart_count, clock=SystemClock(), local_alive=local_process_alive, probe=probe_master,
+        restart_count=s.restart_count, slurm_job_id=s.slurm_job_id, clock=SystemClock(), local_alive=local_process_alive, probe=probe_master,
         reserve_port=PortReservation, on_progress=on_progress, cleaner=locked_cleaner(store, timing.stale_after),
         version=__version__,
     )

@@ -16,7 +16,8 @@ node rank          ``--node-rank``, for a job array (task index - min) x ``SLURM
                    Indexed Job), ``PET_NODE_RANK``; none: first-come
 world size         ``--world-size``, ``SLURM_NTASKS``
 rank               ``--rank``, ``SLURM_PROCID``; none: first-come
-restart count      ``SLURM_RESTART_COUNT`` when the job id came from ``SLURM_JOB_ID``, else 0
+restart count      ``SLURM_RESTART_COUNT`` (0 if unset), compared only between participants
+                   with the same ``SLURM_JOB_ID``: separate jobs count their requeues apart
 =================  ==========================================================================
 
 Per-rank mode is chosen by ``--world-size``/``--rank`` (or by
@@ -86,6 +87,7 @@ class Settings:
     size: int  # nnodes or world size
     rank: int | None  # node rank or global rank; None: first-come
     restart_count: int
+    slurm_job_id: str = ""  # restart counts are compared only between beacons of one Slurm job
 
 
 def resolve(
@@ -160,7 +162,6 @@ def resolve(
     if rank is not None and not 0 <= rank < size:
         flag = "--rank" if mode == "rank" else "--node-rank"
         raise ConfigError(f"{flag} is {rank} but must be in 0..{size - 1} for a world of {size}")
-    # SLURM_RESTART_COUNT orders incarnations of ONE Slurm job; separate jobs
-    # joining through an explicit job id count their requeues independently.
-    restart = _int_env(env, "SLURM_RESTART_COUNT") or 0 if source == "SLURM_JOB_ID" else 0
-    return Settings(dir=dir, job_id=job_id, mode=mode, size=size, rank=rank, restart_count=restart)
+    return Settings(dir=dir, job_id=job_id, mode=mode, size=size, rank=rank,
+                    restart_count=_int_env(env, "SLURM_RESTART_COUNT") or 0,
+                    slurm_job_id=str(env.get("SLURM_JOB_ID", ""))[:64])

@@ -230,6 +230,7 @@ class Participant:
         timing: Timing = Timing(),
         master_port: int | None = None,
         restart_count: int = 0,
+        slurm_job_id: str = "",
         clock: Clock = SystemClock(),
         local_alive: Callable[[HostId, HostId], bool | None] = lambda a, b: None,
         probe: Callable[[str, int, str, float], bool | None] = lambda *a: None,
@@ -242,6 +243,7 @@ class Participant:
         self.store, self.job_id, self.mode, self.size = store, job_id, mode, size
         self.want_rank, self.addr, self.instance, self.me = rank, addr, instance, me
         self.timing, self.master_port_wanted, self.restart_count = timing, master_port, restart_count
+        self.slurm_job_id = slurm_job_id
         self.clock, self.local_alive, self.probe = clock, local_alive, probe
         self.reserve_port, self.on_progress, self.cleaner = reserve_port, on_progress, cleaner
         self.version = version
@@ -284,6 +286,7 @@ class Participant:
             job_id=self.job_id, generation=self.gen or 0, instance=self.instance, mode=self.mode,
             size=self.size, rank=self.rank, addr=self.addr, master_port=port, heartbeat=self.heartbeat,
             restart_count=self.restart_count, host=self.me, wall_time=self.clock.time(), version=self.version,
+            slurm_job_id=self.slurm_job_id,
         )
 
     def _publish_beacon(self) -> None:
@@ -353,8 +356,8 @@ class Participant:
             if s.missing_since is None:
                 s.missing_since = now
             return "dead" if now - s.missing_since >= self.timing.stale_after else "unknown"
-        if b.restart_count < self.restart_count:
-            return "dead"  # a beacon of the run Slurm requeued away
+        if b.restart_count < self.restart_count and b.slurm_job_id == self.slurm_job_id:
+            return "dead"  # a beacon of the run Slurm requeued away (same job, earlier incarnation)
         verdict = self.local_alive(self.me, b.host)
         if s is None:
             s = self.seen[key] = _Seen(b.heartbeat, now)

@@ -112,7 +112,9 @@ class Beacon:
             comparing file times with a local clock (clocks of nodes and the
             file server disagree).
         restart_count (int): ``SLURM_RESTART_COUNT`` (0 elsewhere); a record
-            with a smaller count than ours belongs to a requeued-away run.
+            with a smaller count than ours and the same ``slurm_job_id``
+            belongs to a requeued-away run.
+        slurm_job_id (str): ``SLURM_JOB_ID`` or "".
         host (HostId): identity for direct liveness checks on the same host.
         wall_time (float): writer's ``time.time()``; informational only.
     """
@@ -130,6 +132,7 @@ class Beacon:
     host: HostId
     wall_time: float = 0.0
     version: str = ""
+    slurm_job_id: str = ""
     kind: str = field(default="beacon", init=False)
 
 
@@ -284,6 +287,7 @@ def decode(data: bytes, expect: type) -> Any:
             restart_count=_nonneg(_req(d, "restart_count", int), "restart_count"),
             host=_hostid(d.get("host")),
             version=str(d.get("version", ""))[:64],
+            slurm_job_id=str(d.get("slurm_job_id", ""))[:64],
             **common,
         )
     state = _req(d, "state", str)
