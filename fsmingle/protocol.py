@@ -263,6 +263,7 @@ class Participant:
         self._last_progress: tuple | None = None
         self.ever_present: set[int] = set()  # ranks seen claimed in any generation of this attempt
         self._warned: set[str] = set()
+        self._grace = False  # deadline extended once to read a decision that exists
 
     # ------------------------------------------------------------------ helpers
     def _reset_gen_state(self) -> None:
@@ -373,14 +374,16 @@ class Participant:
             return "dead"
         return "alive" if changed else "unknown"
 
-    def _void(self, reason: str) -> None:
-        """Create the generation's restart decision (no-op if a decision exists)."""
+    def _void(self, reason: str) -> bool:
+        """Create the generation's restart decision; False if a decision already existed."""
         rel = Release(job_id=self.job_id, generation=self.gen, state="restart", mode=self.mode, size=self.size,
                       master_addr=None, master_port=None, members=(), writer=self.instance, reason=reason,
                       wall_time=self.clock.time())
-        if self.store.create(release_name(self.gen), encode(rel)):
+        created = self.store.create(release_name(self.gen), encode(rel))
+        if created:
             log.warning("job %s generation %d voided: %s", self.job_id, self.gen, reason)
         self.delay = self.timing.poll_min
+        return created
 
     def _emit(self) -> None:
         if self.on_progress is None:
@@ -494,7 +497,14 @@ class Participant:
             if r in taken:
                 continue
             if r == 0:
-                self._ensure_reservation()
+                try:
+                    self._ensure_reservation()
+                except ConfigError:
+                    # --port busy on this host: most likely a first-come peer on
+                    # this node is about to take rank 0 with it; try rank 1 on.
+                    if self.size == 1:
+                        raise
+                    continue
             if self.store.create(claim_name(self.gen, r), encode(Claim(r, self.instance))):
                 return self._hold(r)
             if r == 0 and self.reservation is not None:
@@ -711,6 +721,17 @@ class Participant:
         return rel
 
     def _on_timeout(self) -> Release | None:
+        if self.rank is not None and self.gen is not None and self.state == "waiting" and not self._grace:
+            if not self._void(f"rank {self.rank} timed out after {self.timeout:g} s; it left") and \
+                    not self._read_release(self.gen):
+                # A decision exists that our (cached) view cannot show yet: it may
+                # name us.  Keep polling it for stale_after more seconds instead
+                # of leaving a world that is about to start with us as a member.
+                self._grace = True
+                self.deadline = self.clock.monotonic() + self.timing.stale_after
+                log.info("deadline passed, but generation %d has a decision this node cannot read yet; "
+                         "waiting up to %g s for it", self.gen, self.timing.stale_after)
+                return None
         rel = self.withdraw(f"rank {self.rank} timed out after {self.timeout:g} s")
         if rel is not None:
             return rel
