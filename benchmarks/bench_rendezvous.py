@@ -869,8 +869,12 @@ def plot(rows: list[dict], path: str) -> None:
         ax1.plot(xs, p95, ls=":", color=line.get_color(), alpha=0.7)
         ax1.plot(xs, lo, ls="--", marker="x", color=line.get_color(), alpha=0.7)
         ops = [(p[0], p[1]["ops_per_s"]["fs_ops"]) for p in pts if p[1].get("ops_per_s")]
-        if ops and fs != "net":
-            ax2.plot([o[0] for o in ops], [max(o[1], 1e-3) for o in ops], marker="o", label=f"{b} / {fs}")
+        typ = [(p[0], p[1]["own_non_rank0_p50"]["fs_ops"]) for p in pts if p[1].get("own_non_rank0_p50")]
+        if fs != "net" and (ops or typ):
+            (l2,) = ax2.plot([o[0] for o in typ], [max(o[1], 1e-2) for o in typ], marker="o",
+                             label=f"{b} / {fs}: typical waiter")
+            ax2.plot([o[0] for o in ops], [max(o[1], 1e-2) for o in ops], ls=":", marker=".",
+                     color=l2.get_color(), alpha=0.7)
     for ax in (ax1, ax2):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("participants N")
@@ -880,8 +884,8 @@ def plot(rows: list[dict], path: str) -> None:
     ax1.set_title("Release latency (solid p50 all, dotted p95 all, dashed p50 last's own)", fontsize=9)
     ax2.set_ylabel("fs ops / s per waiting participant (strace)")
     ax2.set_yscale("log")
-    ax2.set_title("Steady-state load on the rendezvous directory\n"
-                  "(opens+stats+listdirs+getdents+locks+reads+writes+mutations)", fontsize=9)
+    ax2.set_title("Steady-state fs ops on the rendezvous directory (strace; solid: typical\n"
+                  "non-rank-0 waiter's own thread, dotted: per-process mean incl. coordinator)", fontsize=9)
     if series:
         ax1.legend(fontsize=7)
     if ax2.lines:
@@ -962,8 +966,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=os.path.join(HERE, "results"))
     ap.add_argument("--workdir", default=None, help="scratch directory (default: a new temp dir)")
     ap.add_argument("--keep-logs", action="store_true")
+    ap.add_argument("--replot", metavar="RESULTS_JSON", default=None,
+                    help="only re-render the table and plot of an earlier results.json into --out")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+
+    if args.replot:
+        with open(args.replot) as fh:
+            old = json.load(fh)
+        os.makedirs(args.out, exist_ok=True)
+        table = render_tables(old["rows"], old["notes"])
+        print(table)
+        with open(os.path.join(args.out, "results.md"), "w") as fh:
+            fh.write(f"Command: `{old['command']}`\n\n")
+            fh.write(f"Environment: {json.dumps(old['environment'], default=str)}\n\n")
+            fh.write(table)
+        plot(old["rows"], os.path.join(args.out, "rendezvous.png"))
+        return 0
 
     if args.worker is not None:
         worker_main(json.loads(args.worker))
