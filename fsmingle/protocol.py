@@ -282,12 +282,13 @@ class Participant:
         self.delay = self.timing.poll_min
 
     def _beacon(self) -> Beacon:
-        port = self.reservation.port if (self.reservation is not None and self.rank == 0) else None
+        held = self.reservation.port if (self.reservation is not None and self.rank is not None) else None
+        port = held if self.rank == 0 else None
         return Beacon(
             job_id=self.job_id, generation=self.gen or 0, instance=self.instance, mode=self.mode,
             size=self.size, rank=self.rank, addr=self.addr, master_port=port, heartbeat=self.heartbeat,
             restart_count=self.restart_count, host=self.me, wall_time=self.clock.time(), version=self.version,
-            slurm_job_id=self.slurm_job_id,
+            slurm_job_id=self.slurm_job_id, probe_port=held,
         )
 
     def _publish_beacon(self) -> None:
@@ -518,9 +519,13 @@ class Participant:
     def _hold(self, r: int) -> Release | None:
         self.rank = r
         self.claims[r] = self.instance
-        if r != 0 and self.reservation is not None:
-            self.reservation.close()
+        if r != 0 and self.reservation is not None and self.master_port_wanted:
+            self.reservation.close()  # the --port is for rank 0 only
             self.reservation = None
+        if r != 0 and self.reservation is None and self.reserve_port is not None:
+            # Every rank holder listens, so the participant completing the
+            # world can prove each remote member alive right before releasing.
+            self.reservation = self.reserve_port(0, self.instance)
         self._publish_beacon()
         self.state = "waiting"
         self.delay = self.timing.poll_min
@@ -659,11 +664,46 @@ class Participant:
                 log.warning("cannot reach the master at %s:%d from this node (firewall? wrong --iface?); "
                             "leaving the release to rank 0", master.addr, master.master_port)
                 return
+        if not self._probe_members(members):
+            return
         rel = Release(job_id=self.job_id, generation=self.gen, state="released", mode=self.mode, size=self.size,
                       master_addr=master.addr, master_port=master.master_port, members=tuple(members),
                       writer=self.instance, wall_time=self.clock.time())
         self.store.create(release_name(self.gen), encode(rel))
         self.delay = self.timing.poll_min
+
+    def _probe_members(self, members: list[Member]) -> bool:
+        """Check, right before releasing, that every remote non-master member answers; void if one is gone.
+
+        Same-host members were already checked directly (psutil); the master
+        was probed above.  Heartbeats alone cannot show that a member died in
+        the last ``stale_after`` seconds; its listener can.
+        """
+        todo = []
+        for m in members[1:]:
+            b = self.beacons.get(m.instance)
+            if m.instance == self.instance or b is None or b.probe_port is None:
+                continue
+            if self.local_alive(self.me, b.host) is None:
+                todo.append((m.rank, b))
+        if not todo:
+            return True
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=min(32, len(todo))) as pool:
+            answers = list(pool.map(
+                lambda rb: self.probe(rb[1].addr, rb[1].probe_port, rb[1].instance, self.timing.probe_timeout), todo))
+        dead = [(r, b) for (r, b), a in zip(todo, answers) if a is False]
+        if dead:
+            r, b = dead[0]
+            self._void(f"rank {r} ({b.host.hostname}, {b.addr}) does not answer on its probe port: it is gone")
+            return False
+        unreachable = [r for (r, _), a in zip(todo, answers) if a is None]
+        if unreachable:
+            log.warning("cannot reach ranks %s from this node (firewall? wrong --iface?)%s", _ranges(unreachable),
+                        "" if self.rank == 0 else "; leaving the release to rank 0")
+            return self.rank == 0
+        return True
 
     def _step_contesting(self) -> Release | None:
         r = self.want_rank

@@ -115,6 +115,10 @@ class Beacon:
             with a smaller count than ours and the same ``slurm_job_id``
             belongs to a requeued-away run.
         slurm_job_id (str): ``SLURM_JOB_ID`` or "".
+        probe_port (int | None): a port this participant listens on while it
+            holds a rank, answering probes with its instance id (rank 0: the
+            master port), so whoever completes the world can check every
+            remote member is alive right before releasing.
         host (HostId): identity for direct liveness checks on the same host.
         wall_time (float): writer's ``time.time()``; informational only.
     """
@@ -133,6 +137,7 @@ class Beacon:
     wall_time: float = 0.0
     version: str = ""
     slurm_job_id: str = ""
+    probe_port: int | None = None
     kind: str = field(default="beacon", init=False)
 
 
@@ -288,6 +293,7 @@ def decode(data: bytes, expect: type) -> Any:
             host=_hostid(d.get("host")),
             version=str(d.get("version", ""))[:64],
             slurm_job_id=str(d.get("slurm_job_id", ""))[:64],
+            probe_port=None if d.get("probe_port") is None else validate_port(d.get("probe_port")),
             **common,
         )
     state = _req(d, "state", str)

@@ -151,10 +151,6 @@ def test_killed_remote_participant_is_replaced_after_stale_after(procs, d):
 
 
 @needs_unshare
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: a remote member that died less than --stale-after ago is released into the world when the last "
-    "missing rank arrives: _scan() only refuses members judged 'dead'; a member first seen by the releaser "
-    "is 'unknown' and accepted"))
 def test_world_completed_right_after_a_remote_member_died_is_not_released(procs, d):
     """The last missing rank arrives just after a remote member died (its death not yet provable).
 
