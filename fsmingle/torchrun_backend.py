@@ -50,7 +50,6 @@ read_timeout            60       wait for the round's store address, and the
 iface                   --       network interface whose IPv4 address this
                                  node announces (NCCL-style prefix match)
 addr                    --       IP address this node announces
-store_port              0        port of the TCPStore hosted by rank 0 (0: any)
 ======================  =======  ===============================================
 
 The announced address is, first found: ``addr``, torchrun's ``--local-addr``,
@@ -162,7 +161,6 @@ KNOWN_CONF_KEYS = frozenset(
         "read_timeout",
         "iface",
         "addr",
-        "store_port",
         "timeout",  # added by torchrun's LaunchConfig for etcd; not used here
     }
 )
@@ -862,8 +860,10 @@ class FsRendezvousHandler(DynamicRendezvousHandler):
       agent at its announced address, found through ``store-<E>-<R>.json``;
       the same server is shared with the workers (``MASTER_ADDR`` /
       ``MASTER_PORT``) unless ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``.
-      ``MASTER_ADDR``/``MASTER_PORT`` are re-exchanged every round, so a new
-      rank 0 after a membership change is always followed.
+      Every round gets a new server on a new port: the workers of a
+      restarted group must never read keys (gloo addresses) that the
+      previous group's workers left in the store.  ``MASTER_ADDR`` /
+      ``MASTER_PORT`` are therefore exchanged again every round.
     * :meth:`shutdown` closes the rendezvous (as torch does) only if this node
       was a member of the current lineage, and then removes this node from
       the state so that the run can be recognised as finished.
@@ -873,14 +873,12 @@ class FsRendezvousHandler(DynamicRendezvousHandler):
 
     _fs_backend: FsRendezvousBackend
     _read_timeout: float
-    _store_port: int
     _server: Any
     _client: Any
 
-    def _fs_setup(self, backend: FsRendezvousBackend, read_timeout: float, store_port: int) -> None:
+    def _fs_setup(self, backend: FsRendezvousBackend, read_timeout: float) -> None:
         self._fs_backend = backend
         self._read_timeout = float(read_timeout)
-        self._store_port = store_port
         self._server = None
         self._client = None
         backend.set_node(self._this_node)
@@ -910,10 +908,13 @@ class FsRendezvousHandler(DynamicRendezvousHandler):
         """
         if self._fs_backend.pinned_epoch is None:
             self._wait_for_previous_run()
-        # torch caches MASTER_ADDR/PORT from the first round; rank 0 may change
-        # between rounds here (ranks follow the sorted node list), so
-        # exchange them again through this round's store.
+        # A new round gets a new store server (see _get_store), so torch's
+        # cached MASTER_ADDR/PORT of the first round must not be reused: let
+        # it exchange them again through this round's store.  (Rank 0 may
+        # also change between rounds: ranks follow the sorted node list.)
         self._bootstrap_store_info = None
+        self._shared_tcp_store_server = None
+        self._server = self._client = None
         return super().next_rendezvous()
 
     def _wait_for_previous_run(self) -> None:
@@ -952,7 +953,7 @@ class FsRendezvousHandler(DynamicRendezvousHandler):
         leader = leaders[0]
         timeout = timedelta(seconds=self._read_timeout)
         if rank == 0:
-            server = self._ensure_server()
+            server = self._new_server()
             self._fs_backend.publish_store_address(
                 StoreAddress(epoch, rnd, self._this_node, self._this_node.addr, server.port)
             )
@@ -969,29 +970,30 @@ class FsRendezvousHandler(DynamicRendezvousHandler):
             self._client = base
         return dist.PrefixStore(f"torch.rendezvous.{self._settings.run_id}.{epoch}.{rnd}", base)
 
-    def _ensure_server(self) -> Any:
-        if self._server is None:
-            try:
-                self._server = dist.TCPStore(
-                    host_name=_server_connect_host(self._this_node.addr),
-                    port=self._store_port,
-                    is_master=True,
-                    multi_tenant=True,
-                    wait_for_workers=False,
-                    timeout=timedelta(seconds=self._read_timeout),
-                )
-            except (RuntimeError, ValueError) as e:
-                raise RendezvousConnectionError(
-                    f"cannot host the TCPStore on port {self._store_port or 'any'} ({e}); "
-                    "choose another --rdzv-conf store_port"
-                ) from e
-            log.info("hosting the rendezvous TCPStore at %s:%d", self._this_node.addr, self._server.port)
+    def _new_server(self) -> Any:
+        # One server per round, on a fresh ephemeral port.  torch's workers
+        # use the agent's server without a per-attempt prefix ("we create a
+        # new TCPStore for every retry", torch/distributed/rendezvous.py), so
+        # reusing one server across rounds lets restarted workers read the
+        # previous group's gloo addresses and fail with "connection refused".
+        try:
+            self._server = dist.TCPStore(
+                host_name=_server_connect_host(self._this_node.addr),
+                port=0,
+                is_master=True,
+                multi_tenant=True,
+                wait_for_workers=False,
+                timeout=timedelta(seconds=self._read_timeout),
+            )
+        except (RuntimeError, ValueError) as e:
+            raise RendezvousConnectionError(f"cannot host the rendezvous TCPStore ({e})") from e
+        log.info("hosting the rendezvous TCPStore at %s:%d", self._this_node.addr, self._server.port)
         return self._server
 
     def _create_tcp_store_server(self, master_addr: str, master_port: int) -> Any:
         # torch's handler asks rank 0 for a store server to share with the
-        # workers: it is the one this agent already hosts for the round.
-        return self._ensure_server()
+        # workers: it is the one this agent hosts for the round.
+        return self._server if self._server is not None else self._new_server()
 
     # -- closing ----------------------------------------------------------------
 
@@ -1102,11 +1104,6 @@ def create_rdzv_handler(params: RendezvousParameters) -> FsRendezvousHandler:
     keep_alive_interval = _conf_int(params, "keep_alive_interval", 5, 1)
     keep_alive_max_attempt = _conf_int(params, "keep_alive_max_attempt", 3, 1)
     read_timeout = _conf_int(params, "read_timeout", 60, 1)
-    store_port = _conf_int(params, "store_port", 0, 0)
-    try:
-        validate_port(store_port, allow_zero=True)
-    except RecordError as e:
-        raise ConfigError(f"--rdzv-conf store_port: {e}") from None
     local_addr = _local_addr(params)
 
     store = open_job_dir(endpoint, run_id)
@@ -1125,5 +1122,5 @@ def create_rdzv_handler(params: RendezvousParameters) -> FsRendezvousHandler:
         keep_alive_max_attempt=keep_alive_max_attempt,  # type: ignore[arg-type]
     )
     assert isinstance(h, FsRendezvousHandler)
-    h._fs_setup(backend, read_timeout, store_port)  # type: ignore[arg-type]
+    h._fs_setup(backend, read_timeout)  # type: ignore[arg-type]
     return h

@@ -381,7 +381,6 @@ def test_entry_point_registers_the_backend(tmp_path):
         dict(run_id="../escape"),
         dict(join_timeout="soon"),
         dict(last_call_timeout="0"),
-        dict(store_port="70000"),
         dict(addr="not an address"),
         dict(addr=None, iface="no-such-iface0"),
     ],
