@@ -619,8 +619,13 @@ class Participant:
         names = self.store.listdir(gen_name(self.gen))
         if RELEASE in names:
             return  # decided; the next poll reads it
-        listed = sorted(int(m.group(1)) for m in map(CLAIM_RE.match, names) if m)
-        unreadable = [r for r in listed if r < self.size and self._read_claim(r) is None]
+        listed = sorted(r for r in (int(m.group(1)) for m in map(CLAIM_RE.match, names) if m) if r < self.size)
+        if not liveness and len(listed) < self.size:
+            # Incomplete and no liveness round due: the listing is all we need.
+            # Reading every claim here would make N joiners read O(N^2) files.
+            self._set_present(tuple(listed))
+            return
+        unreadable = [r for r in listed if self._read_claim(r) is None]
         for r in unreadable:
             # A claim that exists but cannot be read blocks its rank: judge it
             # like a silent holder, so it is voided after stale_after.
