@@ -7,16 +7,18 @@ Nothing here imports torch.
 from __future__ import annotations
 
 import logging
+import os
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from . import __version__
 from .cleanup import locked_cleaner
 from .config import resolve
+from .errors import ConfigError, RecordError
 from .hostinfo import local_process_alive, this_process
 from .netaddr import PortReservation, choose_address, probe_master
 from .protocol import Participant, Progress, SystemClock, Timing
-from .records import Release
+from .records import Release, validate_port
 from .store import open_job_dir
 
 log = logging.getLogger("fsmingle")
@@ -167,9 +169,6 @@ def rendezvous(
         RendezvousTimeoutError: incomplete after ``timeout`` seconds (names the missing ranks).
         CorruptStateError: the release record stayed unusable.
     """
-    from .records import validate_port
-    from .errors import ConfigError, RecordError
-
     s = resolve(dir=dir, job_id=job_id, nnodes=nnodes, node_rank=node_rank, world_size=world_size, rank=rank, env=env)
     if port is not None:
         try:
@@ -178,12 +177,9 @@ def rendezvous(
             raise ConfigError(f"--port: {e}") from None
     if not timeout > 0:
         raise ConfigError(f"--timeout must be positive seconds, got {timeout}")
-    import os as _os
-    address = choose_address(addr, iface, env=_os.environ if env is None else env)
+    address = choose_address(addr, iface, env=os.environ if env is None else env)
     timing = timing or Timing()
     if stale_after is not None:
-        from dataclasses import replace
-
         if not stale_after > 0:
             raise ConfigError(f"--stale-after must be positive seconds, got {stale_after}")
         timing = replace(timing, stale_after=stale_after)

@@ -230,6 +230,30 @@ def _nonneg(v: int, what: str) -> int:
     return v
 
 
+def load_object(data: bytes, kind: str) -> dict:
+    """Parse ``data`` as one JSON object of schema :data:`SCHEMA_VERSION` and the given ``kind``.
+
+    Shared by every fsmingle record reader (this module, the torchrun backend).
+
+    Raises:
+        RecordError: invalid UTF-8/JSON, not an object, another schema or kind.
+    """
+    try:
+        d = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise RecordError(f"not valid JSON ({e.__class__.__name__}: {e}); a torn or foreign write") from None
+    if not isinstance(d, dict):
+        raise RecordError("not a JSON object")
+    if d.get("schema") != SCHEMA_VERSION:
+        raise RecordError(
+            f"unknown schema version {d.get('schema')!r} (this fsmingle reads {SCHEMA_VERSION}); "
+            "run the same fsmingle version on every node"
+        )
+    if d.get("kind") != kind:
+        raise RecordError(f"kind is {d.get('kind')!r}, expected {kind!r}")
+    return d
+
+
 def decode(data: bytes, expect: type) -> Any:
     """Parse and validate one record.
 
@@ -248,21 +272,7 @@ def decode(data: bytes, expect: type) -> Any:
     """
     if len(data) > _MAX_RECORD_BYTES:
         raise RecordError(f"record is {len(data)} bytes, larger than {_MAX_RECORD_BYTES}")
-    try:
-        d = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as e:
-        raise RecordError(f"not valid JSON ({e.__class__.__name__}: {e}); a torn or foreign write") from None
-    if not isinstance(d, dict):
-        raise RecordError("not a JSON object")
-    schema = d.get("schema")
-    if schema != SCHEMA_VERSION:
-        raise RecordError(
-            f"unknown schema version {schema!r} (this fsmingle reads {SCHEMA_VERSION}); "
-            "run the same fsmingle version on every node"
-        )
-    kind = {Beacon: "beacon", Claim: "claim", Release: "release"}[expect]
-    if d.get("kind") != kind:
-        raise RecordError(f"kind is {d.get('kind')!r}, expected {kind!r}")
+    d = load_object(data, {Beacon: "beacon", Claim: "claim", Release: "release"}[expect])
     if expect is Claim:
         return Claim(rank=_nonneg(_req(d, "rank", int), "rank"), instance=_instance(d.get("instance")))
     mode = _req(d, "mode", str)

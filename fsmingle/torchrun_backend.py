@@ -122,7 +122,7 @@ from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
 from .config import validate_job_id
 from .errors import ConfigError, RecordError, StorageError
 from .netaddr import choose_address
-from .records import validate_port
+from .records import load_object, validate_port
 from .store import Store, open_job_dir
 
 __all__ = [
@@ -349,19 +349,7 @@ def encode_state_record(run_id: str, version: int, epoch: int, st: _RendezvousSt
 
 
 def _load_json(data: bytes, kind: str, run_id: str) -> dict:
-    try:
-        d = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as e:
-        raise RecordError(f"not valid JSON ({e.__class__.__name__}); a torn or foreign write") from None
-    if not isinstance(d, dict):
-        raise RecordError("not a JSON object")
-    if d.get("schema") != SCHEMA_VERSION:
-        raise RecordError(
-            f"unknown schema version {d.get('schema')!r} (this fsmingle reads {SCHEMA_VERSION}); "
-            "run the same fsmingle version on every node"
-        )
-    if d.get("kind") != kind:
-        raise RecordError(f"kind is {d.get('kind')!r}, expected {kind!r}")
+    d = load_object(data, kind)
     if d.get("run_id") != run_id:
         raise RecordError(f"run_id is {d.get('run_id')!r}, expected {run_id!r}")
     return d
