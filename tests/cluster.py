@@ -100,8 +100,8 @@ def _sh(argv: Sequence[str], check: bool = True, timeout: float = 30, **kw) -> s
     return p
 
 
-def missing_capabilities(slurm: bool = False) -> list[str]:
-    """What this machine lacks to build a cluster (empty list: all present)."""
+def missing_capabilities(slurm: bool = False, fs: str = "bindfs") -> list[str]:
+    """What this machine lacks to build a cluster on filesystem ``fs`` (empty list: all present)."""
     missing = []
     if os.geteuid() != 0:
         missing.append("root (network namespaces and mounts)")
@@ -112,15 +112,19 @@ def missing_capabilities(slurm: bool = False) -> list[str]:
         missing.append("fusermount (package fuse3)")
     if slurm:
         tools += ["munged", "slurmctld", "slurmd", "sbatch", "scontrol", "srun"]
+    if fs != "bindfs":
+        tools += fs_tools(fs)
+    if fs == "s3fs" and not os.access(moto_server_path(), os.X_OK):
+        missing.append(f"{moto_server_path()} (a venv with moto[server]; see .ci/run)")
     for t in tools:
         if not shutil.which(t) and not os.path.exists(f"/usr/sbin/{t}"):
             missing.append(f"`{t}` executable")
     return missing
 
 
-def require_capabilities(slurm: bool = False) -> None:
+def require_capabilities(slurm: bool = False, fs: str = "bindfs") -> None:
     """pytest.skip (or fail if $FSMINGLE_REQUIRE_CLUSTER=1) naming what is missing."""
-    missing = missing_capabilities(slurm)
+    missing = missing_capabilities(slurm, fs)
     if missing:
         msg = "cluster-on-one-machine needs: " + ", ".join(missing)
         if os.environ.get(REQUIRE_ENV) == "1":
@@ -158,6 +162,60 @@ def _unmount(path: str) -> None:
         with contextlib.suppress(Exception):
             if _sh(argv, check=False, timeout=10).returncode == 0:
                 return
+
+
+def _proc_state(pid: int) -> str | None:
+    """One-letter state of ``pid`` (``"Z"`` zombie, ``"D"`` uninterruptible), None if gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+# pid 1 of a host's pid namespace: reaps every orphan it inherits (a zombie would look alive to
+# kill(pid, 0)); SIGKILL from the root namespace ends it and, with it, the whole namespace.
+_PIDNS_INIT = (
+    "import os, time\n"
+    "while True:\n"
+    "    try:\n"
+    "        os.waitpid(-1, 0)\n"
+    "    except ChildProcessError:\n"
+    "        time.sleep(0.2)\n"
+)
+
+
+def _mount_dev_minor(path: str) -> str | None:
+    """The FUSE connection number of mount point ``path`` (mountinfo field 3 is MAJOR:MINOR),
+    read from /proc/self/mountinfo: never stat() a mount whose client may hang."""
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            parts = line.split()
+            if parts[4].replace("\\040", " ") == path:
+                return parts[2].split(":")[1]
+    return None
+
+
+def _fuse_abort(path: str) -> None:
+    """Abort the FUSE connection mounted at ``path`` through fusectl, then unmount it lazily.
+
+    Writing to /sys/fs/fuse/connections/N/abort fails every pending and later request of that
+    connection (kernel Documentation/filesystems/fuse.rst, "Aborting a filesystem connection");
+    a plain umount of a hung client would sit unkillable in D state until the client gives up.
+    """
+    minor = _mount_dev_minor(path)
+    if minor is None:
+        return
+    conn = "/sys/fs/fuse/connections"
+    own = False
+    if not any(line.split()[4] == conn for line in open("/proc/self/mountinfo")):
+        own = _sh(["mount", "-t", "fusectl", "fusectl", conn], check=False).returncode == 0
+    with contextlib.suppress(OSError):
+        with open(f"{conn}/{minor}/abort", "w") as f:
+            f.write("1")
+    if own:
+        _sh(["umount", conn], check=False)
+    _sh(["umount", "-l", path], check=False)
 
 
 def _netns_pids(ns: str) -> list[int]:
@@ -216,9 +274,12 @@ def _unregister(prefix: str) -> None:
 
 def _cleanup_state(state: dict) -> None:
     """Undo everything a (possibly dead) run recorded.  Only names it created."""
+    for mp in state.get("fuse_mounts", []):  # real filesystems: a hung client must not hang teardown
+        _fuse_abort(mp)
     for ns in state.get("netns", []):
         if os.path.exists(f"/run/netns/{ns}"):
             _kill_netns(ns)
+    _stop_servers(state)
     for pid in state.get("pids", []):  # root-namespace daemons (munged, bindfs)
         start = state.get("pid_start", {}).get(str(pid))
         if start and _proc_start_time(pid) == start:
@@ -227,6 +288,9 @@ def _cleanup_state(state: dict) -> None:
     for mp in state.get("mounts", []):
         if _mounts_under(mp):
             _unmount(mp)
+    for mp in state.get("tmpfs", []):  # MooseFS chunk store, after its chunkserver stopped
+        if _mounts_under(mp):
+            _sh(["umount", "-l", mp], check=False)
     for ns in state.get("netns", []):
         if os.path.exists(f"/run/netns/{ns}"):
             _sh(["ip", "netns", "del", ns], check=False)
@@ -258,6 +322,322 @@ def sweep_stale() -> list[str]:
     return swept
 
 
+# --------------------------------------------------------------------------- real filesystems
+
+FILESYSTEMS = ("bindfs", "glusterfs-tuned", "glusterfs-nfs60", "moosefs", "s3fs")
+"""Filesystems a :class:`Cluster` can share between its hosts (``Cluster(fs=...)``)."""
+
+MOTO_VENV_ENV = "FSMINGLE_MOTO_VENV"  # a venv with moto[server] (.ci/run makes /opt/moto-venv)
+MOTO_VENV_DEFAULT = "/opt/moto-venv"
+
+# GlusterFS volume options per cache profile (gluster(8) `volume set`; values from
+# ../shared/notes/real-filesystems.md, where each profile's behaviour was measured):
+#   tuned: the small-file tuning Gluster documents -- long md/nl caches kept coherent by
+#          upcall invalidation;
+#   nfs60: 60 s client caches with upcalls off, the exposure of NFS `actimeo=60`: a name a
+#          client looked up before it existed stays ENOENT there for 61 s.
+# Both: network.ping-timeout 10 (default 42) so a client cut off by a test gives up sooner.
+GLUSTER_PROFILES = {
+    "tuned": [("features.cache-invalidation", "on"), ("features.cache-invalidation-timeout", "600"),
+              ("performance.cache-invalidation", "on"), ("performance.md-cache-timeout", "600"),
+              ("performance.nl-cache", "on"), ("performance.nl-cache-timeout", "600")],
+    "nfs60": [("features.cache-invalidation", "off"), ("performance.cache-invalidation", "off"),
+              ("performance.md-cache-timeout", "60"), ("performance.nl-cache", "on"),
+              ("performance.nl-cache-timeout", "60")],
+}
+_GLUSTER_COMMON = [("network.ping-timeout", "10")]
+
+# mfsmount cache options: 1 s attribute/entry/negative caches (mfsmount(8)); the notes measured
+# that the negative cache holds exactly this long.
+MFS_MOUNT_OPTS = "mfsattrcacheto=1,mfsentrycacheto=1,mfsnegentrycacheto=1"
+
+
+def fs_tools(fs: str) -> list[str]:
+    """Executables filesystem ``fs`` needs on this machine (Debian packages in .ci/run)."""
+    return {
+        "bindfs": ["bindfs"],
+        "glusterfs-tuned": ["glusterd", "gluster", "mount.glusterfs"],
+        "glusterfs-nfs60": ["glusterd", "gluster", "mount.glusterfs"],
+        "moosefs": ["mfsmaster", "mfschunkserver", "mfsmount"],
+        "s3fs": ["s3fs"],
+    }[fs]
+
+
+def moto_server_path() -> str:
+    return os.path.join(os.environ.get(MOTO_VENV_ENV, MOTO_VENV_DEFAULT), "bin", "moto_server")
+
+
+def _free_port_block(n: int, lo: int = 20000, hi: int = 60000) -> int:
+    """A port p such that p..p+n-1 are all free on every address (root namespace)."""
+    import socket
+    rng = random.SystemRandom()
+    for _ in range(200):
+        p = rng.randrange(lo, hi - n)
+        ok = True
+        for q in range(p, p + n):
+            with socket.socket() as sk:
+                try:
+                    sk.bind(("0.0.0.0", q))
+                except OSError:
+                    ok = False
+                    break
+        if ok:
+            return p
+    raise RuntimeError("no free port block")
+
+
+class _FsBackend:
+    """Servers of one shared filesystem (root namespace, reached at the bridge address) and the
+    FUSE client mounts: one per host, run in the host's network namespace (``nsenter --net``
+    only, so the mount stays in the root mount namespace where every host's wrapper can bind
+    it), plus one in the root namespace at ``cluster.shared`` for the test process."""
+
+    fs = "?"
+    fuse_type = "?"
+
+    def __init__(self, cluster: "Cluster"):
+        self.c = cluster
+
+    @property
+    def server_ip(self) -> str:
+        return f"{self.c.subnet}.1"
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def client_argv(self, mnt: str) -> list[str]:
+        raise NotImplementedError
+
+    def mount(self, mnt: str, netns: str | None) -> list[int]:
+        """Mount a client at ``mnt`` (in ``netns``, else the root one); returns its daemon pids."""
+        Path(mnt).mkdir(parents=True, exist_ok=True)
+        self.c._state["fuse_mounts"].append(mnt)
+        self.c._save()
+        before = set(_netns_pids(netns)) if netns else set()
+        pre = [_which("nsenter"), f"--net=/run/netns/{netns}"] if netns else []
+        p = _sh([*pre, *self.client_argv(mnt)], check=False, timeout=60)
+        if p.returncode != 0 or _mount_dev_minor(mnt) is None:
+            raise RuntimeError(f"{self.fs} mount at {mnt} failed (rc={p.returncode}): {p.stderr.strip()}"
+                               + self.diagnostics())
+        return sorted(set(_netns_pids(netns)) - before) if netns else []
+
+    def mount_host(self, host: "Host") -> None:
+        host.fuse_pids = self.mount(host.mountpoint, host.netns)
+
+    def stop(self) -> None:
+        """Stop the servers (mounts are gone by then)."""
+        _stop_servers(self.c._state)
+
+    def diagnostics(self) -> str:
+        return ""
+
+
+class _Bindfs(_FsBackend):
+    fs = "bindfs"
+    fuse_type = "fuse"
+
+    def start(self) -> None:
+        pass
+
+
+class _Gluster(_FsBackend):
+    """A replica-2 GlusterFS volume on two bricks of this machine (glusterd(8), gluster(8))."""
+
+    fuse_type = "fuse.glusterfs"
+
+    def __init__(self, cluster: "Cluster", profile: str):
+        super().__init__(cluster)
+        self.profile = profile
+        self.fs = f"glusterfs-{profile}"
+        self.volume = cluster.prefix
+
+    def start(self) -> None:
+        c = self.c
+        base = c.workdir / "gluster"
+        (base / "b1").mkdir(parents=True)
+        (base / "b2").mkdir()
+        # One glusterd per machine, shared with other tests running at the same time: start ours
+        # only if none answers; stop it only if we started it and no volume is left (_stop_servers).
+        if _sh(["gluster", "volume", "list"], check=False).returncode != 0:
+            pidfile = base / "glusterd.pid"
+            _sh(["glusterd", "-p", str(pidfile), "--log-level", "WARNING"])
+            pid = int(pidfile.read_text().split()[0])
+            c._state["glusterd_own"] = [pid, _proc_start_time(pid)]
+            c._save()
+            deadline = time.monotonic() + 20
+            while _sh(["gluster", "volume", "list"], check=False).returncode != 0:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("glusterd did not answer within 20 s")
+                time.sleep(0.1)
+        c._state["gluster_volume"] = self.volume
+        c._save()
+        # Bricks named by the bridge address: clients dial the brick host named here, and only
+        # the bridge is reachable from a host's network namespace.  `force`: both bricks are on
+        # one server and on the root filesystem, which gluster refuses otherwise.
+        ip = self.server_ip
+        _sh(["gluster", "--mode=script", "volume", "create", self.volume, "replica", "2",
+             f"{ip}:{base}/b1", f"{ip}:{base}/b2", "force"], timeout=60)
+        for k, v in GLUSTER_PROFILES[self.profile] + _GLUSTER_COMMON:
+            # before start and before any client: no live graph switch in the middle of a test
+            _sh(["gluster", "--mode=script", "volume", "set", self.volume, k, v], timeout=60)
+        _sh(["gluster", "--mode=script", "volume", "start", self.volume], timeout=60)
+
+    def client_argv(self, mnt: str) -> list[str]:
+        return ["mount", "-t", "glusterfs", f"{self.server_ip}:/{self.volume}", mnt]
+
+    def diagnostics(self) -> str:
+        return "\n" + _sh(["gluster", "volume", "status", self.volume], check=False).stdout
+
+
+class _MooseFS(_FsBackend):
+    """One mfsmaster and one mfschunkserver (1 GiB tmpfs), on ports of their own."""
+
+    fs = "moosefs"
+    fuse_type = "fuse"
+
+    def start(self) -> None:
+        c = self.c
+        b = c.workdir / "mfs"
+        for d in ("master", "cs", "hdd"):
+            (b / d).mkdir(parents=True)
+        c._state["tmpfs"].append(str(b / "hdd"))
+        c._save()
+        _sh(["mount", "-t", "tmpfs", "-o", "size=1g", f"{c.prefix}mfs", str(b / "hdd")])
+        shutil.copy("/var/lib/mfs/metadata.mfs.empty", b / "master" / "metadata.mfs")  # a new master needs it
+        p = _free_port_block(4)  # master: p, p+1 (chunkservers), p+2 (clients); chunkserver: p+3
+        self.port = p + 2
+        # root: the default user mfs cannot write a root-owned DATA_PATH; nice 0 spares the cores
+        common = ["WORKING_USER = root", "WORKING_GROUP = root", "NICE_LEVEL = 0"]
+        (b / "master.cfg").write_text("\n".join(common + [
+            f"DATA_PATH = {b}/master", f"EXPORTS_FILENAME = {b}/exports.cfg",
+            f"MATOML_LISTEN_PORT = {p}", f"MATOCS_LISTEN_PORT = {p + 1}", f"MATOCL_LISTEN_PORT = {p + 2}",
+            # replaced files' chunks go faster (default trash time is 24 h; set to 0 below)
+            "CHUNKS_LOOP_MIN_TIME = 10", "CHUNKS_SOFT_DEL_LIMIT = 1000", "CHUNKS_HARD_DEL_LIMIT = 2000"]) + "\n")
+        (b / "exports.cfg").write_text("* / rw,alldirs,admin,maproot=0:0\n")
+        # MASTER_HOST not loopback: the chunkserver refuses 127.0.0.1, and clients reach it there
+        (b / "cs.cfg").write_text("\n".join(common + [
+            f"DATA_PATH = {b}/cs", f"HDD_CONF_FILENAME = {b}/hdd.cfg", f"MASTER_HOST = {self.server_ip}",
+            f"MASTER_PORT = {p + 1}", f"CSSERV_LISTEN_PORT = {p + 3}"]) + "\n")
+        (b / "hdd.cfg").write_text(f"{b}/hdd\n")
+        for name, cfg in (("mfsmaster", "master.cfg"), ("mfschunkserver", "cs.cfg")):
+            d = subprocess.Popen([_which(name), "-f", "-c", str(b / cfg), "start"], stdin=subprocess.DEVNULL,
+                                 stdout=open(b / f"{name}.log", "w"), stderr=subprocess.STDOUT,
+                                 start_new_session=True)
+            c.track_pid(d.pid)
+            c._daemons.append(d)
+        self.base = b
+        import socket
+        deadline = time.monotonic() + 30  # -f: the daemons start in the background of our Popen
+        while True:
+            with socket.socket() as sk, contextlib.suppress(OSError):
+                sk.settimeout(1)
+                sk.connect((self.server_ip, self.port))
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError("mfsmaster is not listening after 30 s" + self.diagnostics())
+            time.sleep(0.1)
+
+    def mount(self, mnt: str, netns: str | None) -> list[int]:
+        pids = super().mount(mnt, netns)
+        # The chunkserver registers ~2 s after start; until then the size is 0 and writes block.
+        deadline = time.monotonic() + 30
+        while os.statvfs(mnt).f_blocks == 0:
+            if time.monotonic() > deadline:
+                raise RuntimeError("MooseFS chunkserver did not register within 30 s" + self.diagnostics())
+            time.sleep(0.1)
+        if netns is None:
+            # default trash time 24 h: every replaced beacon's chunks would stay and fill the tmpfs
+            _sh(["mfssettrashtime", "-r", "0", mnt], check=False)
+        return pids
+
+    def client_argv(self, mnt: str) -> list[str]:
+        return ["mfsmount", "-H", self.server_ip, "-P", str(self.port), "-o", MFS_MOUNT_OPTS, mnt]
+
+    def diagnostics(self) -> str:
+        return "".join(f"\n--- {n}\n" + (self.base / n).read_text(errors="replace")[-2000:]
+                       for n in ("mfsmaster.log", "mfschunkserver.log") if (self.base / n).exists())
+
+
+class _S3fs(_FsBackend):
+    """s3fs-fuse over a local S3 server (moto).  Not a filesystem fsmingle can use: no link(),
+    O_EXCL not exclusive across mounts; the refusal tests run on it."""
+
+    fs = "s3fs"
+    fuse_type = "fuse.s3fs"
+
+    def start(self) -> None:
+        import urllib.request
+        c = self.c
+        b = c.workdir / "s3"
+        b.mkdir()
+        moto = moto_server_path()
+        if not os.access(moto, os.X_OK):
+            raise RuntimeError(f"{moto} missing: python3 -m venv {MOTO_VENV_DEFAULT} && "
+                               f"{MOTO_VENV_DEFAULT}/bin/pip install 'moto[server]' (or set ${MOTO_VENV_ENV})")
+        self.port = _free_port_block(1)
+        d = subprocess.Popen([moto, "-H", self.server_ip, "-p", str(self.port)], stdin=subprocess.DEVNULL,
+                             stdout=open(b / "moto.log", "w"), stderr=subprocess.STDOUT, start_new_session=True)
+        c.track_pid(d.pid)
+        c._daemons.append(d)
+        url = f"http://{self.server_ip}:{self.port}"
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                urllib.request.urlopen(urllib.request.Request(f"{url}/fsmbucket", method="PUT"), timeout=2).read()
+                break
+            except OSError:
+                if time.monotonic() > deadline or d.poll() is not None:
+                    raise RuntimeError("moto_server did not start:\n" + (b / "moto.log").read_text()[-2000:])
+                time.sleep(0.1)
+        pw = b / "passwd"
+        pw.write_text("fsmkey:fsmsecret\n")
+        pw.chmod(0o600)  # s3fs refuses a password file others can read
+        self.opts = f"url={url},use_path_request_style,passwd_file={pw},allow_other,umask=0022"
+        self.base = b
+
+    def client_argv(self, mnt: str) -> list[str]:
+        return ["s3fs", "fsmbucket", mnt, "-o", self.opts]
+
+
+def _make_backend(cluster: "Cluster", fs: str) -> _FsBackend:
+    if fs == "bindfs":
+        return _Bindfs(cluster)
+    if fs.startswith("glusterfs-"):
+        return _Gluster(cluster, fs.split("-", 1)[1])
+    if fs == "moosefs":
+        return _MooseFS(cluster)
+    return _S3fs(cluster)
+
+
+def _stop_servers(state: dict) -> None:
+    """Stop what a run recorded: its Gluster volume (and glusterd if it started it and no volume
+    is left), its daemons (``pids``; by start time, never a recycled pid).  Idempotent."""
+    vol = state.pop("gluster_volume", None)
+    if vol:
+        _sh(["gluster", "--mode=script", "volume", "stop", vol, "force"], check=False, timeout=60)
+        _sh(["gluster", "--mode=script", "volume", "delete", vol], check=False, timeout=60)
+    own = state.get("glusterd_own")
+    if own and _proc_start_time(own[0]) == own[1]:
+        p = _sh(["gluster", "volume", "list"], check=False)
+        if "No volumes" in p.stdout + p.stderr:  # printed on stderr
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(own[0], signal.SIGTERM)
+            deadline = time.monotonic() + 10  # the next run must not find it dying
+            while _proc_state(own[0]) not in (None, "Z") and time.monotonic() < deadline:
+                time.sleep(0.1)
+            state.pop("glusterd_own", None)
+    for pid in state.get("pids", []):
+        start = state.get("pid_start", {}).get(str(pid))
+        if start and _proc_start_time(pid) == start:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + 5
+    for pid in state.get("pids", []):
+        start = state.get("pid_start", {}).get(str(pid))
+        while start and _proc_start_time(pid) == start and _proc_state(pid) != "Z" and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+
 # --------------------------------------------------------------------------- hosts
 
 # sh script run inside "nsenter --net unshare --uts --mount": $1 hostname, $2 per-host
@@ -269,7 +649,10 @@ _WRAP = (
     'if [ -n "$2" ]; then mount --bind "$2" "$3"; fi; '
     'mount --bind "$4" /etc/hosts; '
     'if [ -n "$5" ]; then mount --bind "$5" /etc/resolv.conf; fi; '
-    'cd -- "$6"; shift 6; exec "$@"'
+    # $7 = 1: the process runs in the host's pid namespace; a /proc of that namespace makes
+    # `ps`, psutil and /proc/<pid> lookups see the host's processes only, by their host pids.
+    'if [ "$7" = 1 ]; then mount -t proc proc /proc; fi; '
+    'cd -- "$6"; shift 7; exec "$@"'
 )
 
 
@@ -286,6 +669,9 @@ class Host:
         self.mountpoint = mountpoint  # this host's bindfs view (root namespace path)
         self.tmpdir = str(cluster.workdir / "tmp" / name)
         self._procs: list[subprocess.Popen] = []
+        self._init: subprocess.Popen | None = None  # `unshare --pid` holding the host's pid namespace
+        self.init_pid: int | None = None  # pid 1 of the host's pid namespace, as the root namespace sees it
+        self.fuse_pids: list[int] = []  # this host's FUSE client daemons (real filesystems)
 
     def __repr__(self) -> str:
         return f"<Host {self.name} {self.ip} netns={self.netns}>"
@@ -296,13 +682,15 @@ class Host:
         if isinstance(argv, (str, bytes)):
             raise TypeError("argv must be a sequence; use host.sh('...') for shell text")
         c = self.cluster
+        pidns = [f"--pid=/proc/{self.init_pid}/ns/pid"] if self.init_pid else []
         return [
-            _which("nsenter"), f"--net=/run/netns/{self.netns}",
+            _which("nsenter"), f"--net=/run/netns/{self.netns}", *pidns,
             _which("unshare"), "--uts", "--mount", "--propagation", "private",
             "sh", "-c", _WRAP, "fsm-host",
             self.name, self.mountpoint or "", c.shared, str(c.hosts_file),
             str(c.resolv_file) if c.resolv_file else "",
             str(cwd if cwd is not None else c.default_cwd),
+            "1" if self.init_pid else "0",
             *map(str, argv),
         ]
 
@@ -356,15 +744,116 @@ class Host:
         return self.run([sys.executable, "-c", code, *args], **kw)
 
     def pids(self) -> list[int]:
-        return _netns_pids(self.netns)
+        """Root-namespace pids of the processes on this host (its FUSE client daemons excluded;
+        its pid namespace's init excluded)."""
+        skip = set(self.fuse_pids) | {self.init_pid, self._init.pid if self._init else None}
+        return [p for p in _netns_pids(self.netns) if p not in skip]
 
     def kill_all(self, sig: int = signal.SIGKILL, grace: float = 0.0) -> None:
-        """Kill every process on this host (``grace`` > 0: SIGTERM first)."""
-        _kill_netns(self.netns, sig, grace)
+        """Kill every process on this host (``grace`` > 0: SIGTERM first).  The host's FUSE
+        client keeps running (its mount stays usable); with a pid namespace the host then
+        "boots" a fresh one (see :meth:`kill_node`)."""
+        if self.init_pid and sig == signal.SIGKILL and grace == 0:
+            self.kill_node()
+        else:
+            if grace > 0:
+                for pid in self.pids():
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGTERM)
+                deadline = time.monotonic() + grace
+                while time.monotonic() < deadline and self.pids():
+                    time.sleep(0.05)
+            for _ in range(50):
+                pids = self.pids()
+                if not pids:
+                    break
+                for pid in pids:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, sig)
+                time.sleep(0.05)
         for p in list(self._procs):
             with contextlib.suppress(Exception):
                 p.wait(timeout=5)
-            self._procs.remove(p)
+            with contextlib.suppress(ValueError):
+                self._procs.remove(p)
+
+    # -- pid namespace: the host's "machine"
+    def _start_pidns(self) -> None:
+        """Start the host's pid namespace: its pid 1 reaps orphans (so a dead process of this
+        host never lingers as a zombie that looks alive to ``kill(pid, 0)``)."""
+        self._init = subprocess.Popen(
+            [_which("nsenter"), f"--net=/run/netns/{self.netns}", _which("unshare"), "--pid", "--fork",
+             "--kill-child", sys.executable, "-c", _PIDNS_INIT],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True)
+        deadline = time.monotonic() + 10
+        while True:
+            with contextlib.suppress(OSError, ValueError):
+                kids = Path(f"/proc/{self._init.pid}/task/{self._init.pid}/children").read_text().split()
+                # unshare's child is pid 1 of the new namespace; it is ready once it runs python
+                if kids and Path(f"/proc/{kids[0]}/comm").read_text().startswith("python"):
+                    self.init_pid = int(kids[0])
+                    break
+            if self._init.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"pid namespace of {self.name} did not start")
+            time.sleep(0.01)
+        self.cluster.track_pid(self._init.pid)
+
+    def _pidns_members(self) -> list[int]:
+        """Root pids of the processes in this host's pid namespace (init included)."""
+        if not self.init_pid:
+            return []
+        try:
+            ino = os.stat(f"/proc/{self.init_pid}/ns/pid").st_ino
+        except OSError:
+            return []
+        out = []
+        for d in os.listdir("/proc"):
+            if d.isdigit():
+                with contextlib.suppress(OSError):
+                    if os.stat(f"/proc/{d}/ns/pid").st_ino == ino:
+                        out.append(int(d))
+        return out
+
+    def kill_node(self, wait: float = 10.0) -> bool:
+        """SIGKILL the host's pid namespace: the kernel kills every process of the host at once
+        (pid_namespaces(7): the death of a namespace's init kills all its members), as when a
+        machine loses power.  Then a fresh pid namespace starts ("the node reboots").  The
+        host's FUSE client is not in it and survives.  Returns False if some process was still
+        there after ``wait`` seconds (one stuck in a hung mount: see :meth:`fuse_abort`)."""
+        if not self.init_pid:
+            raise RuntimeError(f"{self.name} has no pid namespace (Cluster(pid_ns=True))")
+        members = self._pidns_members()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.init_pid, signal.SIGKILL)
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline and any(Path(f"/proc/{p}").exists() and _proc_state(p) not in ("Z", None)
+                                                  for p in members):
+            time.sleep(0.02)
+        gone = not any(_proc_state(p) not in ("Z", None) for p in members)
+        with contextlib.suppress(Exception):
+            self._init.wait(timeout=5)
+        self.init_pid = None
+        self._start_pidns()
+        return gone
+
+    # -- the host's FUSE client (real filesystems)
+    def fuse_abort(self) -> None:
+        """Abort this host's FUSE connection and lazily unmount it: every pending and later call
+        on it fails at once (ENOTCONN/ECONNABORTED).  Frees processes stuck on a client whose host
+        lost its network: SIGKILL cannot, they wait until the client gives up (80-170 s).  The
+        host has no mount afterwards; :meth:`remount` gives it a new client."""
+        if self.mountpoint:
+            _fuse_abort(self.mountpoint)
+        for pid in self.fuse_pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        self.fuse_pids = []
+
+    def remount(self) -> None:
+        """Mount a fresh FUSE client for this host (after :meth:`fuse_abort`).  Processes
+        started afterwards see it; running ones keep the old (aborted) view."""
+        self.cluster.fs_backend.mount_host(self)
 
     # -- failure injection
     def link_down(self) -> None:
@@ -390,17 +879,34 @@ class Cluster:
         "--enable-lock-forwarding"]`` for cluster-coherent locks).
       extra_hosts: names of extra namespaces without the shared mount, IPs 10.A.B.2..
         (``SlurmCluster`` uses one for slurmctld).
+      fs: the shared filesystem, one of :data:`FILESYSTEMS`.  ``"bindfs"`` (default): the
+        NFS-like views above.  The others are real distributed filesystems whose servers the
+        cluster starts in the root namespace at the bridge address (``<subnet>.1``):
+        ``"glusterfs-tuned"`` / ``"glusterfs-nfs60"`` (a replica-2 volume; cache profiles in
+        :data:`GLUSTER_PROFILES`), ``"moosefs"`` (master + chunkserver), ``"s3fs"`` (s3fs-fuse
+        over moto, for the refusal tests).  Each host gets its OWN FUSE client, started in the
+        host's network namespace: when the host loses its link (``link_down``) its mount hangs
+        like a real node's; :meth:`Host.fuse_abort` frees its stuck processes.  The test
+        process sees the filesystem at ``cluster.shared`` through a client of its own
+        (``cache_timeout`` and ``bindfs_args`` apply to bindfs only).
+      pid_ns: run each host's processes in a pid namespace of the host (default: True for the
+        real filesystems): :meth:`Host.kill_node` then kills a whole "machine" with SIGKILL,
+        and the host's processes see only each other in /proc.
     """
 
     def __init__(self, n_hosts: int = 3, cache_timeout: float = 2.0,
                  shared_path: str | None = None, hosts_file: str = "cluster",
                  bindfs_args: Sequence[str] = (), extra_hosts: Sequence[str] = (),
-                 host_names: Sequence[str] | None = None):
+                 host_names: Sequence[str] | None = None, fs: str = "bindfs", pid_ns: bool | None = None):
+        if fs not in FILESYSTEMS:
+            raise ValueError(f"fs must be one of {', '.join(FILESYSTEMS)}")
         if n_hosts < 1 or n_hosts > 200:
             raise ValueError("n_hosts must be 1..200")
         if hosts_file not in ("cluster", "loopback", "none"):
             raise ValueError("hosts_file must be 'cluster', 'loopback' or 'none'")
         self.n_hosts = n_hosts
+        self.fs = fs
+        self.pid_ns = (fs != "bindfs") if pid_ns is None else pid_ns
         self.cache_timeout = cache_timeout
         self.hosts_file_mode = hosts_file
         self.bindfs_args = list(bindfs_args)
@@ -422,7 +928,9 @@ class Cluster:
         self.extra: dict[str, Host] = {}
         self._state: dict = {"owner": os.getpid(), "owner_start": _proc_start_time(os.getpid()),
                              "workdir": str(self.workdir), "netns": [], "links": [],
-                             "mounts": [], "pids": [], "pid_start": {}}
+                             "mounts": [], "pids": [], "pid_start": {}, "fuse_mounts": [], "tmpfs": []}
+        self.fs_backend = _make_backend(self, fs)
+        self._daemons: list[subprocess.Popen] = []  # server daemons we started (reaped at close)
         self._closed = False
         self._started = False
         self._lock = threading.Lock()
@@ -464,7 +972,7 @@ class Cluster:
         raise RuntimeError("no free 10.x.y.0/24 subnet")
 
     def start(self) -> "Cluster":
-        missing = missing_capabilities()
+        missing = missing_capabilities(fs=self.fs)
         if missing:
             raise RuntimeError("cannot build a cluster here, missing: " + ", ".join(missing))
         self._started = True
@@ -500,7 +1008,14 @@ class Cluster:
 
         (self.workdir / "etc").mkdir()
         self.backing.mkdir(exist_ok=True)
-        os.chmod(self.backing, 0o1777)  # like a scratch dir; tests may chmod it
+        if self.fs != "bindfs":
+            # the servers, then the test process's own client at cluster.shared
+            self.fs_backend.start()
+            if self.shared != str(self.backing):
+                raise ValueError("shared_path is for bindfs only")
+            self.fs_backend.mount(self.shared, None)
+        with contextlib.suppress(OSError):  # s3fs: no chmod on the bucket root
+            os.chmod(self.backing, 0o1777)  # like a scratch dir; tests may chmod it
         if self.shared != str(self.backing):
             Path(self.shared).mkdir(parents=True, exist_ok=True)
 
@@ -521,7 +1036,7 @@ class Cluster:
         self._state["netns"].append(ns)
         self._state["links"].append(veth)
         mnt = str(self.workdir / "mnt" / name) if shared else None
-        if mnt:
+        if mnt and self.fs == "bindfs":
             self._state["mounts"].append(mnt)
         self._save()
         _sh(["ip", "netns", "add", ns])
@@ -533,11 +1048,15 @@ class Cluster:
         host = Host(self, name, ip, ns, veth, mnt)
         Path(host.tmpdir).mkdir(parents=True, exist_ok=True)
         os.chmod(host.tmpdir, 0o1777)
-        if mnt:
+        if mnt and self.fs == "bindfs":
             Path(mnt).mkdir(parents=True)
             t = f"{self.cache_timeout:g}"
             _sh(["bindfs", "-o", f"attr_timeout={t},entry_timeout={t},negative_timeout={t}",
                  *self.bindfs_args, str(self.backing), mnt])
+        elif mnt:
+            self.fs_backend.mount_host(host)
+        if self.pid_ns:
+            host._start_pidns()
         return host
 
     def _write_etc(self) -> None:
@@ -592,9 +1111,12 @@ class Cluster:
         with contextlib.suppress(Exception):
             _cleanup_state(self._state)
         for h in [*self.hosts, *self.extra.values()]:
-            for p in h._procs:
+            for p in [*h._procs, *([h._init] if h._init else [])]:
                 with contextlib.suppress(Exception):
                     p.wait(timeout=5)
+        for d in self._daemons:
+            with contextlib.suppress(Exception):
+                d.wait(timeout=10)
         if not _mounts_under(str(self.workdir)) and not any(
                 os.path.exists(f"/run/netns/{ns}") for ns in self._state["netns"]):
             _unregister(self.prefix)
