@@ -1,54 +1,53 @@
-"""The rendezvous policy: generations, rank claims, heartbeats, the release decision.
+"""The rendezvous driver (protocol v2): join a generation, claim a rank, then wait as rank 0 or as a member.
 
-This module decides; :mod:`fsmingle.store` touches the filesystem.  The policy
-takes its store, clock, liveness oracle and master prober as arguments, so the
-same code runs on a real shared directory and on the in-memory, stale-reading
-model used by the hypothesis tests.
+This module drives; :mod:`fsmingle.store` touches the filesystem,
+:mod:`fsmingle.channel` the network, :mod:`fsmingle.decision` decides the
+release and :mod:`fsmingle.liveness` judges peers from their heartbeats.  The
+store, clock, transport and liveness oracle are arguments, so the same code
+runs on a real shared directory with TCP and on the stale in-memory filesystem
+and fake network of the model tests.
 
-Layout of one job directory (all names relative to ``<dir>/<job_id>/``)::
+The rules (``docs/protocol.md`` gives the reason for each):
 
-    gen-00000007/                       one directory per generation (mkdir: exclusive)
-        beacon-<instance>.json          each participant, replaced on every heartbeat
-        rank-00000.claim                owner of rank 0 (link(): exclusive, immutable)
-        rank-00001.claim
-        release.json                    the decision, written once (link()): released | restart
-
-Rules (``docs/protocol.md`` has the state machine and the reasons):
-
-1. **Join** the newest generation that has no ``release.json``; if the newest
-   is decided (released to an earlier run, or voided), create the next one.
-   A decided generation is never joined, so a re-run or requeue with the same
-   job id never reads a previous run's state.
-2. **Publish** a beacon, then **claim** a rank by exclusive creation: the given
-   rank, or first-come the lowest unclaimed one.  The rank-0 holder keeps the
-   master port open (see :mod:`fsmingle.netaddr`) and publishes it.
-3. **Decide** once every rank is claimed: the participant that completes the
-   world -- or the rank-0 coordinator, which rescans every ``scan_interval``
-   seconds -- checks that no member is known dead and that the master answers
-   on its port with its own instance id, and creates ``release.json``.
-   Exclusive creation makes the decision unique even if two try at once.
-4. **Wait** by reading ``release.json`` only (one open per poll, backoff to
-   ``poll_max`` with jitter), heartbeating every ``heartbeat`` seconds and
-   checking rank 0's beacon every ``heartbeat`` seconds.
-5. **Recover** by voiding: whoever finds a member dead (same host: its pid is
-   gone; elsewhere: its heartbeat counter unchanged for ``stale_after``
-   seconds of the observer's monotonic clock; or from a run with a smaller
-   ``SLURM_RESTART_COUNT``) creates ``release.json`` with state ``restart``;
-   everyone live moves to the next generation and claims again.  Claims are
-   never broken in place, so no two live processes can hold one rank.
-6. **Leave** (timeout, interrupt) by voiding the generation too, so those left
-   waiting regroup instead of being released into a world without us.
+1. **Join** the newest generation that has no decision; if the newest is
+   decided, create the next one.  A decided generation is never joined, so a
+   re-run or requeue with the same job id never reads a previous run's state.
+   Directories are created (``mkdir``) before anyone looks their names up, so
+   a negative lookup cache cannot hide them.
+2. **Claim** a rank by exclusive creation (``link()``): the given rank, or
+   first-come rank 0 if free, else a free rank chosen by this instance's hash
+   (no thundering herd on the lowest free rank).  After ``EEXIST`` the claim is
+   read back: a lost ``link()`` reply must not make one process hold two ranks.
+3. **Rank 0** holds the master port (listening, close-on-exec) from before its
+   claim until exec, and publishes its endpoint in the generation's
+   ``master/`` directory.
+4. **Members** find that endpoint by listing ``master/``, connect to it and
+   identify themselves; rank 0 checks each identity against the claim on the
+   filesystem.  While connected a member makes (almost) no filesystem
+   operations: liveness travels over the connection (pings both ways).
+5. **Release** (:mod:`fsmingle.coordinator`): when every rank holds a verified
+   connection, rank 0 asks each member to acknowledge, creates ``release.json``
+   (exclusive: it races only with voids), sends each member its placement and
+   waits for them to close.  A lost, silent or unacknowledging member voids the
+   generation instead: **no release on absence of evidence**.
+6. **Void** by exclusively creating ``release.json`` with state ``restart``;
+   everyone regroups in the next generation.  A participant never leaves a
+   generation in which it holds a claim without voiding it; an ``ENOENT`` on a
+   directory that was there is confirmed by listing its parent before anything
+   acts on it.
 """
 
 from __future__ import annotations
 
+import enum
+import hashlib
 import logging
 import random
-import re
 import time as _time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from typing import Callable, Protocol
 
+from .decision import Placement
 from .errors import (
     ConfigError,
     CorruptStateError,
@@ -57,57 +56,64 @@ from .errors import (
     RecordError,
     RendezvousTimeoutError,
 )
-from .records import Beacon, Claim, HostId, Member, Release, decode, encode
+from .layout import (
+    GEN_RE,
+    MAX_GENERATION,
+    beacon_name,
+    claim_name,
+    claimed_ranks,
+    gen_name,
+    master_dir,
+    ranges,
+    release_name,
+)
+from .liveness import Judge, Verdict
+from .records import Beacon, Claim, HostId, Release, decode, encode
 from .store import Store
 
 log = logging.getLogger("fsmingle")
 
-GEN_RE = re.compile(r"^gen-(\d{8})$")
-CLAIM_RE = re.compile(r"^rank-(\d{5,})\.claim$")
-RELEASE = "release.json"
-MAX_GENERATION = 99_999_999
+# Re-exported for callers of v1 (cleanup, status, tests).
+from .layout import CLAIM_RE, RELEASE  # noqa: E402,F401
 
 
-def gen_name(g: int) -> str:
-    return f"gen-{g:08d}"
+class State(enum.Enum):
+    """Where a participant is; the values are what progress displays show."""
 
-
-def claim_name(g: int, r: int) -> str:
-    return f"{gen_name(g)}/rank-{r:05d}.claim"
-
-
-def beacon_name(g: int, instance: str) -> str:
-    return f"{gen_name(g)}/beacon-{instance}.json"
-
-
-def release_name(g: int) -> str:
-    return f"{gen_name(g)}/{RELEASE}"
+    JOIN = "joining"
+    CONTEST = "contesting"  # asked for a rank that is claimed: judging its holder
+    WORLD_FULL = "world-full"  # first-come, every rank claimed: watching for a free place
+    WAIT = "waiting"  # holds a rank; rank 0 gathers members, a member waits on its connection
+    DECIDING = "deciding"  # acknowledged a release, then lost rank 0: reading the decision
+    DONE = "done"
+    FAILED = "failed"
 
 
 @dataclass(frozen=True)
 class Timing:
     """Polling and liveness settings, all in seconds.
 
-    Defaults keep a waiting participant under 4 filesystem metadata operations
-    per second (``1/poll_max`` release reads + 2 per heartbeat + 1 rank-0 check
-    per heartbeat), whatever the world size; sites whose metadata servers need
-    less raise ``poll_max`` and ``stale_after``.
-
     Attributes:
-        poll_min (float): first delay between release reads after a change.
-        poll_max (float): steady-state delay between release reads.
+        poll_min (float): first delay between filesystem polls after a change.
+        poll_max (float): steady-state delay between filesystem polls (members
+            looking for rank 0's endpoint, participants outside a world).
         backoff (float): factor from one delay to the next (> 1).
         jitter (float): each delay is scaled by a random factor in ``1 ± jitter``.
-        stale_after (float): a remote participant whose heartbeat counter did
-            not change for this long (observer's monotonic clock) is dead.
-            Must exceed the mount's attribute-cache timeout (NFS ``actimeo``)
-            several times over.
-        heartbeat (float | None): heartbeat period; default ``stale_after / 3``.
-        scan_interval (float): how often the rank-0 coordinator lists the
-            generation directory.
-        status_interval (float): how often a non-coordinator lists it, for
-            progress reports only.
-        probe_timeout (float): TCP connect timeout when probing the master.
+        stale_after (float): a peer silent this long is dead -- on its
+            connection, or (not connected) by its heartbeat counter on the
+            observer's monotonic clock.  Must exceed the mount's attribute-cache
+            timeout (NFS ``actimeo``) several times over.
+        heartbeat (float | None): beacon heartbeat period; default ``stale_after / 3``.
+        scan_interval (float): how often rank 0 lists its generation directory.
+        status_interval (float): how often rank 0 tells members who is missing.
+        probe_timeout (float): seconds to connect to rank 0, and for a member
+            to acknowledge the release.
+
+    Raises:
+        ConfigError: a value is not positive, ``poll_max < poll_min``, the
+            heartbeat is not below ``stale_after``, or ``poll_max`` is not well
+            below ``stale_after`` (at most a quarter: a slower poll cannot notice
+            a heartbeat before the peer is judged dead).
     """
 
     poll_min: float = 0.01
@@ -117,21 +123,31 @@ class Timing:
     stale_after: float = 30.0
     heartbeat: float | None = None
     scan_interval: float = 1.0
-    status_interval: float = 30.0
+    status_interval: float = 10.0
     probe_timeout: float = 2.0
 
     def __post_init__(self):
         for name in ("poll_min", "poll_max", "stale_after", "scan_interval", "status_interval", "probe_timeout"):
             if not getattr(self, name) > 0:
-                raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
+                raise ConfigError(f"{name.replace('_', '-')} must be a positive number of seconds, got {getattr(self, name)}")
         if self.poll_max < self.poll_min:
-            raise ConfigError("poll_max must be at least poll_min")
+            raise ConfigError("--poll-max must be at least poll_min")
+        if self.poll_max > self.stale_after / 4:
+            raise ConfigError(
+                f"--poll-max {self.poll_max:g} s must be at most a quarter of --stale-after {self.stale_after:g} s: "
+                "a peer must be seen heartbeating several times before it could be judged dead; "
+                "lower --poll-max or raise --stale-after")
         if self.heartbeat is not None and not 0 < self.heartbeat < self.stale_after:
             raise ConfigError("heartbeat must be positive and below stale_after")
 
     @property
     def heartbeat_period(self) -> float:
         return self.heartbeat if self.heartbeat is not None else self.stale_after / 3
+
+    @property
+    def ping_interval(self) -> float:
+        """Seconds of quiet after which either end of a connection pings."""
+        return min(1.0, self.stale_after / 10)
 
 
 class Clock(Protocol):
@@ -156,13 +172,13 @@ class Progress:
 
     Attributes:
         job_id (str), generation (int), mode (str), size (int): the world.
-        present (tuple[int, ...] | None): ranks claimed, if known (None until
-            this participant has listed the directory).
-        missing (tuple[int, ...] | None): ranks not claimed, if known.
+        present (tuple[int, ...] | None): ranks present (claimed, or connected
+            to rank 0), if known; None until known.
+        missing (tuple[int, ...] | None): ranks not present, if known.
         rank (int | None): the rank this participant holds.
         elapsed (float): seconds since the rendezvous started.
         remaining (float): seconds until the timeout.
-        state (str): ``joining``, ``waiting``, ``contesting``, ``world-full``.
+        state (str): a :class:`State` value.
         note (str): the latest notable event ("generation 3 voided: ...").
     """
 
@@ -179,15 +195,8 @@ class Progress:
     note: str = ""
 
 
-@dataclass
-class _Seen:
-    counter: int
-    changed_at: float
-    missing_since: float | None = None
-
-
 class Participant:
-    """One participant's side of the protocol, driven by :meth:`step`.
+    """One participant's side of the protocol, driven by :meth:`step` (or :meth:`run`).
 
     Args:
         store (Store): the job directory.
@@ -195,20 +204,17 @@ class Participant:
         mode (str): ``"node"`` or ``"rank"``.
         size (int): nnodes or world size.
         rank (int | None): requested rank, None for first-come.
-        addr (str): IP address this participant announces.
+        addr (str): IP address this participant announces (rank 0: the master address).
         instance (str): unique hex id of this process.
         me (HostId): this process's identity.
         timeout (float): seconds until :class:`RendezvousTimeoutError`.
         timing (Timing): polling and liveness settings.
-        master_port (int | None): port the master should hold (None: any free one).
-        restart_count (int): ``SLURM_RESTART_COUNT`` of this run.
+        master_port (int | None): port rank 0 should hold (None: any free one).
+        restart_count (int), slurm_job_id (str): ``SLURM_RESTART_COUNT`` and ``SLURM_JOB_ID``.
         clock (Clock): time source.
         local_alive (Callable[[HostId, HostId], bool | None]): direct liveness
             check of a process in our pid space (see :mod:`fsmingle.hostinfo`).
-        probe (Callable[[str, int, str, float], bool | None]): master prober
-            (see :func:`fsmingle.netaddr.probe_master`).
-        reserve_port (Callable[[int, str], object]): returns an object with
-            ``.port`` and ``.close()`` holding the master port.
+        transport (fsmingle.channel.Transport): listens (rank 0) and connects (members).
         on_progress (Callable[[Progress], None] | None): progress callback.
         cleaner (Callable[[int], None] | None): called with a new generation
             number after this participant created it (removes old ones).
@@ -227,14 +233,13 @@ class Participant:
         instance: str,
         me: HostId,
         timeout: float,
+        transport,
         timing: Timing = Timing(),
         master_port: int | None = None,
         restart_count: int = 0,
         slurm_job_id: str = "",
         clock: Clock = SystemClock(),
         local_alive: Callable[[HostId, HostId], bool | None] = lambda a, b: None,
-        probe: Callable[[str, int, str, float], bool | None] = lambda *a: None,
-        reserve_port: Callable[[int, str], object] | None = None,
         on_progress: Callable[[Progress], None] | None = None,
         cleaner: Callable[[int], None] | None = None,
         version: str = "",
@@ -243,142 +248,127 @@ class Participant:
         self.store, self.job_id, self.mode, self.size = store, job_id, mode, size
         self.want_rank, self.addr, self.instance, self.me = rank, addr, instance, me
         self.timing, self.master_port_wanted, self.restart_count = timing, master_port, restart_count
-        self.slurm_job_id = slurm_job_id
-        self.clock, self.local_alive, self.probe = clock, local_alive, probe
-        self.reserve_port, self.on_progress, self.cleaner = reserve_port, on_progress, cleaner
-        self.version = version
+        self.slurm_job_id, self.clock, self.local_alive = slurm_job_id, clock, local_alive
+        self.transport, self.on_progress, self.cleaner, self.version = transport, on_progress, cleaner, version
         self.rng = rng or random.Random()
         self.started = clock.monotonic()
         self.deadline = self.started + timeout
         self.timeout = timeout
-        self.state = "join"
-        self.gen: int | None = None
+        self.state = State.JOIN
+        self.gen: int | None = None  # the generation we are in (joined)
+        self.left: int = 0  # the highest generation we left; never joined again
         self.rank: int | None = None
         self.heartbeat = 0
-        self.reservation = None
-        self.result: Release | None = None
+        self.hub = None  # rank 0's listening endpoint (the master port), held until exec
+        self.role = None  # Coordinator or Member while holding a rank
+        self.result: Placement | None = None
         self.delay = timing.poll_min
-        self._reset_gen_state()
         self.note = ""
+        self.present: tuple[int, ...] | None = None
+        self.missing_hint: list[int] | None = None  # last "who is missing" known (from rank 0 or a listing)
         self._last_progress: tuple | None = None
-        self.ever_present: set[int] = set()  # ranks seen claimed in any generation of this attempt
-        self._warned: set[str] = set()
-        self._grace = False  # deadline extended once to read a decision that exists
+        self._warned: dict[str, int] = {}
+        self._grace = False
+        self._enoent_since: float | None = None
+        self._reset_gen_state()
 
-    # ------------------------------------------------------------------ helpers
+    # ------------------------------------------------------------------ small helpers
     def _reset_gen_state(self) -> None:
         self.claims: dict[int, str] = {}  # rank -> instance; claims are immutable within a generation
-        self.beacons: dict[str, Beacon] = {}
-        self.seen: dict[str, _Seen] = {}
+        self.judge = Judge(self.me, self.timing.stale_after, self.local_alive, self.restart_count, self.slurm_job_id)
         self.contest_holder: str | None = None
-        self.contest_since = 0.0
         self.release_bad_since: float | None = None
-        self.present: tuple[int, ...] | None = None
+        self.present = None
         now = self.clock.monotonic()
         self.next_hb = now + self.timing.heartbeat_period
-        self.next_scan = now + self.timing.scan_interval
         self.next_check = now + self.timing.heartbeat_period
-        self.next_status = now + self.timing.status_interval
         self.delay = self.timing.poll_min
 
-    def _beacon(self) -> Beacon:
-        held = self.reservation.port if (self.reservation is not None and self.rank is not None) else None
-        port = held if self.rank == 0 else None
+    def beacon(self) -> Beacon:
+        """This participant's beacon as of now (rank 0's carries the master port)."""
+        port = self.hub.port if (self.hub is not None and self.rank == 0) else None
         return Beacon(
             job_id=self.job_id, generation=self.gen or 0, instance=self.instance, mode=self.mode,
             size=self.size, rank=self.rank, addr=self.addr, master_port=port, heartbeat=self.heartbeat,
             restart_count=self.restart_count, host=self.me, wall_time=self.clock.time(), version=self.version,
-            slurm_job_id=self.slurm_job_id, probe_port=held,
+            slurm_job_id=self.slurm_job_id,
         )
 
-    def _publish_beacon(self) -> None:
-        self.store.publish(beacon_name(self.gen, self.instance), encode(self._beacon()))
+    def publish_beacon(self) -> None:
+        self.store.publish(beacon_name(self.gen, self.instance), encode(self.beacon()))
 
-    def _read_release(self, g: int) -> Release | None | bool:
-        """Release of generation g; None if absent; False if present but unusable."""
-        data = self.store.read(release_name(g))
+    def heartbeat_if_due(self, now: float, period: float | None = None) -> None:
+        if now >= self.next_hb:
+            self.heartbeat += 1
+            self.publish_beacon()
+            self.next_hb = now + (period or self.timing.heartbeat_period)
+
+    def warn_once(self, name: str, msg: str) -> None:
+        """Log a problem with one file once; later repeats are only counted (polling re-reads it often)."""
+        n = self._warned.get(name, 0)
+        self._warned[name] = n + 1
+        if n == 0:
+            log.warning("ignoring %s: %s", self.store_path(name), msg)
+
+    def store_path(self, name: str) -> str:
+        return getattr(self.store, "path", lambda n: n)(name)
+
+    def read_release(self, g: int) -> Release | None | RecordError:
+        """Generation ``g``'s decision: the record, None if not visible, or the error that makes it unusable."""
+        name = release_name(g)
+        data = self.store.read(name)
         if data is None:
             return None
         try:
             rel = decode(data, Release)
         except RecordError as e:
-            log.warning("unusable %s: %s", release_name(g), e)
-            return False
+            self.warn_once(name, str(e))
+            return e
         if rel.job_id != self.job_id or rel.generation != g:
-            log.warning("%s names job %r generation %d; ignored", release_name(g), rel.job_id, rel.generation)
-            return False
+            e = RecordError(f"it names job {rel.job_id!r} generation {rel.generation}")
+            self.warn_once(name, str(e))
+            return e
         return rel
 
-    def _warn_once(self, name: str, msg: str) -> None:
-        # Polling re-reads the same bad file many times a second: say it once.
-        if name not in self._warned:
-            self._warned.add(name)
-            log.warning("ignoring %s: %s", self.store_path(name), msg)
-
-    def _read_beacon(self, instance: str) -> Beacon | None:
-        name = beacon_name(self.gen, instance)
+    def read_beacon(self, name: str, instance: str) -> Beacon | None:
         data = self.store.read(name)
         if data is None:
             return None
         try:
             b = decode(data, Beacon)
         except RecordError as e:
-            # A torn write can't happen (atomic rename); what stays unusable is named.
-            self._warn_once(name, f"{e}; its holder counts as silent until it writes a valid beacon")
+            self.warn_once(name, f"{e}; its writer counts as silent until it writes a valid beacon")
             return None
         if b.instance != instance or b.generation != self.gen or b.job_id != self.job_id:
             return None
-        self.beacons[instance] = b
         return b
 
-    def _read_claim(self, r: int) -> str | None:
+    def read_claim(self, r: int) -> str | None:
+        """Instance holding rank ``r`` (cached: claims are immutable); None if not readable."""
         if r in self.claims:
             return self.claims[r]
-        data = self.store.read(claim_name(self.gen, r))
+        name = claim_name(self.gen, r)
+        data = self.store.read(name)
         if data is None:
             return None
         try:
             c = decode(data, Claim)
         except RecordError as e:
-            self._warn_once(claim_name(self.gen, r), f"{e}; its rank is treated as held by a silent participant")
+            self.warn_once(name, f"{e}; its rank is treated as held by a silent participant")
             return None
         if c.rank != r:
             return None
         self.claims[r] = c.instance
         return c.instance
 
-    def _judge(self, instance: str | None, now: float, key: str | None = None) -> str:
-        """'alive', 'dead' or 'unknown' for the holder ``instance`` (None: claim unreadable, tracked under ``key``)."""
-        key = instance or key or "?"
-        b = self._read_beacon(instance) if instance else None
-        s = self.seen.get(key)
-        if b is None:
-            if s is None:
-                s = self.seen[key] = _Seen(-1, now, now)
-            if s.missing_since is None:
-                s.missing_since = now
-            return "dead" if now - s.missing_since >= self.timing.stale_after else "unknown"
-        if b.restart_count < self.restart_count and b.slurm_job_id == self.slurm_job_id:
-            return "dead"  # a beacon of the run Slurm requeued away (same job, earlier incarnation)
-        verdict = self.local_alive(self.me, b.host)
-        if s is None:
-            s = self.seen[key] = _Seen(b.heartbeat, now)
-        s.missing_since = None
-        changed = False
-        if b.heartbeat != s.counter:
-            # Appearing after being unreadable is not evidence of a heartbeat.
-            changed = s.counter != -1
-            s.counter, s.changed_at = b.heartbeat, now
-        if verdict is not None:
-            return "alive" if verdict else "dead"
-        if now - s.changed_at >= self.timing.stale_after:
-            return "dead"
-        return "alive" if changed else "unknown"
+    def judge_holder(self, instance: str | None, now: float, key: str) -> tuple[Verdict, Beacon | None]:
+        b = self.read_beacon(beacon_name(self.gen, instance), instance) if instance else None
+        return self.judge.judge(instance or key, b, now), b
 
-    def _void(self, reason: str) -> bool:
-        """Create the generation's restart decision; False if a decision already existed."""
+    def void(self, reason: str) -> bool:
+        """Create this generation's restart decision; False if a decision already existed."""
         rel = Release(job_id=self.job_id, generation=self.gen, state="restart", mode=self.mode, size=self.size,
-                      master_addr=None, master_port=None, members=(), writer=self.instance, reason=reason,
+                      master_addr=None, master_port=None, members=(), writer=self.instance, reason=reason[:1000],
                       wall_time=self.clock.time())
         created = self.store.create(release_name(self.gen), encode(rel))
         if created:
@@ -386,79 +376,127 @@ class Participant:
         self.delay = self.timing.poll_min
         return created
 
-    def _emit(self) -> None:
+    def emit(self) -> None:
         if self.on_progress is None:
             return
         now = self.clock.monotonic()
         missing = None if self.present is None else tuple(r for r in range(self.size) if r not in self.present)
-        p = Progress(self.job_id, self.gen or 0, self.mode, self.size, self.present, missing, self.rank,
-                     now - self.started, max(0.0, self.deadline - now), self.state, self.note)
-        self.on_progress(p)
+        self.on_progress(Progress(self.job_id, self.gen or 0, self.mode, self.size, self.present, missing,
+                                  self.rank, now - self.started, max(0.0, self.deadline - now),
+                                  self.state.value, self.note))
 
-    def _set_present(self, present: tuple[int, ...]) -> None:
-        self.ever_present.update(present)
+    def set_present(self, present: tuple[int, ...]) -> None:
         if present != self.present:
             self.present = present
-            self._emit()
+            self.missing_hint = [r for r in range(self.size) if r not in present]
+            self.emit()
 
-    # ------------------------------------------------------------------ steps
-    def step(self) -> Release | None:
-        """Do one unit of work; return the release once this participant is released.
+    def set_note(self, note: str, level: int = logging.INFO) -> None:
+        if note != self.note:
+            self.note = note
+            log.log(level, "job %s: %s", self.job_id, note)
+            self.emit()
+
+    # ------------------------------------------------------------------ driver
+    def step(self) -> Placement | None:
+        """Do one unit of work; return this participant's placement once it is released.
 
         Returns:
-            Release | None: the release record naming this participant, or None
-            (call again after :meth:`next_delay` seconds).
+            Placement | None: None means call again after :meth:`wait` (:meth:`next_delay` seconds).
 
         Raises:
             RankConflictError: the requested rank is held by a live process.
-            ConfigError: another participant declared a different world size or mode.
-            CorruptStateError: the release record stayed unusable for ``stale_after`` seconds.
-            StorageError, UnsafeDirectoryError: from the store.
+            WorldSizeMismatchError: rank 0 expects another world size or mode.
+            CorruptStateError: a decision record stayed unusable for ``stale_after`` seconds.
+            StorageError, UnsafeDirectoryError, UnsupportedFilesystemError: from the store.
             RendezvousTimeoutError: the deadline passed (the generation is voided first).
         """
         try:
             if self.clock.monotonic() >= self.deadline:
                 return self._on_timeout()
-            return getattr(self, "_step_" + self.state.replace("-", "_"))()
+            if self.state is State.JOIN:
+                return self._step_join()
+            if self.state is State.WAIT:
+                return self._step_role()
+            if self.state is State.DECIDING:
+                return self._step_deciding()
+            if self.state is State.CONTEST:
+                return self._step_contesting()
+            if self.state is State.WORLD_FULL:
+                return self._step_world_full()
+            raise RuntimeError(f"step() called in state {self.state.value}")
         except FileNotFoundError:
-            # Our generation directory was retired under us (cleaned as stale):
-            # the world we were in no longer exists; join afresh.
-            log.info("generation %s disappeared; joining again", self.gen)
-            self._rejoin()
+            return self._on_enoent()
+
+    def _on_enoent(self) -> None:
+        # ENOENT on our generation directory: either it was retired (cleaned as
+        # stale) or a negative lookup cache lies about it.  A listing of the
+        # parent is answered from the server (GlusterFS nl-cache and NFS
+        # lookupcache hide a looked-up-too-early name for up to their timeout,
+        # while readdir shows it at once), so only a listing may confirm it.
+        g = self.gen
+        if g is not None and gen_name(g) in self.store.listdir(""):
+            now = self.clock.monotonic()
+            if self._enoent_since is None:
+                self._enoent_since = now
+            self.set_note(f"generation {g} exists but this node's filesystem cache says it does not; retrying "
+                          f"(for {now - self._enoent_since:.0f} s so far)")
+            self.delay = min(self.timing.poll_max, max(self.delay, self.timing.poll_min) * self.timing.backoff)
             return None
+        self._enoent_since = None
+        if self.state is State.WAIT and self.rank is not None:
+            log.info("job %s: generation %s was removed while this node waited in it; joining again", self.job_id, g)
+        self.rejoin()
+        return None
 
     def next_delay(self) -> float:
         """Seconds to wait before the next :meth:`step` (backoff with jitter)."""
-        d = self.delay * (1 + self.timing.jitter * (2 * self.rng.random() - 1))
+        base = self.role.delay() if (self.state is State.WAIT and self.role is not None) else self.delay
+        d = base * (1 + self.timing.jitter * (2 * self.rng.random() - 1))
         self.delay = min(self.timing.poll_max, self.delay * self.timing.backoff)
         return max(0.0, min(d, self.deadline - self.clock.monotonic()))
 
-    def _rejoin(self) -> None:
-        if self.reservation is not None and self.want_rank != 0:
-            self.reservation.close()
-            self.reservation = None
-        self.rank = None
-        self.state = "join"
-        self.delay = self.timing.poll_min
+    def wait(self, seconds: float) -> None:
+        """Block up to ``seconds``; returns early when a message arrives on the channel."""
+        if self.state is State.WAIT and self.role is not None:
+            self.role.wait(seconds)
+        else:
+            self.clock.sleep(seconds)
 
-    def _step_join(self) -> None:
+    def rejoin(self) -> None:
+        """Leave the current generation (already decided or voided by us) for the next one."""
+        if self.role is not None:
+            self.role.close()
+            self.role = None
+        if self.hub is not None and not (self.want_rank == 0 and self.master_port_wanted):
+            self.hub.close()
+            self.hub = None
+        if self.gen is not None:
+            self.left = max(self.left, self.gen)
+        self.rank = None
+        self.state = State.JOIN
+        self.delay = self.timing.poll_min
+        self._enoent_since = None
+
+    def _step_join(self) -> Placement | None:
         names = self.store.listdir("")
         gens = [int(m.group(1)) for m in map(GEN_RE.match, names) if m]
-        g = max(gens) if gens else 1
-        if self.gen is not None and g <= self.gen:
-            g = self.gen + 1  # never rejoin a generation we left
+        g = max([*gens, self.left + 1, 1])
         created = False
         while True:
             if g > MAX_GENERATION:
                 raise CorruptStateError(f"job {self.job_id} exhausted generation numbers; run `fsmingle clean`")
+            # mkdir before any lookup of the name: a name looked up before it
+            # exists can stay "absent" in a negative cache (GlusterFS nl-cache:
+            # 61 s measured).  mkdir goes to the server and is exclusive.
             created = self.store.mkdir(gen_name(g))
-            rel = self._read_release(g)
+            self.store.mkdir(master_dir(g))
+            rel = self.read_release(g)
             if rel is None:
                 break
-            if rel and rel.state == "released":
-                self.note = (f"generation {g} was already released to {rel.size} participant(s) before this one "
-                             f"arrived; waiting in generation {g + 1} (a late participant, or a re-run)")
-                log.info("job %s: %s", self.job_id, self.note)
+            if isinstance(rel, Release) and rel.state == "released":
+                self.set_note(f"generation {g} was already released to {rel.size} participant(s) before this one "
+                              f"arrived; waiting in generation {g + 1} (a late participant, or a re-run)")
             g += 1
         self.gen = g
         self._reset_gen_state()
@@ -468,397 +506,289 @@ class Participant:
                 self.cleaner(g)
             except FsmingleError as e:  # cleaning is a courtesy; never fail a join over it
                 log.warning("could not clean old generations: %s", e)
-        self._publish_beacon()
-        self.state = "claim"
-        self._emit()
-        return self._step_claim()
+        self.publish_beacon()
+        self._enoent_since = None
+        self.emit()
+        return self._claim()
 
-    def _ensure_reservation(self) -> None:
-        if self.reservation is None and self.reserve_port is not None:
-            self.reservation = self.reserve_port(self.master_port_wanted or 0, self.instance)
+    def _ensure_hub(self) -> None:
+        if self.hub is None:
+            self.hub = self.transport.listen(self.addr, self.master_port_wanted or 0, self.size)
 
-    def _step_claim(self) -> Release | None:
+    def _claim(self) -> Placement | None:
         if self.want_rank is not None:
             r = self.want_rank
             if r == 0:
-                self._ensure_reservation()  # fail on a busy --port before claiming anything
-            if self.store.create(claim_name(self.gen, r), encode(Claim(r, self.instance))) or \
-                    self._read_claim(r) == self.instance:
+                self._ensure_hub()  # fail on a busy --port before claiming anything
+            if self._try_claim(r):
                 return self._hold(r)
-            self.claims.pop(r, None)
-            self.state = "contesting"
-            self.contest_holder = self._read_claim(r)
-            self.contest_since = self.clock.monotonic()
-            self.note = f"rank {r} is already claimed in generation {self.gen}; checking whether its holder is alive"
-            log.info("job %s: %s", self.job_id, self.note)
-            self._emit()
+            self.state = State.CONTEST
+            self.contest_holder = self.read_claim(r)
+            self.set_note(f"rank {r} is already claimed in generation {self.gen}; checking whether its holder is alive")
             return self._step_contesting()
-        taken = {int(m.group(1)) for m in map(CLAIM_RE.match, self.store.listdir(gen_name(self.gen))) if m}
-        for r in range(self.size):
-            if r in taken:
-                continue
+        taken = set(claimed_ranks(self.store.listdir(gen_name(self.gen))))
+        free = [r for r in range(self.size) if r not in taken]
+        rest = [r for r in free if r != 0]
+        # Rank 0 first if free: the master is what everyone waits for.  Then
+        # start at a place given by our instance hash: N simultaneous joiners
+        # spread over the free ranks instead of all racing for the lowest one
+        # (O(N) link() attempts in all, not O(N^2)).
+        k = int(hashlib.sha1(self.instance.encode()).hexdigest(), 16) % max(1, len(rest))
+        order = ([0] if 0 in free else []) + rest[k:] + rest[:k]
+        for r in order:
             if r == 0:
                 try:
-                    self._ensure_reservation()
+                    self._ensure_hub()
                 except ConfigError:
                     # --port busy on this host: most likely a first-come peer on
-                    # this node is about to take rank 0 with it; try rank 1 on.
+                    # this node is about to take rank 0 with it; try another rank.
                     if self.size == 1:
                         raise
                     continue
-            if self.store.create(claim_name(self.gen, r), encode(Claim(r, self.instance))):
+            if self._try_claim(r):
                 return self._hold(r)
-            if r == 0 and self.reservation is not None:
-                self.reservation.close()
-                self.reservation = None
-        self.state = "world-full"
-        self.note = f"all {self.size} ranks of generation {self.gen} are claimed; watching their holders"
-        self._emit()
+            if r == 0 and self.hub is not None:
+                self.hub.close()
+                self.hub = None
+        self.state = State.WORLD_FULL
+        self.set_note(f"all {self.size} ranks of generation {self.gen} are claimed; watching their holders")
         return None
 
-    def _hold(self, r: int) -> Release | None:
+    def _try_claim(self, r: int) -> bool:
+        if self.store.create(claim_name(self.gen, r), encode(Claim(r, self.instance))):
+            self.claims[r] = self.instance
+            return True
+        # EEXIST: maybe ours -- link() can report failure after succeeding (a
+        # retransmitted NFS request whose first reply was lost).  Read it back.
+        return self.read_claim(r) == self.instance
+
+    def _hold(self, r: int) -> Placement | None:
+        from .coordinator import Coordinator
+        from .member import Member
+
         self.rank = r
-        self.claims[r] = self.instance
-        if r != 0 and self.reservation is not None and self.master_port_wanted:
-            self.reservation.close()  # the --port is for rank 0 only
-            self.reservation = None
-        if r != 0 and self.reservation is None and self.reserve_port is not None:
-            # Every rank holder listens, so the participant completing the
-            # world can prove each remote member alive right before releasing.
-            self.reservation = self.reserve_port(0, self.instance)
-        self._publish_beacon()
-        self.state = "waiting"
+        if r != 0 and self.hub is not None:
+            self.hub.close()  # only rank 0 holds a port
+            self.hub = None
+        self.publish_beacon()
+        self.state = State.WAIT
         self.delay = self.timing.poll_min
-        if r != 0:
-            self._check_master(self.clock.monotonic(), first=True)
-        self._scan(self.clock.monotonic(), liveness=False)  # we may be the one completing the world
-        self._emit()
+        self.role = Coordinator(self) if r == 0 else Member(self)
+        self.emit()
+        return self.role.step()
+
+    def _step_role(self) -> Placement | None:
+        placement = self.role.step()
+        if placement is not None:
+            return self._done(placement)
         return None
 
-    def _poll(self) -> Release | None | bool:
-        rel = self._read_release(self.gen)
+    def _done(self, placement: Placement) -> Placement:
+        self.result = placement
+        self.state = State.DONE
+        if self.role is not None:
+            self.role.close()
+            self.role = None
+        if self.hub is not None:
+            self.hub.close()  # torch binds this port next
+            self.hub = None
+        return placement
+
+    def decision_for_me(self, rel: Release) -> Placement | None:
+        """My placement in a released record, or None if it does not name this instance at this rank."""
+        from .decision import placements
+
+        if rel.state != "released" or self.rank is None or self.rank >= len(rel.members):
+            return None
+        if rel.members[self.rank].instance != self.instance:
+            return None
+        return placements(list(rel.members), rel.mode, rel.master_port, rel.generation)[self.rank]
+
+    def enter_deciding(self, why: str) -> None:
+        """We acknowledged a release and lost rank 0 before its go: read the decision until it shows."""
+        self.state = State.DECIDING
+        self.set_note(f"lost rank 0 after acknowledging the release ({why}); reading generation {self.gen}'s decision")
+        if self.role is not None:
+            self.role.close()
+            self.role = None
+
+    def _step_deciding(self) -> Placement | None:
+        rel = self.read_release(self.gen)
         now = self.clock.monotonic()
-        if rel is False:
-            if self.release_bad_since is None:
-                self.release_bad_since = now
-            elif now - self.release_bad_since >= self.timing.stale_after:
-                raise CorruptStateError(
-                    f"{self.store_path(release_name(self.gen))} has stayed unusable for "
-                    f"{self.timing.stale_after:.0f} s (see the warning above); remove it or run "
-                    f"`fsmingle clean --dir ... {self.job_id}` and start again"
-                )
+        if isinstance(rel, RecordError):
+            self._bad_release(now)
+            return None
+        if rel is None:
+            return None  # exists (our void lost the race) but not visible here yet: read again
+        self.release_bad_since = None
+        mine = self.decision_for_me(rel)
+        if mine is not None:
+            return self._done(mine)
+        self.set_note(f"generation {self.gen} voided: {rel.reason or 'released without this participant'}")
+        self.rejoin()
+        return None
+
+    def _bad_release(self, now: float) -> None:
+        if self.release_bad_since is None:
+            self.release_bad_since = now
+        elif now - self.release_bad_since >= self.timing.stale_after:
+            raise CorruptStateError(
+                f"{self.store_path(release_name(self.gen))} has stayed unusable for "
+                f"{self.timing.stale_after:.0f} s (see the warning above); remove it or run "
+                f"`fsmingle clean --dir ... {self.job_id}` and start again"
+            )
+
+    def _poll_decision(self) -> Release | None:
+        """Outside a world (contesting, world-full): the generation's decision if one shows."""
+        rel = self.read_release(self.gen)
+        now = self.clock.monotonic()
+        if isinstance(rel, RecordError):
+            # An unusable decision still means "decided": this generation will
+            # never release us; move on (the record's writer meant to end it).
+            self._bad_release(now)
             return None
         self.release_bad_since = None
         return rel
 
-    def store_path(self, name: str) -> str:
-        return getattr(self.store, "path", lambda n: n)(name)
-
-    def _heartbeat_if_due(self, now: float) -> None:
-        if now >= self.next_hb:
-            self.heartbeat += 1
-            self._publish_beacon()
-            self.next_hb = now + self.timing.heartbeat_period
-
-    def _step_waiting(self) -> Release | None:
-        rel = self._poll()
-        if rel is not None:
-            if rel.state == "released":
-                if rel.members[self.rank].instance == self.instance:
-                    return self._done(rel)
-                raise CorruptStateError(f"generation {self.gen} was released without this participant at rank {self.rank}")
-            self.note = f"generation {self.gen} voided: {rel.reason}"
-            log.info("job %s: %s; joining generation %d", self.job_id, self.note, self.gen + 1)
-            self._rejoin()
-            return None
-        now = self.clock.monotonic()
-        self._heartbeat_if_due(now)
-        if self.rank == 0:
-            if now >= self.next_scan:
-                liveness = now >= self.next_check
-                if liveness:
-                    self.next_check = now + self.timing.heartbeat_period
-                self._scan(now, liveness=liveness)
-                self.next_scan = now + self.timing.scan_interval
-        else:
-            if now >= self.next_check:
-                self._check_master(now)
-                self.next_check = now + self.timing.heartbeat_period
-            if now >= self.next_status and self.on_progress is not None:
-                self._count(now)
-        self._emit_periodic(now)
-        return None
-
-    def _emit_periodic(self, now: float) -> None:
-        key = (self.gen, self.present, self.state, int(now - self.started) // 10)
-        if key != self._last_progress:
-            self._last_progress = key
-            self._emit()
-
-    def _count(self, now: float) -> None:
-        names = self.store.listdir(gen_name(self.gen))
-        self._set_present(tuple(sorted(int(m.group(1)) for m in map(CLAIM_RE.match, names) if m)))
-        self.next_status = now + self.timing.status_interval
-
-    def _check_master(self, now: float, first: bool = False) -> None:
-        inst = self._read_claim(0)
-        if inst is None:
-            return
-        verdict = self._judge(inst, now)
-        b = self.beacons.get(inst)
-        if b is not None and (b.size != self.size or b.mode != self.mode):
-            self._void(f"rank 0 expects {b.mode} mode with size {b.size}; rank {self.rank} expects {self.mode} mode with size {self.size}")
-            raise ConfigError(
-                f"this participant expects a world of {self.size} ({self.mode} mode) but rank 0 on "
-                f"{b.host.hostname} expects {b.size} ({b.mode} mode); give every node the same --nnodes/--world-size"
-            )
-        if verdict == "dead":
-            self._void(f"master (rank 0, {b.host.hostname if b else 'unknown host'}) is dead or stopped heartbeating")
-
-    def _scan(self, now: float, liveness: bool) -> None:
-        names = self.store.listdir(gen_name(self.gen))
-        if RELEASE in names:
-            return  # decided; the next poll reads it
-        listed = sorted(r for r in (int(m.group(1)) for m in map(CLAIM_RE.match, names) if m) if r < self.size)
-        if not liveness and len(listed) < self.size:
-            # Incomplete and no liveness round due: the listing is all we need.
-            # Reading every claim here would make N joiners read O(N^2) files.
-            self._set_present(tuple(listed))
-            return
-        unreadable = [r for r in listed if self._read_claim(r) is None]
-        for r in unreadable:
-            # A claim that exists but cannot be read blocks its rank: judge it
-            # like a silent holder, so it is voided after stale_after.
-            if self._judge(None, now, key=f"?rank{r}") == "dead":
-                self._void(f"rank {r}'s claim stayed unreadable for {self.timing.stale_after:g} s")
-                return
-        present = tuple(sorted(r for r in self.claims if r < self.size))
-        self._set_present(present)
-        complete = len(present) == self.size
-        if not (liveness or complete):
-            return
-        for r, inst in sorted(self.claims.items()):
-            if inst == self.instance:
-                continue
-            if self._judge(inst, now) == "dead":
-                b = self.beacons.get(inst)
-                self._void(f"rank {r} ({b.host.hostname if b else 'beacon unreadable'}) is dead or stopped heartbeating")
-                return
-        if not complete:
-            return
-        members = []
-        for r in range(self.size):
-            b = self.beacons.get(self.claims[r]) if self.claims[r] != self.instance else self._beacon()
-            if b is None:
-                return  # not visible here yet; the coordinator will retry
-            if b.size != self.size or b.mode != self.mode:
-                log.error("rank %d on %s expects size %d (%s mode), this one %d (%s mode); not releasing",
-                          r, b.host.hostname, b.size, b.mode, self.size, self.mode)
-                return
-            members.append(Member(rank=r, instance=b.instance, addr=b.addr, host=b.host))
-        master = self._beacon() if self.rank == 0 else self.beacons[self.claims[0]]
-        if master.master_port is None:
-            return  # rank 0 has not published its port yet
-        if self.rank != 0:
-            # Never release into a dead master: it must answer on its port, now.
-            answer = self.probe(master.addr, master.master_port, master.instance, self.timing.probe_timeout)
-            if answer is False:
-                self._void(f"master {master.addr}:{master.master_port} ({master.host.hostname}) does not answer")
-                return
-            if answer is None:
-                log.warning("cannot reach the master at %s:%d from this node (firewall? wrong --iface?); "
-                            "leaving the release to rank 0", master.addr, master.master_port)
-                return
-        if not self._probe_members(members):
-            return
-        rel = Release(job_id=self.job_id, generation=self.gen, state="released", mode=self.mode, size=self.size,
-                      master_addr=master.addr, master_port=master.master_port, members=tuple(members),
-                      writer=self.instance, wall_time=self.clock.time())
-        self.store.create(release_name(self.gen), encode(rel))
-        self.delay = self.timing.poll_min
-
-    def _probe_members(self, members: list[Member]) -> bool:
-        """Check, right before releasing, that every remote non-master member answers; void if one is gone.
-
-        Same-host members were already checked directly (psutil); the master
-        was probed above.  Heartbeats alone cannot show that a member died in
-        the last ``stale_after`` seconds; its listener can.
-        """
-        todo = []
-        for m in members[1:]:
-            b = self.beacons.get(m.instance)
-            if m.instance == self.instance or b is None or b.probe_port is None:
-                continue
-            if self.local_alive(self.me, b.host) is None:
-                todo.append((m.rank, b))
-        if not todo:
-            return True
-        from concurrent.futures import ThreadPoolExecutor
-
-        with ThreadPoolExecutor(max_workers=min(32, len(todo))) as pool:
-            answers = list(pool.map(
-                lambda rb: self.probe(rb[1].addr, rb[1].probe_port, rb[1].instance, self.timing.probe_timeout), todo))
-        dead = [(r, b) for (r, b), a in zip(todo, answers) if a is False]
-        if dead:
-            r, b = dead[0]
-            self._void(f"rank {r} ({b.host.hostname}, {b.addr}) does not answer on its probe port: it is gone")
-            return False
-        unreachable = [r for (r, _), a in zip(todo, answers) if a is None]
-        if unreachable:
-            log.warning("cannot reach ranks %s from this node (firewall? wrong --iface?)%s", _ranges(unreachable),
-                        "" if self.rank == 0 else "; leaving the release to rank 0")
-            return self.rank == 0
-        return True
-
-    def _step_contesting(self) -> Release | None:
+    def _step_contesting(self) -> Placement | None:
         r = self.want_rank
-        rel = self._poll()
+        rel = self._poll_decision()
         if rel is not None:
             if rel.state == "released":
-                holder = rel.members[r]
+                holder = rel.members[r] if r < len(rel.members) else None
+                where = f"pid {holder.host.pid} on {holder.host.hostname}, {holder.addr}" if holder else "another process"
                 raise RankConflictError(
-                    f"rank {r} of job {self.job_id} was taken by another process (pid {holder.host.pid} on "
-                    f"{holder.host.hostname}, {holder.addr}), which was released in generation {self.gen}; "
-                    "give each node a distinct rank, or omit the rank for first-come assignment"
-                )
-            self._rejoin()
+                    f"rank {r} of job {self.job_id} was taken by another process ({where}), which was released "
+                    f"in generation {self.gen}; give each node a distinct rank, or omit the rank for first-come "
+                    "assignment")
+            self.rejoin()
             return None
         now = self.clock.monotonic()
-        self._heartbeat_if_due(now)
-        holder = self.contest_holder or self._read_claim(r)
+        self.heartbeat_if_due(now)
+        holder = self.contest_holder or self.read_claim(r)
         self.contest_holder = holder
-        verdict = self._judge(holder, now)
-        b = self.beacons.get(holder) if holder else None
-        if verdict == "alive":
+        verdict, b = self.judge_holder(holder, now, key=f"?rank{r}")
+        if verdict is Verdict.ALIVE:
             where = f"pid {b.host.pid} on {b.host.hostname} ({b.addr})" if b else "another process"
-            self.state = "failed"
+            self.state = State.FAILED
             raise RankConflictError(
                 f"rank {r} of job {self.job_id} is already held by a live process: {where}; "
-                "give each node a distinct rank, or omit the rank for first-come assignment"
-            )
-        if verdict == "dead":
-            self._void(f"rank {r}'s holder is dead; replaced by pid {self.me.pid} on {self.me.hostname}")
-            self._rejoin()
+                "give each node a distinct rank, or omit the rank for first-come assignment")
+        if verdict is Verdict.DEAD:
+            self.void(f"rank {r}'s holder is dead; replaced by pid {self.me.pid} on {self.me.hostname}")
+            self.rejoin()
         return None
 
-    def _step_world_full(self) -> Release | None:
-        rel = self._poll()
+    def _step_world_full(self) -> Placement | None:
+        rel = self._poll_decision()
         if rel is not None:
             if rel.state == "released":
-                self.note = (f"generation {self.gen} was released to {self.size} participants without this one "
-                             f"(a late participant); waiting in generation {self.gen + 1}")
-                log.warning("job %s: %s", self.job_id, self.note)
-            self._rejoin()
+                self.set_note(f"generation {self.gen} was released to {self.size} participants without this one "
+                              f"(a late participant); waiting in generation {self.gen + 1}", logging.WARNING)
+            self.rejoin()
             return None
         now = self.clock.monotonic()
-        self._heartbeat_if_due(now)
+        self.heartbeat_if_due(now)
         if now >= self.next_check:
             self.next_check = now + min(self.timing.heartbeat_period, 1.0)
-            self._scan(now, liveness=True)
+            for r in claimed_ranks(self.store.listdir(gen_name(self.gen))):
+                if r >= self.size:
+                    continue
+                inst = self.read_claim(r)
+                verdict, b = self.judge_holder(inst, now, key=f"?rank{r}")
+                if verdict is Verdict.DEAD:
+                    self.void(f"rank {r} ({b.host.hostname if b else 'beacon unreadable'}) is dead or stopped "
+                              "heartbeating")
+                    self.rejoin()
+                    return None
         return None
 
-    def _done(self, rel: Release) -> Release:
-        self.result = rel
-        self.state = "done"
-        if self.reservation is not None:
-            self.reservation.close()  # torch binds this port next
-            self.reservation = None
-        return rel
-
-    def _on_timeout(self) -> Release | None:
-        if self.rank is not None and self.gen is not None and self.state == "waiting" and not self._grace:
-            if not self._void(f"rank {self.rank} timed out after {self.timeout:g} s; it left") and \
-                    not self._read_release(self.gen):
-                # A decision exists that our (cached) view cannot show yet: it may
-                # name us.  Keep polling it for stale_after more seconds instead
-                # of leaving a world that is about to start with us as a member.
-                self._grace = True
-                self.deadline = self.clock.monotonic() + self.timing.stale_after
-                log.info("deadline passed, but generation %d has a decision this node cannot read yet; "
-                         "waiting up to %g s for it", self.gen, self.timing.stale_after)
-                return None
-        rel = self.withdraw(f"rank {self.rank} timed out after {self.timeout:g} s")
-        if rel is not None:
-            return rel
-        missing, present = self._missing()
-        never = [r for r in missing if r not in self.ever_present]
-        if never:
-            # Ranks that never showed up in any generation are the news; ranks
-            # that did and then left (voided generations) are not.
-            missing = never
-        who = "node ranks" if self.mode == "node" else "ranks"
-        if missing:
-            what = (f"missing {who} {_ranges(missing)} ({len(missing)} of {self.size})"
-                    if len(missing) <= 64 else f"{len(missing)} of {self.size} {who} missing")
-        else:
-            what = f"all {self.size} {who} were claimed but no release was written (an unreachable master?)"
+    # ------------------------------------------------------------------ leaving
+    def _on_timeout(self) -> Placement | None:
+        if self.state is State.DECIDING and not self._grace:
+            # A decision exists that our (cached) view cannot show yet: it may
+            # name us.  Keep reading it for stale_after more seconds instead of
+            # leaving a world that is about to start with us in it.
+            self._grace = True
+            self.deadline = self.clock.monotonic() + self.timing.stale_after
+            log.info("deadline passed, but generation %d has a decision this node cannot read yet; "
+                     "waiting up to %g s for it", self.gen, self.timing.stale_after)
+            return None
+        why = self.role.missing_description() if self.role is not None else None
+        placement = self.withdraw(f"rank {self.rank} timed out after {self.timeout:g} s")
+        if placement is not None:
+            return placement
+        if self.state is State.DECIDING or why is None:
+            missing = self.missing_hint
+            who = "node ranks" if self.mode == "node" else "ranks"
+            if self.state is State.DECIDING:
+                why = (f"generation {self.gen} has a decision this node could not read within "
+                       f"{self.timing.stale_after:g} s (filesystem caches?)")
+            elif missing:
+                why = (f"missing {who} {ranges(missing)} ({len(missing)} of {self.size})" if len(missing) <= 64
+                       else f"{len(missing)} of {self.size} {who} missing")
+            else:
+                why = f"no complete world of {self.size} formed"
         note = f"; {self.note}" if self.note else ""
         raise RendezvousTimeoutError(
             f"rendezvous for job {self.job_id} timed out after {self.timeout:g} s in generation {self.gen}: "
-            f"{what}{note}. Directory: {self.store_path(gen_name(self.gen) if self.gen else '')}. "
+            f"{why}{note}. Directory: {self.store_path(gen_name(self.gen) if self.gen else '')}. "
             "Start the missing participants with the same --dir and --job-id (or raise --timeout); "
             "the directory is left ready for a retry",
-            missing=missing, present=len(present),
+            missing=list(self.missing_hint or []), present=len(self.present or ()),
         )
 
-    def _missing(self) -> tuple[list[int], list[int]]:
-        if self.gen is None:
-            return list(range(self.size)), []
-        for g in (self.gen, self.gen + 1):
-            names = self.store.listdir(gen_name(g))
-            present = sorted(int(m.group(1)) for m in map(CLAIM_RE.match, names) if m)
-            self.ever_present.update(present)
-            if g == self.gen or present:
-                best = present
-        return [r for r in range(self.size) if r not in best], best
-
-    def withdraw(self, reason: str) -> Release | None:
+    def withdraw(self, reason: str) -> Placement | None:
         """Leave the rendezvous (timeout, interrupt): void our generation so others regroup.
 
         Returns:
-            Release | None: the release, if it turned out this participant had
-            already been released (the void lost the race to a release).
+            Placement | None: this participant's placement if it turned out to
+            be released already (rank 0 committed after our acknowledgement).
         """
-        if self.reservation is not None:
-            self.reservation.close()
-            self.reservation = None
-        if self.gen is None or self.state in ("done",):
+        acked = self.state is State.DECIDING or (self.role is not None and getattr(self.role, "acked", False))
+        if self.role is not None:
+            self.role.close()  # rank 0 sees the connection drop (and voids) at once
+            self.role = None
+        if self.hub is not None:
+            self.hub.close()
+            self.hub = None
+        if self.gen is None or self.state in (State.DONE, State.FAILED):
             return self.result
         try:
             if self.rank is not None:
-                self._void(f"{reason}; it left")
-                rel = self._read_release(self.gen)
-                if rel and rel.state == "released" and rel.members[self.rank].instance == self.instance:
-                    self.result = rel
-                    self.state = "done"
-                    return rel
+                if not self.void(f"{reason}; it left") and acked:
+                    rel = self.read_release(self.gen)
+                    mine = self.decision_for_me(rel) if isinstance(rel, Release) else None
+                    if mine is not None:
+                        self.result, self.state = mine, State.DONE
+                        return mine
             self.store.remove(beacon_name(self.gen, self.instance))
         except (OSError, FsmingleError) as e:
             log.warning("could not withdraw cleanly: %s", e)
-        self.state = "failed"
+        self.state = State.FAILED
         return None
 
-    def run(self) -> Release:
-        """Step until released; the blocking form of :meth:`step`. Raises as :meth:`step` does."""
+    def run(self) -> Placement:
+        """Step until released; the blocking form of :meth:`step`.
+
+        An interrupt (``KeyboardInterrupt``, e.g. from SIGTERM) withdraws; if the
+        release had already been decided with this participant in it, the
+        release stands and is returned (the others are starting with us).
+
+        Raises:
+            As :meth:`step`; ``KeyboardInterrupt`` after a clean withdrawal.
+        """
         try:
             while True:
-                rel = self.step()
-                if rel is not None:
-                    return rel
-                self.clock.sleep(self.next_delay())
+                placement = self.step()
+                if placement is not None:
+                    return placement
+                self.wait(self.next_delay())
         except BaseException as e:
-            if self.state not in ("done", "failed") and not isinstance(e, RendezvousTimeoutError):
-                self.withdraw(f"rank {self.rank} stopped ({e.__class__.__name__})")
+            if self.state not in (State.DONE, State.FAILED) and not isinstance(e, RendezvousTimeoutError):
+                placement = self.withdraw(f"rank {self.rank} stopped ({e.__class__.__name__})")
+                if placement is not None and isinstance(e, KeyboardInterrupt):
+                    log.warning("interrupted, but generation %d had already been released with this participant "
+                                "as rank %d; the release stands", placement.generation, placement.rank)
+                    return placement
             raise
-
-
-def _ranges(nums: list[int]) -> str:
-    """``[0,1,2,5]`` -> ``"0-2, 5"``."""
-    out, i = [], 0
-    while i < len(nums):
-        j = i
-        while j + 1 < len(nums) and nums[j + 1] == nums[j] + 1:
-            j += 1
-        out.append(str(nums[i]) if i == j else f"{nums[i]}-{nums[j]}" if j > i + 1 else f"{nums[i]}, {nums[j]}")
-        i = j + 1
-    return ", ".join(out)

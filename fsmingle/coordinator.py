@@ -1,0 +1,299 @@
+"""Rank 0's side of a generation: gather verified member connections, then release (or void) the world.
+
+Rank 0 holds the master port (:class:`fsmingle.channel.Hub`) from before its
+claim until exec.  Each member connects and says who it is; rank 0 checks that
+identity against the claim on the filesystem -- reading only claim files that
+a listing of the generation shows, because a name looked up too early can stay
+"absent" in a negative lookup cache -- and keeps the connection.  The decision
+itself is :func:`fsmingle.decision.decide`; this module gathers its inputs and
+carries out its action:
+
+* PREPARE: ask every member to acknowledge the release (proof of life *now*);
+* COMMIT: create ``release.json`` exclusively (it races only with voids),
+  send each member its :class:`~fsmingle.decision.Placement`, and wait for the
+  members to close (the barrier before exec);
+* VOID: create the restart decision, tell every member, regroup.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from .channel import WIRE_VERSION, EventKind, hostport
+from .decision import Action, CoordinatorView, decide, placements
+from .errors import RecordError, WorldSizeMismatchError
+from .layout import RELEASE, claimed_ranks, gen_name, master_name, ranges, release_name
+from .liveness import Verdict
+from .records import Member, Release, encode, hostid_from_dict, instance_id, validate_addr
+
+log = logging.getLogger("fsmingle")
+
+
+class Coordinator:
+    """The rank-0 role of a :class:`~fsmingle.protocol.Participant` in its current generation."""
+
+    acked = False  # rank 0 acknowledges nothing: it decides
+
+    def __init__(self, p):
+        self.p = p
+        self.hub = p.hub
+        now = p.clock.monotonic()
+        self.rank_conn: dict[int, int] = {}
+        self.conn_rank: dict[int, int] = {}
+        self.members: dict[int, Member] = {}
+        self.pending: dict[int, tuple[dict, float]] = {}  # conn -> (hello, when)
+        self.lost: dict[int, str] = {}
+        self.dead_claimers: dict[int, str] = {}
+        self.listed: set[int] = set()
+        self.inbox: list = []
+        self.prepared: Release | None = None
+        self.preparing_since: float | None = None
+        self.acked_ranks: set[int] = set()
+        self.arrived: dict[int, float] = {0: now}
+        self.next_scan = now
+        self.scan_gap = p.timing.poll_min
+        self.next_judge = now + p.timing.heartbeat_period
+        self.next_status = now + 1.0
+        self.status_dirty = True
+        # Publish the endpoint where members look for it (a listing of master/).
+        p.store.publish(master_name(p.gen, p.instance), encode(p.beacon()))
+        p.set_present((0,))
+
+    # -------------------------------------------------------------- loop plumbing
+    def delay(self) -> float:
+        return min(self.p.timing.poll_max, self.p.timing.ping_interval / 2)
+
+    def wait(self, seconds: float) -> None:
+        self.inbox.extend(self.hub.poll(seconds))
+
+    def close(self) -> None:
+        pass  # the hub belongs to the participant: it lives until exec or a rank change
+
+    # -------------------------------------------------------------- the step
+    def step(self):
+        p = self.p
+        now = p.clock.monotonic()
+        p.heartbeat_if_due(now)
+        events, self.inbox = self.inbox + self.hub.poll(0), []
+        for ev in events:
+            if ev.kind is EventKind.LOST:
+                self._on_lost(ev.conn, ev.why)
+            else:
+                self._on_message(ev.conn, ev.msg, now)
+        if p.role is not self:
+            return None  # a fatal reject ended this generation
+        if now >= self.next_scan or (self.pending and now >= self.next_scan - p.timing.scan_interval + self.scan_gap):
+            if self._scan(now):
+                return None
+        self._verify_pending(now)
+        if now >= self.next_status or (self.status_dirty and now >= self.next_status - p.timing.status_interval + 1.0):
+            self._push_status(now)
+        view = CoordinatorView(
+            size=p.size, connected=frozenset(self.rank_conn),
+            silent={r: self.hub.silent_for(c) for r, c in self.rank_conn.items()},
+            lost=dict(self.lost), dead_claimers=dict(self.dead_claimers),
+            preparing_for=None if self.preparing_since is None else now - self.preparing_since,
+            acked=frozenset(self.acked_ranks), stale_after=p.timing.stale_after, ack_timeout=p.timing.probe_timeout)
+        action, why = decide(view)
+        if action is Action.PREPARE:
+            self._prepare(now)
+            if p.size == 1:
+                return self._commit()
+        elif action is Action.COMMIT:
+            return self._commit()
+        elif action is Action.VOID:
+            self._end(why, write=True)
+        return None
+
+    # -------------------------------------------------------------- events
+    def _on_lost(self, conn: int, why: str) -> None:
+        self.pending.pop(conn, None)
+        r = self.conn_rank.pop(conn, None)
+        if r is not None:
+            self.rank_conn.pop(r, None)
+            self.lost[r] = why
+            self.status_dirty = True
+
+    def _reject(self, conn: int, why: str, fatal: bool = False) -> None:
+        self.hub.send(conn, {"t": "reject", "why": why, "fatal": fatal})
+        self.hub.drop(conn)
+        self.pending.pop(conn, None)
+
+    def _on_message(self, conn: int, m: dict, now: float) -> None:
+        t = m.get("t")
+        if t == "hello":
+            self._on_hello(conn, m, now)
+        elif t == "ack":
+            r = self.conn_rank.get(conn)
+            if r is not None and m.get("gen") == self.p.gen and self.preparing_since is not None:
+                self.acked_ranks.add(r)
+        else:
+            log.debug("ignoring %r from connection %d", t, conn)
+
+    def _on_hello(self, conn: int, m: dict, now: float) -> None:
+        p = self.p
+        if m.get("v") != WIRE_VERSION:
+            self._reject(conn, f"this master speaks fsmingle wire protocol {WIRE_VERSION}, you sent {m.get('v')!r}; "
+                               "run the same fsmingle version on every node", fatal=True)
+            return
+        host = m.get("host") if isinstance(m.get("host"), dict) else {}
+        who = f"{host.get('hostname', '?')} ({m.get('addr')})"
+        if m.get("size") != p.size or m.get("mode") != p.mode:
+            msg = (f"rank 0 on {p.me.hostname} ({p.addr}) expects a world of {p.size} ({p.mode} mode) but "
+                   f"{who} expects {m.get('size')} ({m.get('mode')} mode); give every participant the same "
+                   "--nnodes (or --world-size)")
+            self._reject(conn, msg, fatal=True)
+            p.void(msg)
+            self._broadcast({"t": "void", "why": msg})
+            from .protocol import State
+
+            p.rejoin()
+            p.state = State.FAILED
+            raise WorldSizeMismatchError(msg)
+        if m.get("job") != p.job_id or m.get("gen") != p.gen:
+            self._reject(conn, f"this master is job {p.job_id!r} generation {p.gen}")
+            return
+        r = m.get("rank")
+        if not isinstance(r, int) or isinstance(r, bool) or not 0 < r < p.size or r in self.rank_conn:
+            self._reject(conn, f"rank {r!r} is not a free member rank of this world")
+            return
+        try:
+            m = dict(m, inst=instance_id(m.get("inst")), addr=validate_addr(str(m.get("addr"))),
+                     host=hostid_from_dict(m.get("host")))
+        except RecordError as e:
+            self._reject(conn, f"malformed hello: {e}")
+            return
+        self.pending[conn] = (m, now)
+        self.scan_gap = p.timing.poll_min
+
+    def _verify_pending(self, now: float) -> None:
+        p = self.p
+        for conn, (m, since) in list(self.pending.items()):
+            r = m["rank"]
+            holder = p.claims.get(r)
+            if holder is None and r in self.listed:
+                holder = p.read_claim(r)
+            if holder == m["inst"]:
+                del self.pending[conn]
+                self.rank_conn[r], self.conn_rank[conn] = conn, r
+                self.members[r] = Member(rank=r, instance=m["inst"], addr=m["addr"], host=m["host"])
+                self.arrived.setdefault(r, now)
+                self.lost.pop(r, None)
+                self.hub.send(conn, {"t": "welcome", "inst": p.instance, "gen": p.gen})
+                self.status_dirty = True
+            elif holder is not None:
+                self._reject(conn, f"rank {r} of generation {p.gen} is held by instance {holder}, not {m['inst']}")
+            elif now - since >= p.timing.stale_after:
+                self._reject(conn, f"rank {r}'s claim did not show in generation {p.gen} within "
+                                   f"{p.timing.stale_after:g} s")
+
+    def _scan(self, now: float) -> bool:
+        """List the generation: decisions by others, new claims, claimers that died before connecting.
+
+        Returns True if the generation ended (someone else decided it).
+        """
+        p = self.p
+        names = p.store.listdir(gen_name(p.gen))
+        self.next_scan = now + p.timing.scan_interval
+        self.scan_gap = min(p.timing.scan_interval, self.scan_gap * 2)
+        if RELEASE in names:
+            # Listed first, read second: never a speculative lookup of the name.
+            rel = p.read_release(p.gen)
+            if isinstance(rel, Release):
+                self._end(f"voided by another participant: {rel.reason}", write=False)
+                return True
+            if isinstance(rel, RecordError):
+                self._end(f"its decision record {p.store_path(release_name(p.gen))} is unusable ({rel}); "
+                          "regrouping in the next generation", write=False)
+                return True
+        listed = [r for r in claimed_ranks(names) if r < p.size]
+        self.listed = set(listed)
+        for r in listed:
+            if r not in p.claims:
+                p.read_claim(r)  # claims are immutable: each is read once
+        if now >= self.next_judge:
+            self.next_judge = now + p.timing.heartbeat_period
+            for r in listed:
+                if r == 0 or r in self.rank_conn:
+                    continue
+                verdict, b = p.judge_holder(p.claims.get(r), now, key=f"?rank{r}")
+                if verdict is Verdict.DEAD:
+                    host = b.host.hostname if b else "beacon unreadable"
+                    self.dead_claimers[r] = (f"({host}) claimed its rank but died or stopped heartbeating before "
+                                             "connecting to the master")
+        return False
+
+    # -------------------------------------------------------------- actions
+    def _broadcast(self, msg: dict) -> None:
+        for conn in list(self.conn_rank) + list(self.pending):
+            self.hub.send(conn, msg)
+
+    def _push_status(self, now: float) -> None:
+        p = self.p
+        present = sorted({0, *self.rank_conn})
+        missing = [r for r in range(p.size) if r not in self.rank_conn and r != 0]
+        p.set_present(tuple(present))
+        self.next_status = now + p.timing.status_interval
+        self.status_dirty = False
+        msg = {"t": "status", "present": len(present), "missing": missing[:64], "nmissing": len(missing),
+               "unconnected": sorted(r for r in self.listed if r in missing)[:64]}
+        for conn in self.conn_rank:
+            self.hub.send(conn, msg)
+
+    def _prepare(self, now: float) -> None:
+        p = self.p
+        members = [Member(rank=0, instance=p.instance, addr=p.addr, host=p.me)]
+        members += [self.members[r] for r in range(1, p.size)]
+        self.prepared = Release(job_id=p.job_id, generation=p.gen, state="released", mode=p.mode, size=p.size,
+                                master_addr=p.addr, master_port=self.hub.port, members=tuple(members),
+                                writer=p.instance, wall_time=p.clock.time())
+        self.preparing_since = now
+        self.acked_ranks = set()
+        for conn in self.conn_rank:
+            self.hub.send(conn, {"t": "prepare", "gen": p.gen})
+
+    def _commit(self):
+        p = self.p
+        rel = self.prepared
+        if not p.store.create(release_name(p.gen), encode(rel)):
+            # Only rank 0 writes "released": what is there is somebody's void.
+            got = p.read_release(p.gen)
+            why = got.reason if isinstance(got, Release) else "a decision record this node cannot read yet"
+            self._end(f"voided by another participant before the release: {why}", write=False)
+            return None
+        mine = placements(list(rel.members), rel.mode, rel.master_port, rel.generation)
+        for r, conn in self.rank_conn.items():
+            self.hub.send(conn, {"t": "go", "placement": mine[r].as_wire()})
+        slow = sorted(((self.arrived.get(r, 0.0) - self.arrived[0], r) for r in self.arrived), reverse=True)[:3]
+        log.info("job %s generation %d released to %d; slowest arrivals: %s", p.job_id, p.gen, p.size,
+                 ", ".join(f"rank {r} ({self.members[r].host.hostname if r in self.members else p.me.hostname}) "
+                           f"+{dt:.1f} s" for dt, r in slow))
+        # The barrier: members close once they have the go; wait for that (bounded)
+        # so nobody is left holding an unread release when rank 0 execs.
+        self.hub.drain(p.timing.probe_timeout)
+        return mine[0]
+
+    def _end(self, why: str, *, write: bool) -> None:
+        p = self.p
+        if write:
+            p.void(why)
+        self._broadcast({"t": "void", "why": why})
+        p.set_note(f"generation {p.gen} voided: {why}", logging.WARNING)
+        p.rejoin()
+
+    # -------------------------------------------------------------- reporting
+    def missing_description(self) -> str:
+        p = self.p
+        who = "node ranks" if p.mode == "node" else "ranks"
+        missing = [r for r in range(1, p.size) if r not in self.rank_conn]
+        p.missing_hint = missing
+        unconnected = [r for r in missing if r in self.listed]
+        absent = [r for r in missing if r not in self.listed]
+        parts = []
+        if absent:
+            parts.append(f"missing {who} {ranges(absent)} ({len(absent)} of {p.size})" if len(absent) <= 64
+                         else f"{len(absent)} of {p.size} {who} missing")
+        if unconnected:
+            parts.append(f"{who} {ranges(unconnected[:64])} claimed a place but never connected to the master at "
+                         f"{hostport(p.addr, self.hub.port)} (check their --iface/--addr, routes and firewalls)")
+        return "; ".join(parts) or f"all {p.size} {who} connected but the release did not complete"

@@ -1,0 +1,152 @@
+"""Rank 0's release decision as a pure function: what it knows in, one action out.
+
+The driver (:mod:`fsmingle.coordinator`) gathers facts from the channel and
+the filesystem into a :class:`CoordinatorView`; :func:`decide` says what to do
+next.  Nothing here touches a socket, a file or a clock, so every rule can be
+tested directly (torch's ``_RendezvousOpExecutor`` / ``_Action`` split in
+``torch/distributed/elastic/rendezvous/dynamic_rendezvous.py`` is the model).
+
+The rule behind every branch: **never release on absence of evidence.**  A
+member is part of a release only if, right now, it holds a verified connection
+to rank 0 and has acknowledged the release it is about to be part of; silence,
+a lost connection or a missing acknowledgement void the generation instead.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from .records import Member
+
+
+class Action(enum.Enum):
+    WAIT = "wait"  # not complete yet, nothing wrong
+    PREPARE = "prepare"  # every member connected and verified: ask each to acknowledge the release
+    COMMIT = "commit"  # every member acknowledged: create release.json, then send the go
+    VOID = "void"  # a member is gone or silent: create the restart decision, everyone regroups
+
+
+@dataclass(frozen=True)
+class CoordinatorView:
+    """Everything rank 0 knows that matters for the decision.
+
+    Attributes:
+        size (int): world size (nnodes or world size).
+        connected (frozenset[int]): ranks other than 0 holding a verified connection now.
+        silent (dict[int, float]): for connected ranks, seconds since they last sent anything.
+        lost (dict[int, str]): verified ranks whose connection dropped, and why.
+        dead_claimers (dict[int, str]): ranks claimed on the filesystem, never connected, and judged
+            dead there (process gone, or heartbeat silent for ``stale_after``).
+        preparing_for (float | None): seconds since the prepare was sent; None if not preparing.
+        acked (frozenset[int]): ranks that acknowledged the prepare.
+        stale_after (float): seconds of silence that make a connected member dead.
+        ack_timeout (float): seconds a member has to acknowledge the prepare.
+    """
+
+    size: int
+    connected: frozenset[int]
+    silent: dict[int, float] = field(default_factory=dict)
+    lost: dict[int, str] = field(default_factory=dict)
+    dead_claimers: dict[int, str] = field(default_factory=dict)
+    preparing_for: float | None = None
+    acked: frozenset[int] = frozenset()
+    stale_after: float = 30.0
+    ack_timeout: float = 2.0
+
+
+def decide(v: CoordinatorView) -> tuple[Action, str]:
+    """The next action and, for :attr:`Action.VOID`, the reason (for logs, the decision record and members)."""
+    for r, why in sorted(v.lost.items()):
+        return Action.VOID, f"rank {r} lost its connection to the master ({why})"
+    for r, why in sorted(v.dead_claimers.items()):
+        return Action.VOID, f"rank {r} {why}"
+    for r, quiet in sorted(v.silent.items()):
+        if quiet >= v.stale_after:
+            return Action.VOID, f"rank {r} was silent on its connection for {quiet:.0f} s (no answer is no proof of life)"
+    if v.preparing_for is not None:
+        missing = sorted(v.connected - v.acked)
+        if not missing and len(v.connected) == v.size - 1:
+            return Action.COMMIT, ""
+        if v.preparing_for >= v.ack_timeout:
+            return Action.VOID, (f"rank {missing[0]} did not acknowledge the release within {v.ack_timeout:g} s "
+                                 "(unreachable or stopped); an unanswered member is never released into the world")
+        return Action.WAIT, ""
+    if len(v.connected) == v.size - 1:
+        return Action.PREPARE, ""
+    return Action.WAIT, ""
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where one member stands in a released world: what it is told at release, over the channel.
+
+    O(1) per member on the wire whatever the world size; the full member list
+    stays in ``release.json``.
+
+    Attributes:
+        generation (int): the released generation.
+        master_addr (str), master_port (int): rank 0's address and the port it held for torch.
+        mode (str): ``"node"`` or ``"rank"``.
+        size (int): nnodes (node mode) or world size (per-rank mode).
+        rank (int): this member's rank (node rank in node mode).
+        node_rank (int), nnodes (int): in per-rank mode, the index of this member's host among
+            the distinct hosts in rank order, and their count; in node mode, rank and size.
+        local_rank (int), local_world_size (int): index among the members on the same host, and their count.
+    """
+
+    generation: int
+    master_addr: str
+    master_port: int
+    mode: str
+    size: int
+    rank: int
+    node_rank: int
+    nnodes: int
+    local_rank: int = 0
+    local_world_size: int = 1
+
+    def as_wire(self) -> dict:
+        return dict(self.__dict__)
+
+    @classmethod
+    def from_wire(cls, d: dict) -> "Placement":
+        """Rebuild from a wire dict.
+
+        Raises:
+            ValueError: a field is missing or of the wrong type (a broken peer).
+        """
+        kw = {}
+        for name, typ in (("generation", int), ("master_addr", str), ("master_port", int), ("mode", str),
+                          ("size", int), ("rank", int), ("node_rank", int), ("nnodes", int),
+                          ("local_rank", int), ("local_world_size", int)):
+            v = d.get(name)
+            if not isinstance(v, typ) or isinstance(v, bool):
+                raise ValueError(f"placement field {name!r} is {v!r}")
+            kw[name] = v
+        return cls(**kw)
+
+
+def placements(members: list[Member], mode: str, master_port: int, generation: int) -> list[Placement]:
+    """Each member's :class:`Placement`, in rank order.
+
+    Per-rank mode groups members by host (boot id, hostname, address): node
+    ranks number the distinct hosts in order of their lowest rank, local ranks
+    number the members of one host in rank order -- what torchrun's
+    ``LOCAL_RANK``/``GROUP_RANK`` mean.
+    """
+    size = len(members)
+    master = members[0].addr
+    if mode == "node":
+        return [Placement(generation, master, master_port, mode, size, m.rank, m.rank, size) for m in members]
+
+    def key(m: Member):
+        return (m.host.boot_id, m.host.hostname, m.addr)
+
+    hosts: dict = {}
+    local: dict = {}
+    for m in members:
+        hosts.setdefault(key(m), len(hosts))
+        local.setdefault(key(m), []).append(m.rank)
+    return [Placement(generation, master, master_port, mode, size, m.rank, hosts[key(m)], len(hosts),
+                      local[key(m)].index(m.rank), len(local[key(m)])) for m in members]

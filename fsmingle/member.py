@@ -1,0 +1,218 @@
+"""A member's side of a generation: find rank 0's endpoint, connect, prove liveness, take the release.
+
+While connected a member makes (almost) no filesystem operations: rank 0 and
+the member ping each other on the connection, rank 0 pushes who is missing,
+and the release arrives on it.  Only a slow heartbeat of the member's beacon
+remains (every ``stale_after / 2`` seconds), for ``fsmingle status`` and for
+cleaners.
+
+Failure rules (**no release on absence of evidence**):
+
+* Connection refused by rank 0's address: the master process is gone -> void.
+* No answer at all (timeout, no route): proves nothing either way; keep trying
+  and say so -- this member can never be released without a connection.
+* Connection lost, or rank 0 silent for ``stale_after`` seconds: void the
+  generation.  If this member had acknowledged the release, a release naming
+  it may already exist: when the void loses the race, read the decision until
+  it shows instead of walking away.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+from .channel import WIRE_VERSION, Outcome, hostport
+from .decision import Placement
+from .errors import ConfigError, WorldSizeMismatchError
+from .layout import BEACON_RE, claimed_ranks, gen_name, master_dir, master_name
+from .liveness import Verdict
+from .records import Release, RecordError
+
+log = logging.getLogger("fsmingle")
+
+
+class Member:
+    """The member role (rank > 0) of a :class:`~fsmingle.protocol.Participant` in its current generation."""
+
+    def __init__(self, p):
+        self.p = p
+        now = p.clock.monotonic()
+        self.link = None
+        self.master = None  # rank 0's beacon, from master/
+        self.acked = False
+        self.welcomed = False
+        self.inbox: list[dict] = []
+        self.look_delay = p.timing.poll_min
+        self.next_look = now
+        self.waiting_since = now
+        self.next_decision_check = now + p.timing.heartbeat_period
+        self.next_claim_check = now + p.timing.stale_after
+
+    # -------------------------------------------------------------- loop plumbing
+    def delay(self) -> float:
+        if self.link is not None:
+            return self.p.timing.ping_interval
+        return max(0.0, min(self.look_delay, self.next_look - self.p.clock.monotonic()))
+
+    def wait(self, seconds: float) -> None:
+        if self.link is not None and not self.link.lost:
+            self.inbox.extend(self.link.poll(seconds))
+        else:
+            self.p.clock.sleep(seconds)
+
+    def close(self) -> None:
+        if self.link is not None:
+            self.link.close()
+            self.link = None
+
+    # -------------------------------------------------------------- the step
+    def step(self) -> Placement | None:
+        p = self.p
+        now = p.clock.monotonic()
+        if self.link is None:
+            p.heartbeat_if_due(now)
+            if now >= self.next_decision_check and self._decided_elsewhere(now):
+                return None
+            if now >= self.next_look:
+                self._look(now)
+            return None
+        # Connected: the beacon heartbeat is only for status and cleaners.
+        p.heartbeat_if_due(now, period=p.timing.stale_after / 2)
+        msgs, self.inbox = self.inbox + self.link.poll(0), []
+        for m in msgs:
+            done = self._on_message(m)
+            if done is not None or p.role is not self:
+                return done
+        if self.link.lost:
+            return self._lost(self.link.why)
+        quiet = self.link.silent_for()
+        if quiet >= p.timing.stale_after:
+            return self._lost(f"rank 0 was silent on the connection for {quiet:.0f} s")
+        return None
+
+    def _decided_elsewhere(self, now: float) -> bool:
+        """Not connected yet: a void written by someone else ends our wait (checked every heartbeat period)."""
+        p = self.p
+        self.next_decision_check = now + p.timing.heartbeat_period
+        rel = p.read_release(p.gen)
+        if rel is not None:
+            why = rel.reason if isinstance(rel, Release) else f"its decision record is unusable ({rel})"
+            if isinstance(rel, Release) and rel.state == "released":
+                why = "released without this participant"
+            p.set_note(f"generation {p.gen} ended: {why}")
+            p.rejoin()
+            return True
+        if self.master is None and now >= self.next_claim_check:
+            # Rank 0 claimed but never published its endpoint (it died in
+            # between)?  Rare: only then list the whole generation.
+            self.next_claim_check = now + p.timing.heartbeat_period
+            if 0 in claimed_ranks(p.store.listdir(gen_name(p.gen))):
+                verdict, b = p.judge_holder(p.read_claim(0), now, key="?rank0")
+                if verdict is Verdict.DEAD:
+                    p.void(f"rank 0 ({b.host.hostname if b else 'beacon unreadable'}) claimed the master's place "
+                           "but is dead or stopped heartbeating")
+                    p.rejoin()
+                    return True
+        return False
+
+    def _look(self, now: float) -> None:
+        p = self.p
+        names = [n for n in p.store.listdir(master_dir(p.gen)) if BEACON_RE.match(n)]
+        b = None
+        for n in names:
+            inst = BEACON_RE.match(n).group(1)
+            b = p.read_beacon(master_name(p.gen, inst), inst)
+            if b is not None and b.rank == 0 and b.master_port is not None:
+                break
+            b = None
+        if b is None:
+            self.look_delay = min(p.timing.poll_max, self.look_delay * p.timing.backoff)
+            self.next_look = now + self.look_delay
+            if now - self.waiting_since >= 10 and "rank 0" not in p.note:
+                p.set_note("waiting for rank 0 to appear")
+            return
+        if b.size != p.size or b.mode != p.mode:
+            msg = (f"rank 0 on {b.host.hostname} ({b.addr}) expects a world of {b.size} ({b.mode} mode) but "
+                   f"this participant on {p.me.hostname} ({p.addr}) expects {p.size} ({p.mode} mode); give every "
+                   "participant the same --nnodes (or --world-size)")
+            p.void(msg)
+            raise WorldSizeMismatchError(msg)
+        where = f"{hostport(b.addr, b.master_port)} (rank 0 on {b.host.hostname})"
+        outcome, link, why = p.transport.connect(b.addr, b.master_port, p.timing.probe_timeout)
+        if outcome is Outcome.CONNECTED:
+            self.link, self.master = link, b
+            link.send({"t": "hello", "v": WIRE_VERSION, "job": p.job_id, "gen": p.gen, "rank": p.rank,
+                       "inst": p.instance, "mode": p.mode, "size": p.size, "addr": p.addr,
+                       "host": dataclasses.asdict(p.me)})
+            log.debug("job %s: connected to the master %s", p.job_id, where)
+            return
+        if outcome is Outcome.REFUSED:
+            p.void(f"the master {where} refused the connection: it is gone")
+            p.rejoin()
+            return
+        # No answer proves nothing: keep trying, and say exactly why nothing happens.
+        p.set_note(f"cannot reach the master {where} from this node: {why}; check --iface/--addr on both "
+                   "nodes, routes and firewalls (a node is never released without a connection to its master)",
+                   logging.WARNING)
+        self.look_delay = max(p.timing.poll_max, 1.0)
+        self.next_look = now + self.look_delay
+
+    def _on_message(self, m: dict) -> Placement | None:
+        p = self.p
+        t = m.get("t")
+        if t == "welcome":
+            if m.get("inst") != self.master.instance or m.get("gen") != p.gen:
+                self._lost(f"the process on the master port is not rank 0 of generation {p.gen}")
+                return None
+            self.welcomed = True
+            p.set_note(f"connected to the master {hostport(self.master.addr, self.master.master_port)}")
+        elif t == "status":
+            missing = [r for r in m.get("missing", []) if isinstance(r, int)]
+            nmissing = m.get("nmissing", len(missing))
+            p.missing_hint = missing
+            if isinstance(nmissing, int) and nmissing == len(missing):
+                p.set_present(tuple(r for r in range(p.size) if r not in missing))
+        elif t == "prepare":
+            if m.get("gen") == p.gen and self.welcomed:
+                self.link.send({"t": "ack", "gen": p.gen})
+                self.acked = True
+        elif t == "go":
+            try:
+                pl = Placement.from_wire(m.get("placement") or {})
+            except ValueError as e:
+                self._lost(f"rank 0 sent a malformed release ({e})")
+                return None
+            if pl.generation != p.gen or pl.rank != p.rank or not self.acked:
+                self._lost("rank 0 sent a release for another place")
+                return None
+            return pl
+        elif t == "void":
+            p.set_note(f"generation {p.gen} voided: {m.get('why', '')}")
+            p.rejoin()
+        elif t == "reject":
+            why = str(m.get("why", ""))
+            if m.get("fatal"):
+                p.void(why)
+                raise (WorldSizeMismatchError if "expects a world" in why else ConfigError)(why)
+            self._lost(f"rank 0 rejected this participant: {why}")
+        return None
+
+    def _lost(self, why: str) -> None:
+        p = self.p
+        r = p.rank
+        if self.acked:
+            if p.void(f"rank {r} lost the master after acknowledging the release: {why}"):
+                p.rejoin()
+            else:
+                p.enter_deciding(why)
+            return None
+        # Not acknowledged: no release can name us (rank 0 needs every ack), so
+        # void -- the others regroup at once -- and move on, whoever won.
+        p.void(f"rank {r} lost its connection to the master: {why}")
+        p.set_note(f"generation {p.gen}: {why}")
+        p.rejoin()
+        return None
+
+
+__all__ = ["Member", "RecordError"]
