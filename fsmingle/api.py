@@ -19,6 +19,7 @@ from .hostinfo import local_process_alive, this_process
 from .netaddr import PortReservation, choose_address, probe_master
 from .protocol import Participant, Progress, SystemClock, Timing
 from .records import Release, validate_port
+from .fscheck import require_claimable
 from .store import open_job_dir
 
 log = logging.getLogger("fsmingle")
@@ -168,6 +169,8 @@ def rendezvous(
         RankConflictError: the requested rank is held by a live process.
         RendezvousTimeoutError: incomplete after ``timeout`` seconds (names the missing ranks).
         CorruptStateError: the release record stayed unusable.
+        UnsupportedFilesystemError: link() does not work in the directory (s3fs and other
+            object-store mounts): no claim could be exclusive (see :mod:`fsmingle.fscheck`).
     """
     s = resolve(dir=dir, job_id=job_id, nnodes=nnodes, node_rank=node_rank, world_size=world_size, rank=rank, env=env)
     if port is not None:
@@ -184,6 +187,7 @@ def rendezvous(
             raise ConfigError(f"--stale-after must be positive seconds, got {stale_after}")
         timing = replace(timing, stale_after=stale_after)
     store = open_job_dir(s.dir, s.job_id)
+    require_claimable(store.root)  # before any claim: no exclusive create here -> UnsupportedFilesystemError (exit 10)
     p = Participant(
         store, job_id=s.job_id, mode=s.mode, size=s.size, rank=s.rank, addr=address,
         instance=secrets.token_hex(8), me=this_process(), timeout=timeout, timing=timing, master_port=port,

@@ -22,6 +22,8 @@ code  meaning
 7     :class:`RendezvousTimeoutError` -- the world did not complete in time
 8     :class:`CorruptStateError` -- a release record that cannot be trusted
 9     any other :class:`FsmingleError`
+10    :class:`UnsupportedFilesystemError` -- the filesystem of ``--dir`` cannot
+      hold an exclusive claim (no hard links: s3fs, gcsfuse, blobfuse, ...)
 126   ``run``: the command exists but cannot be executed (as in POSIX shells)
 127   ``run``: the command was not found (as in POSIX shells)
 130   interrupted (SIGINT / SIGTERM) while waiting; the rendezvous was withdrawn
@@ -39,6 +41,7 @@ __all__ = [
     "RendezvousTimeoutError",
     "CorruptStateError",
     "RecordError",
+    "UnsupportedFilesystemError",
 ]
 
 
@@ -116,3 +119,26 @@ class RecordError(FsmingleError, ValueError):
     """
 
     exit_code = 9
+
+
+class UnsupportedFilesystemError(StorageError):
+    """The rendezvous directory is on a filesystem where no claim can be exclusive.
+
+    Raised before anything is claimed when a real ``link()`` probe in the job
+    directory fails with EPERM, EOPNOTSUPP, ENOSYS or EXDEV, or does not yield a
+    link count of 2 (object stores seen as files: s3fs, gcsfuse, blobfuse,
+    goofys, rclone mounts), and by :meth:`fsmingle.store.PosixStore.create` if
+    link() fails so later.  fsmingle never falls back to ``O_CREAT|O_EXCL``,
+    which such filesystems do not make exclusive across mounts.
+
+    Attributes:
+        fstype (str): mount type from /proc/self/mountinfo (``fuse.s3fs``; ``""`` if unknown).
+        source (str): mount source; mount_point (str): where it is mounted.
+    """
+
+    exit_code = 10
+    meaning: str = 'the filesystem of --dir cannot hold an exclusive claim (no hard links: s3fs, gcsfuse, blobfuse...); use a POSIX shared filesystem'
+
+    def __init__(self, message: str, fstype: str = "", source: str = "", mount_point: str = ""):
+        super().__init__(message)
+        self.fstype, self.source, self.mount_point = fstype, source, mount_point
