@@ -224,6 +224,24 @@ def _instance(v: Any) -> str:
     return v
 
 
+def hostid_from_dict(d: Any) -> HostId:
+    """Validate a host identity received over the channel (same rules as in a beacon).
+
+    Raises:
+        RecordError: not an object, or a field is missing or of the wrong type.
+    """
+    return _hostid(d)
+
+
+def instance_id(v: Any) -> str:
+    """Validate an instance id (8-64 lowercase hex digits).
+
+    Raises:
+        RecordError: otherwise.
+    """
+    return _instance(v)
+
+
 def _nonneg(v: int, what: str) -> int:
     if v < 0:
         raise RecordError(f"{what} {v} is negative")
