@@ -12,11 +12,10 @@ Address choice (``choose_address``), in order:
    non-loopback interface that is up; if several, the first by name.
 5. Loopback, only when nothing else exists (a single-machine job).
 
-The master port is held open by rank 0 from the moment it claims rank 0 until
-it execs the command: the socket is close-on-exec, so the port is free exactly
-when torch binds it, and a peer about to write the release can connect to it to
-prove the master is alive *and* reachable -- the server answers with its
-instance id, so a different process on a reused port is told apart.
+IPv6: where an interface has no IPv4 address, its first global (or unique
+local) IPv6 address is used; link-local ``fe80::`` addresses are skipped (they
+need a scope id that other hosts cannot use).  The master port is held by
+:class:`fsmingle.channel.Hub`, in the family of the announced address.
 """
 
 from __future__ import annotations
@@ -37,10 +36,31 @@ log = logging.getLogger("fsmingle.net")
 HANDSHAKE_PREFIX = b"fsmingle "
 
 
-def _ipv4_of(iface: str) -> str | None:
-    for a in psutil.net_if_addrs().get(iface, []):
+def _ip_of(iface: str) -> str | None:
+    """The interface's first IPv4 address, else its first usable IPv6 address."""
+    addrs = psutil.net_if_addrs().get(iface, [])
+    for a in addrs:
         if a.family == socket.AF_INET:
             return a.address
+    for a in addrs:
+        if a.family == socket.AF_INET6:
+            ip = ipaddress.ip_address(a.address.split("%")[0])
+            if not (ip.is_link_local or ip.is_loopback or ip.is_multicast):
+                return str(ip)
+    return None
+
+
+def _ipv6_default_route_iface() -> str | None:
+    # /proc/net/ipv6_route: dest, dest-len, ..., flags (col 8), iface (last); ::/0 is the default.
+    try:
+        with open("/proc/net/ipv6_route") as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) >= 10 and parts[0] == "0" * 32 and parts[1] == "00" and parts[9] != "lo" \
+                        and int(parts[8], 16) & 1:  # RTF_UP
+                    return parts[9]
+    except (OSError, ValueError):
+        pass
     return None
 
 
@@ -101,110 +121,22 @@ def choose_address(addr: str | None = None, iface: str | None = None, env: dict 
         # NCCL treats a name as a prefix unless "=" is given: eth matches eth0.
         cands = [iface] if iface in ifaces else sorted(n for n in ifaces if n.startswith(iface))
         for name in cands:
-            ip = _ipv4_of(name)
+            ip = _ip_of(name)
             if ip:
                 return ip
         raise ConfigError(
-            f"{source} {iface!r}: no such interface with an IPv4 address on this host "
+            f"{source} {iface!r}: no such interface with an IPv4 or global IPv6 address on this host "
             f"(have: {', '.join(sorted(ifaces))}); pass an existing --iface or --addr"
         )
-    dr = default_route_iface()
+    dr = default_route_iface() or _ipv6_default_route_iface()
     if dr:
-        ip = _ipv4_of(dr)
+        ip = _ip_of(dr)
         if ip:
             return ip
     stats = psutil.net_if_stats()
     for name in sorted(psutil.net_if_addrs()):
         st = stats.get(name)
-        ip = _ipv4_of(name)
+        ip = _ip_of(name)
         if ip and st and st.isup and not ipaddress.ip_address(ip).is_loopback:
             return ip
     return "127.0.0.1"
-
-
-class PortReservation:
-    """Holds a listening TCP port for the master until exec, answering liveness probes.
-
-    The socket is bound on all interfaces (as torch's TCPStore binds), with
-    ``SO_REUSEADDR`` and close-on-exec, so the port is free for torch at exec.
-    A daemon thread answers each connection with ``b"fsmingle <instance>\\n"``
-    and waits for the prober to close first (leaving TIME_WAIT on the prober,
-    not on the port torch is about to bind).
-
-    Args:
-        port (int): the port to hold; 0 picks a free one.
-        instance (str): our instance id, sent to probers.
-
-    Raises:
-        ConfigError: the port is in use on this host.
-    """
-
-    def __init__(self, port: int, instance: str):
-        self.instance = instance
-        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            self._sock.bind(("", port))
-        except OSError as e:
-            self._sock.close()
-            if e.errno == errno.EADDRINUSE:
-                raise ConfigError(f"--port {port} is already in use on this host; choose another --port or omit it") from None
-            raise ConfigError(f"cannot bind port {port}: {e.strerror}") from None
-        self._sock.listen(64)
-        self.port: int = self._sock.getsockname()[1]
-        self._closed = threading.Event()
-        self._thread = threading.Thread(target=self._serve, name="fsmingle-master-port", daemon=True)
-        self._thread.start()
-
-    def _serve(self) -> None:
-        while not self._closed.is_set():
-            try:
-                conn, _ = self._sock.accept()
-            except OSError:
-                return
-            try:
-                conn.settimeout(2.0)
-                conn.sendall(HANDSHAKE_PREFIX + self.instance.encode() + b"\n")
-                conn.recv(1)  # wait for the prober's close
-            except OSError:
-                pass
-            finally:
-                conn.close()
-
-    def close(self) -> None:
-        """Stop answering and free the port."""
-        self._closed.set()
-        try:
-            self._sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self._sock.close()
-
-
-def probe_master(addr: str, port: int, instance: str, timeout: float = 2.0) -> bool | None:
-    """Connect to a master's held port and check it answers with ``instance``.
-
-    Returns:
-        bool | None: True if the expected process answered; False if the
-        connection was refused or another process answered (the master is
-        gone); None if nothing answered within ``timeout`` seconds (unreachable
-        from here: a firewall or the wrong interface; undecided).
-    """
-    try:
-        with socket.create_connection((addr, port), timeout=timeout) as s:
-            s.settimeout(timeout)
-            buf = b""
-            while not buf.endswith(b"\n") and len(buf) < 128:
-                chunk = s.recv(128)
-                if not chunk:
-                    break
-                buf += chunk
-            return buf == HANDSHAKE_PREFIX + instance.encode() + b"\n"
-    except ConnectionRefusedError:
-        return False
-    except (socket.timeout, TimeoutError):
-        return None
-    except OSError as e:
-        if e.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH):
-            return None
-        return False
