@@ -248,5 +248,20 @@ def main() -> None:
     app()
 
 
+@app.command("check")
+def check_cmd(
+    dir: Optional[str] = typer.Option(None, "--dir", envvar="FSMINGLE_DIR", help="Directory to examine (the --dir of run/env)."),
+    peers: int = typer.Option(1, "--peers", help="Run on this many nodes at once to prove cross-node exclusivity and measure visibility."),
+    timeout: float = typer.Option(120.0, "--timeout", help="Seconds to wait for the other peers."),
+    session: str = typer.Option("default", "--session", help="Scratch rendezvous name in DIR, the same on every peer."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON for scripts instead of a table."),
+):
+    """Examine DIR's filesystem: type, mount options, link()/rename()/O_EXCL probed for real, owner, a verdict and the
+    --stale-after/--poll-max to use.  Exit 0 usable (ok or local), 10 unsafe; 3 bad option, 5 unusable dir, 7 peers missing."""
+    from .fscheck import main as check_main
+
+    raise typer.Exit(check_main(dir, peers, timeout, session, as_json))
+
+
 if __name__ == "__main__":
     main()
