@@ -198,6 +198,20 @@ class Member:
             self._lost(f"rank 0 rejected this participant: {why}")
         return None
 
+    def missing_description(self) -> str | None:
+        """What kept the world from completing, as this member knows it (for the timeout message)."""
+        p = self.p
+        if self.master is None:
+            if p.note.startswith("cannot reach"):
+                return "this node never got a connection to the master"  # the note says where and why
+            who = "node ranks" if p.mode == "node" else "ranks"
+            return (f"missing {who} 0 (the master): it never published its endpoint in generation {p.gen} "
+                    "(other ranks are not known to a member before it connects)")
+        if not self.welcomed:
+            return (f"connected to the master {hostport(self.master.addr, self.master.master_port)} but it never "
+                    "confirmed this participant's claim")
+        return None  # rank 0's last status (p.missing_hint) names the missing ranks
+
     def _lost(self, why: str) -> None:
         p = self.p
         r = p.rank

@@ -47,6 +47,7 @@ def procs(tmp_path):
 
 @pytest.fixture
 def d(tmp_path):
+    (tmp_path / "rdv").mkdir(mode=0o700)  # --dir must exist: fsmingle never creates it (a typo fails fast)
     return tmp_path / "rdv"
 
 
@@ -122,7 +123,11 @@ def test_killed_waiting_participant_is_replaced_same_host(procs, d, ranks):
 
 @needs_unshare
 def test_killed_remote_participant_is_replaced_after_stale_after(procs, d):
-    """A participant psutil cannot see dies; its heartbeat stops; after --stale-after its replacement gets in."""
+    """A participant psutil cannot see dies; rank 0 sees its connection drop at once and voids; its replacement gets in.
+
+    Protocol v2: a connected member's death is proven by its connection (the
+    kernel closes a dead process's sockets), not by waiting --stale-after.
+    """
     stale = 3.0
     r0 = procs.env(d, JOB, "--nnodes", 3, "--node-rank", 0, timeout=30, stale_after=stale, name="r0")
     victim = _remote(procs, d, "--nnodes", 3, "--node-rank", 1, timeout=30, stale_after=stale, name="victim")
@@ -140,9 +145,9 @@ def test_killed_remote_participant_is_replaced_after_stale_after(procs, d):
     new1 = procs.env(d, JOB, "--nnodes", 3, "--node-rank", 1, timeout=30, stale_after=stale, name="new1")
     rel1 = wait_for(lambda: release_of(d, JOB, 1), stale + 10, "generation 1 to be voided")
     took = time.monotonic() - t0
-    assert rel1["state"] == "restart" and "dead" in rel1["reason"], rel1
-    # liveness came from heartbeats: not instant, and not much slower than stale_after
-    assert 1.0 < took < stale + 15, took
+    assert rel1["state"] == "restart" and "lost its connection" in rel1["reason"], rel1
+    # the connection proved the death: no need to wait for stale_after
+    assert took < stale + 5, took
     r2 = procs.env(d, JOB, "--nnodes", 3, "--node-rank", 2, timeout=30, stale_after=stale, name="r2")
     res = results([r0, new1, r2], timeout=40)
     w = assert_one_world(res, 3)
@@ -543,7 +548,8 @@ def test_signal_while_waiting_exits_130_and_others_regroup(procs, d, sig):
     leaver.signal(sig)
     rc = leaver.wait(10)
     assert rc == 130, leaver.stderr()
-    assert "interrupted" in leaver.stderr() and "withdrew" in leaver.stderr()
+    said = "terminated (SIGTERM)" if sig == signal.SIGTERM else "interrupted"
+    assert said in leaver.stderr() and "withdrew" in leaver.stderr(), leaver.stderr()
     assert "Traceback" not in leaver.stderr()
     rel1 = wait_for(lambda: release_of(d, JOB, 1), 5, "the leaver to void generation 1")
     assert rel1["state"] == "restart" and "left" in rel1["reason"], rel1

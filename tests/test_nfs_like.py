@@ -64,6 +64,7 @@ class Views:
     def __init__(self, tmp: Path, n: int):
         self.backing = tmp / "backing"
         self.backing.mkdir(mode=0o700)
+        (self.backing / "rdv").mkdir(mode=0o700)  # --dir must exist: fsmingle never creates it
         self.mounts: list[Path] = []
         for i in range(n):
             m = tmp / f"node{i}"
