@@ -211,6 +211,11 @@ class LinkProbe:
 _probe_cache: dict[str, LinkProbe] = {}
 
 
+def errno_name(code: int) -> str:
+    """Symbolic name of an errno value; 95 is EOPNOTSUPP (= ENOTSUP on Linux), as link(2) names it."""
+    return "EOPNOTSUPP" if code == errno.EOPNOTSUPP else errno.errorcode.get(code, str(code))
+
+
 def _scratch_name(directory: str, tag: str) -> str:
     return os.path.join(directory, f"{_PROBE_PREFIX}{tag}-{socket.gethostname()[:32]}-{os.getpid()}-"
                                    f"{secrets.token_hex(4)}")
@@ -232,7 +237,7 @@ def probe_link(directory: str) -> LinkProbe:
         try:
             os.link(src, dst)
         except OSError as e:
-            return LinkProbe(False, e.errno, f"link() failed with {errno.errorcode.get(e.errno, e.errno)} "
+            return LinkProbe(False, e.errno, f"link() failed with {errno_name(e.errno)} "
                                              f"({os.strerror(e.errno)})")
         try:
             n = os.stat(src).st_nlink
@@ -313,7 +318,7 @@ def _probe_rename(directory: str) -> tuple[bool, str]:
         return (got == b"new", "rename() replaced the file atomically" if got == b"new"
                 else f"after rename() the file reads {got!r}, not the new content")
     except OSError as e:
-        return False, f"rename() failed: {errno.errorcode.get(e.errno, e.errno)} ({e.strerror})"
+        return False, f"rename() failed: {errno_name(e.errno)} ({e.strerror})"
     finally:
         for p in (a, b):
             try:
@@ -333,7 +338,7 @@ def _probe_excl(directory: str) -> tuple[bool, str]:
         except FileExistsError:
             return True, "a second O_CREAT|O_EXCL of the same name failed with EEXIST"
     except OSError as e:
-        return False, f"O_CREAT|O_EXCL failed: {errno.errorcode.get(e.errno, e.errno)} ({e.strerror})"
+        return False, f"O_CREAT|O_EXCL failed: {errno_name(e.errno)} ({e.strerror})"
     finally:
         try:
             os.unlink(a)
@@ -558,16 +563,14 @@ def _peer_check(directory: str, n: int, timeout: float, session: str, races: int
                 pass
         put(f"ready-{me}", {})
         _barrier(d, "ready-", n, deadline, "ready")
+        # By name: poll open() only -- no listing meanwhile, since a listing (readdirp) refreshes
+        # some clients' caches (GlusterFS md-cache) and would hide the negative-cache delay.
         t0 = time.monotonic()
         put(f"mark-{me}", {})
-        seen_list: dict[str, float] = {}
         seen_open: dict[str, float] = {}
         while len(seen_open) < len(others):
             now = time.monotonic()
-            listed = _listed(d, "mark-")
             for o in others:
-                if o in listed and o not in seen_list:
-                    seen_list[o] = now - t0
                 if o not in seen_open:
                     try:
                         with open(os.path.join(d, f"mark-{o}"), "rb"):
@@ -576,8 +579,24 @@ def _peer_check(directory: str, n: int, timeout: float, session: str, races: int
                     except OSError:
                         pass
             if now > deadline:
-                raise RendezvousTimeoutError(f"fsmingle check: the marks of {sorted(set(others) - set(seen_open))} "
+                raise RendezvousTimeoutError(f"fsmingle check: the files of {sorted(set(others) - set(seen_open))} "
                                              f"stayed invisible by name in {d} for {timeout:g} s")
+            time.sleep(0.02)
+        # In listings: a second file each, after everyone has seen the first ones by name.
+        put(f"named-{me}", {})
+        _barrier(d, "named-", n, deadline, "named")
+        t1 = time.monotonic()
+        put(f"lmark-{me}", {})
+        seen_list: dict[str, float] = {}
+        while len(seen_list) < len(others):
+            now = time.monotonic()
+            listed = _listed(d, "lmark-")
+            for o in others:
+                if o in listed and o not in seen_list:
+                    seen_list[o] = now - t1
+            if now > deadline:
+                raise RendezvousTimeoutError(f"fsmingle check: the files of {sorted(set(others) - set(seen_list))} "
+                                             f"never showed in listings of {d} within {timeout:g} s")
             time.sleep(0.02)
         # Races: everyone goes through the same names as fast as it can; exactly one may win each.
         # One source file per race: its link count alone says whether that race's link() won
@@ -628,7 +647,7 @@ def _peer_check(directory: str, n: int, timeout: float, session: str, races: int
         if me == peers[0]:
             _barrier(d, "read-", n, deadline, "read")
             for name in os.listdir(d):
-                if name.startswith(("join-", "ready-", "mark-", "result-", "read-", "rl-", "rx-")):
+                if name.startswith(("join-", "ready-", "mark-", "named-", "lmark-", "result-", "read-", "rl-", "rx-")):
                     try:
                         os.unlink(os.path.join(d, name))
                     except OSError:
@@ -640,11 +659,17 @@ def _peer_check(directory: str, n: int, timeout: float, session: str, races: int
                     pass
         mine.clear()
     finally:
-        for name in mine:  # only on failure: leave nothing of ours behind
-            try:
-                os.unlink(os.path.join(d, name))
-            except OSError:
-                pass
+        if mine:  # only on failure: leave nothing of ours behind (the dirs only if nobody else is in them)
+            for name in mine:
+                try:
+                    os.unlink(os.path.join(d, name))
+                except OSError:
+                    pass
+            for q in (d, base):
+                try:
+                    os.rmdir(q)
+                except OSError:
+                    pass
     link_count = {}
     excl_count = {}
     for r in results.values():

@@ -31,7 +31,7 @@ import socket
 import stat
 
 from .errors import StorageError, UnsafeDirectoryError, UnsupportedFilesystemError
-from .fscheck import REFUSE_ERRNOS, refusal_message
+from .fscheck import REFUSE_ERRNOS, errno_name, refusal_message
 
 log = logging.getLogger("fsmingle.store")
 
@@ -257,7 +257,7 @@ class PosixStore(Store):
                     return True
                 if e.errno in REFUSE_ERRNOS:
                     raise UnsupportedFilesystemError(refusal_message(
-                        self.root, f"link() fails there with {errno.errorcode.get(e.errno, e.errno)} "
+                        self.root, f"link() fails there with {errno_name(e.errno)} "
                                    f"({os.strerror(e.errno)}), so it cannot hold an exclusive claim")) from None
                 raise storage_error(e, "create", target) from None
         finally:

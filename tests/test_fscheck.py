@@ -1,0 +1,284 @@
+"""``fsmingle check`` and the refusal of filesystems that cannot hold a claim (issue 12, items 3 and 4).
+
+Every verdict is taken from the real command on a real directory: a local dir, bindfs views
+(tests/cluster.py), GlusterFS (both cache profiles), MooseFS and s3fs over moto, the last four
+with servers and per-host FUSE clients the cluster harness starts.  With ``--peers 2`` the
+command runs on two network-namespace hosts at once, each through its own client.
+
+The refusal: ``fsmingle env``/``run`` on an s3fs mount must exit 10 within 5 s on every node,
+naming the filesystem, why, and what to use instead -- also when s3fs is mounted with
+``-o fsname=X`` and its mountinfo type is plain ``fuse`` (the link() probe decides).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+try:
+    import cluster as cl
+except ImportError:  # tests/ imported as a package
+    from tests import cluster as cl
+
+from fsmingle import fscheck
+from fsmingle.errors import UnsupportedFilesystemError
+
+make_cluster = cl.make_cluster
+
+FSM = [sys.executable, "-m", "fsmingle"]
+
+
+def _check(argv_dir: str, *extra: str, timeout: float = 60) -> tuple[int, dict | None, str]:
+    p = subprocess.run([*FSM, "check", "--dir", argv_dir, "--json", *extra], capture_output=True, text=True,
+                       timeout=timeout)
+    return p.returncode, (json.loads(p.stdout) if p.stdout.strip() else None), p.stderr
+
+
+def _host_check(h, d: str, *extra: str, timeout: float = 150):
+    return h.popen([*FSM, "check", "--dir", d, "--json", *extra], stdout=subprocess.PIPE,
+                   stderr=subprocess.PIPE, text=True)
+
+
+def _peers_check(c, d: str, n: int = 2, session: str = "s1", timeout: float = 150) -> list[dict]:
+    """`fsmingle check --peers n` on hosts 0..n-1 at once; their JSON reports."""
+    procs = [_host_check(c[k], d, "--peers", str(n), "--session", session, "--timeout", "120") for k in range(n)]
+    out = []
+    for p in procs:
+        o, e = p.communicate(timeout=timeout)
+        out.append((p.returncode, o, e))
+    reports = []
+    for rc, o, e in out:
+        assert o.strip(), f"rc={rc} stderr={e}"
+        reports.append((rc, json.loads(o)))
+    return reports
+
+
+# ------------------------------------------------------------------------- no root needed
+
+
+def test_local_directory_is_usable_but_local(tmp_path):
+    d = tmp_path / "rdzv"
+    d.mkdir(mode=0o700)
+    rc, r, err = _check(str(d))
+    assert rc == 0, err
+    assert r["verdict"] == "local" and r["family"] in ("local", "tmpfs")
+    assert all(r["probes"][k]["ok"] for k in ("link", "rename", "o_excl")), r["probes"]
+    assert r["settings"] == {"stale_after": 30, "poll_max": 0.28}
+    assert r["owner"]["mode"] == "0700" and r["owner"]["problems"] == []
+    assert any("local filesystem" in why for why in r["reasons"])
+    # nothing left behind by the probes
+    assert os.listdir(d) == []
+
+
+def test_table_output_and_bad_input(tmp_path):
+    p = subprocess.run([*FSM, "check", "--dir", str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0 and "verdict" in p.stdout and "link() claim" in p.stdout, p.stdout + p.stderr
+    p = subprocess.run([*FSM, "check", "--dir", str(tmp_path / "nope")], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 5 and "does not exist" in p.stderr
+    p = subprocess.run([*FSM, "check", "--dir", str(tmp_path), "--peers", "0"], capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode == 3 and "--peers" in p.stderr
+    # a peer check nobody else joins ends at its --timeout, naming how many came
+    t0 = time.monotonic()
+    p = subprocess.run([*FSM, "check", "--dir", str(tmp_path), "--peers", "2", "--timeout", "2"],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 7 and "1 of 2 peers" in p.stderr, p.stderr
+    assert time.monotonic() - t0 < 30
+    assert os.listdir(tmp_path) == []  # its scratch files went with it (the directory is kept: empty, hidden)
+    # world-writable without sticky bit is reported
+    os.chmod(tmp_path, 0o777)
+    rc, r, _ = _check(str(tmp_path))
+    assert any("sticky" in x for x in r["owner"]["problems"])
+
+
+def test_mountinfo_parsing_picks_the_mount_on_top(tmp_path):
+    mi = tmp_path / "mountinfo"
+    mi.write_text(
+        "22 1 254:0 / / rw,relatime - ext4 /dev/vda rw\n"
+        "69 22 0:39 / /mnt/sh rw,relatime - fuse.glusterfs 10.0.0.1:/vol rw,user_id=0\n"
+        "75 69 0:40 / /mnt/sh rw,relatime - fuse mfs\\04310.0.0.1:9421 rw,mfsnegentrycacheto=1\n"
+        "80 22 0:50 / /mnt/nfs rw - nfs4 srv:/export rw,vers=4.2,actimeo=60,lookupcache=all,local_lock=none\n"
+        "81 22 0:51 / /mnt/with\\040space rw - fuse.s3fs s3fs rw\n")
+    m = fscheck.find_mount("/mnt/sh/a/b", str(mi))
+    assert (m.fstype, m.source, m.device) == ("fuse", "mfs#10.0.0.1:9421", "0:40")
+    assert fscheck.family(m) == "moosefs"
+    n = fscheck.find_mount("/mnt/nfs/x", str(mi))
+    assert fscheck.family(n) == "nfs" and n.options["actimeo"] == "60"
+    assert fscheck._settings(fscheck._cache_seconds("nfs", n.options)) == {"stale_after": 190, "poll_max": 1.0}
+    s = fscheck.find_mount("/mnt/with space/q", str(mi))
+    assert fscheck.family(s) == "object-store"
+    assert fscheck.family(fscheck.find_mount("/home", str(mi))) == "local"
+
+
+@pytest.mark.parametrize("err", [errno.EOPNOTSUPP, errno.EPERM, errno.ENOSYS, errno.EXDEV])
+def test_each_no_hardlink_errno_refuses_with_a_clear_message(tmp_path, monkeypatch, err):
+    # The errno values a real filesystem answers link() with when it has no hard links (s3fs:
+    # EOPNOTSUPP, measured in test_s3fs_refused_on_every_node_within_5s); EPERM/ENOSYS/EXDEV are
+    # produced here by replacing os.link, the one thing no local filesystem does on demand.
+    def no_link(src, dst, *a, **k):
+        raise OSError(err, os.strerror(err))
+
+    monkeypatch.setattr(fscheck.os, "link", no_link)
+    fscheck._probe_cache.clear()
+    with pytest.raises(UnsupportedFilesystemError) as ei:
+        fscheck.require_claimable(str(tmp_path))
+    msg = str(ei.value)
+    assert fscheck.errno_name(err) in msg and str(tmp_path) in msg
+    assert "cannot hold an exclusive claim" in msg and "Use a POSIX shared filesystem" in msg
+    assert ei.value.exit_code == 10 and ei.value.mount_point
+    assert os.listdir(tmp_path) == []
+    # the store refuses too, never falling back to O_EXCL
+    from fsmingle.store import PosixStore
+    with pytest.raises(UnsupportedFilesystemError):
+        PosixStore(str(tmp_path)).create("claim", b"{}")
+    assert os.listdir(tmp_path) == []
+    fscheck._probe_cache.clear()
+
+
+def test_probe_runs_once_per_process(tmp_path, monkeypatch):
+    calls = []
+    real = fscheck.probe_link
+    monkeypatch.setattr(fscheck, "probe_link", lambda d: calls.append(d) or real(d))
+    fscheck._probe_cache.clear()
+    for _ in range(3):
+        fscheck.require_claimable(str(tmp_path))
+    assert len(calls) == 1
+    fscheck._probe_cache.clear()
+
+
+# ------------------------------------------------------------------------- real mounts (root)
+
+
+@pytest.mark.root
+def test_bindfs_views_two_peers(make_cluster):
+    c = make_cluster(2, cache_timeout=2.0)
+    d = c.shared
+    reports = _peers_check(c, d)
+    for rc, r in reports:
+        assert rc == 0, r
+        assert r["verdict"] == "ok" and r["family"] == "fuse"
+        p = r["peers"]
+        assert p["peers"] == 2 and len(p["hosts"]) == 2
+        assert p["link_double_wins"] == 0
+        assert p["open_delay_max_s"] is not None
+    assert os.listdir(c.backing) == []  # scratch rendezvous removed
+
+
+@pytest.fixture(scope="module", params=["glusterfs-tuned", "glusterfs-nfs60", "moosefs"])
+def realfs(request):
+    cl.require_capabilities(fs=request.param)
+    with cl.Cluster(2, fs=request.param) as c:
+        yield c
+
+
+@pytest.mark.root
+@pytest.mark.realfs
+def test_real_filesystem_verdict_and_two_peers(realfs):
+    c = realfs
+    d = os.path.join(c.shared, "ck")
+    os.makedirs(d, exist_ok=True)
+    os.chmod(d, 0o700)
+    rc, r, err = _check(d)
+    assert rc == 0, err
+    fam = "glusterfs" if c.fs.startswith("glusterfs") else "moosefs"
+    assert r["family"] == fam and r["verdict"] == "ok", r
+    assert all(r["probes"][k]["ok"] for k in ("link", "rename", "o_excl"))
+    if fam == "moosefs":
+        assert r["options"].get("mfsnegentrycacheto") == "1" or r["mount"]["source"].startswith("mfs#")
+    reports = _peers_check(c, d, session=c.fs)
+    for rc, r in reports:
+        assert rc == 0, r
+        p = r["peers"]
+        assert p["link_double_wins"] == 0 and p["excl_double_wins"] == 0, p
+        if c.fs == "glusterfs-nfs60":
+            # the name was looked up before it existed: nl-cache keeps ENOENT ~60 s, listings show it at once
+            assert p["open_delay_max_s"] > 30 and p["list_delay_max_s"] < 10, p
+            assert r["settings"]["stale_after"] >= 3 * 30 and r["settings"]["poll_max"] == 1.0
+            assert any("invisible by name" in why for why in r["reasons"])
+        else:
+            assert p["open_delay_max_s"] < 30, p
+    assert os.listdir(d) == []
+
+
+@pytest.fixture(scope="module")
+def s3(request):
+    cl.require_capabilities(fs="s3fs")
+    with cl.Cluster(3, fs="s3fs") as c:
+        yield c
+
+
+@pytest.mark.root
+@pytest.mark.realfs
+def test_s3fs_check_is_unsafe(s3):
+    d = s3.shared
+    rc, r, err = _check(d)
+    assert rc == 10, (r, err)
+    assert r["verdict"] == "unsafe" and r["family"] == "object-store"
+    assert not r["probes"]["link"]["ok"] and "EOPNOTSUPP" in r["probes"]["link"]["detail"]
+    assert r["settings"] is None
+    # two nodes at once: O_CREAT|O_EXCL is not exclusive across the two s3fs clients
+    reports = _peers_check(s3, d, session="s3")
+    for rc, r in reports:
+        assert rc == 10 and r["verdict"] == "unsafe"
+        assert r["peers"]["excl_double_wins"] > 0, r["peers"]
+
+
+def _env_argv(d: str, job: str, nnodes: int, timeout: float = 30) -> list[str]:
+    return [*FSM, "env", "--dir", d, "--job-id", job, "--nnodes", str(nnodes), "--timeout", str(timeout),
+            "--format", "json"]
+
+
+@pytest.mark.root
+@pytest.mark.realfs
+def test_s3fs_refused_on_every_node_within_5s(s3):
+    d = os.path.join(s3.shared, "rdzv")
+    os.makedirs(d, exist_ok=True)
+    with contextlib.suppress(OSError):
+        os.chmod(d, 0o700)
+    procs = []
+    t0 = time.monotonic()
+    for h in s3:
+        procs.append(h.popen(_env_argv(d, "s3job", len(s3)), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True))
+    for p in procs:
+        out, err = p.communicate(timeout=30)
+        elapsed = time.monotonic() - t0
+        assert p.returncode == 10, (p.returncode, err)
+        assert elapsed < 5, f"refusal took {elapsed:.1f} s"
+        assert "fuse.s3fs" in err and d in err and "link()" in err and "POSIX shared filesystem" in err, err
+        assert "EOPNOTSUPP" in err or "ENOTSUP" in err, err
+    # the probe left nothing behind, and nothing was claimed
+    assert all(os.listdir(os.path.join(d, n)) == [] for n in os.listdir(d)), os.listdir(d)
+
+
+@pytest.mark.root
+@pytest.mark.realfs
+def test_s3fs_named_plain_fuse_is_refused_by_the_probe(s3, tmp_path):
+    # `-o fsname=X`: mountinfo says type "fuse", source "X"; nothing in the type string says s3.
+    mnt = str(s3.workdir / "mnt-fsname")
+    os.makedirs(mnt)
+    s3._state["fuse_mounts"].append(mnt)
+    s3._save()
+    p = subprocess.run(["s3fs", "fsmbucket", mnt, "-o", s3.fs_backend.opts + ",fsname=teamstore"],
+                       capture_output=True, text=True, timeout=30)
+    assert p.returncode == 0, p.stderr
+    try:
+        m = fscheck.find_mount(mnt)
+        assert (m.fstype, m.source) == ("fuse", "teamstore")
+        d = os.path.join(mnt, "rdzv2")
+        os.makedirs(d, exist_ok=True)
+        t0 = time.monotonic()
+        p = subprocess.run(_env_argv(d, "plain", 2), capture_output=True, text=True, timeout=30)
+        assert p.returncode == 10 and time.monotonic() - t0 < 5, p.stderr
+        assert "fuse filesystem 'teamstore'" in p.stderr and "EOPNOTSUPP" in p.stderr, p.stderr
+        rc, r, _ = _check(d)
+        assert rc == 10 and r["verdict"] == "unsafe" and r["family"] == "fuse"
+    finally:
+        cl._fuse_abort(mnt)
