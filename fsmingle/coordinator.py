@@ -21,7 +21,7 @@ import logging
 
 from .channel import WIRE_VERSION, EventKind, hostport
 from .decision import Action, CoordinatorView, decide, placements
-from .errors import RecordError, WorldSizeMismatchError
+from .errors import RecordError
 from .layout import RELEASE, claimed_ranks, gen_name, master_name, ranges, release_name
 from .liveness import Verdict
 from .records import Member, Release, encode, hostid_from_dict, instance_id, validate_addr
@@ -139,17 +139,14 @@ class Coordinator:
         host = m.get("host") if isinstance(m.get("host"), dict) else {}
         who = f"{host.get('hostname', '?')} ({m.get('addr')})"
         if m.get("size") != p.size or m.get("mode") != p.mode:
+            # The member fails (exit 11) with this message; rank 0 keeps its
+            # place and waits for members that agree with it.
             msg = (f"rank 0 on {p.me.hostname} ({p.addr}) expects a world of {p.size} ({p.mode} mode) but "
                    f"{who} expects {m.get('size')} ({m.get('mode')} mode); give every participant the same "
                    "--nnodes (or --world-size)")
+            log.error("job %s: %s", p.job_id, msg)
             self._reject(conn, msg, fatal=True)
-            p.void(msg)
-            self._broadcast({"t": "void", "why": msg})
-            from .protocol import State
-
-            p.rejoin()
-            p.state = State.FAILED
-            raise WorldSizeMismatchError(msg)
+            return
         if m.get("job") != p.job_id or m.get("gen") != p.gen:
             self._reject(conn, f"this master is job {p.job_id!r} generation {p.gen}")
             return
@@ -203,8 +200,8 @@ class Coordinator:
                 self._end(f"voided by another participant: {rel.reason}", write=False)
                 return True
             if isinstance(rel, RecordError):
-                self._end(f"its decision record {p.store_path(release_name(p.gen))} is unusable ({rel}); "
-                          "regrouping in the next generation", write=False)
+                self._end("its decision record is unusable (see the warning above); regrouping in the "
+                          "next generation", write=False)
                 return True
         listed = [r for r in claimed_ranks(names) if r < p.size]
         self.listed = set(listed)

@@ -28,7 +28,7 @@ from typing import Any
 
 from .errors import RecordError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: protocol v2 (direct channel); a v1 node must not join a v2 world
 MODES = ("node", "rank")
 _INSTANCE_RE = re.compile(r"^[0-9a-f]{8,64}$")
 _MAX_RECORD_BYTES = 1 << 20  # a release for 100k members is far below this
