@@ -1018,6 +1018,10 @@ class Cluster:
             os.chmod(self.backing, 0o1777)  # like a scratch dir; tests may chmod it
         if self.shared != str(self.backing):
             Path(self.shared).mkdir(parents=True, exist_ok=True)
+        # The rendezvous directory every test uses: fsmingle never creates --dir
+        # (a typo must fail at once), so the "cluster admin" makes it once.
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(os.path.join(self.shared, "rdzv"), 0o700)
 
         names = [(n, f"{self.subnet}.{10 + k}", True) for k, n in enumerate(self.host_names)]
         names += [(n, f"{self.subnet}.{2 + k}", False) for k, n in enumerate(self.extra_names)]

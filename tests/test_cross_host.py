@@ -201,7 +201,7 @@ def test_three_hosts_first_come_with_iface_hints(make_cluster):
     c = make_cluster(3)
     _add_decoy_interface(c)
     # without a hint the decoy wins the tie-break, so the hints below are what is tested
-    p = c[0].run(["fsmingle", "env", "--dir", f"{c.shared}/probe", "--job-id", "p", "--nnodes", "1",
+    p = c[0].run(["fsmingle", "env", "--dir", f"{c.shared}/rdzv", "--job-id", "p", "--nnodes", "1",
                   "--format", "json", "-q"], env=_BASE_ENV, timeout=60)
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout)["master_addr"].startswith("198.18.")
