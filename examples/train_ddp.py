@@ -152,7 +152,10 @@ def param_checksum(model: nn.Module) -> tuple[float, str]:
         for p in model.parameters():
             t = p.detach().to("cpu", torch.float64).contiguous()
             total += float(t.sum())
-            h.update(p.detach().to("cpu").contiguous().numpy().tobytes())
+            # The raw bytes without numpy (not installed by `pip install fsmingle[torch]`):
+            # reinterpret as uint8, then a plain list of ints.
+            raw = p.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
+            h.update(bytes(raw.tolist()))
     return total, h.hexdigest()
 
 

@@ -6,27 +6,29 @@ Nothing here imports torch.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import secrets
 from dataclasses import dataclass, replace
 
-from . import __version__
+from . import __version__, options
+from .channel import TcpTransport
 from .cleanup import locked_cleaner
 from .config import resolve
-from .errors import ConfigError, RecordError
-from .hostinfo import local_process_alive, this_process
-from .netaddr import PortReservation, choose_address, probe_master
-from .protocol import Participant, Progress, SystemClock, Timing
-from .records import Release, validate_port
+from .decision import Placement
 from .fscheck import require_claimable
+from .hostinfo import local_process_alive, this_process
+from .netaddr import choose_address
+from .protocol import Participant, SystemClock, Timing
+from .records import Release
 from .store import open_job_dir
 
 log = logging.getLogger("fsmingle")
 
-__all__ = ["Rendezvous", "rendezvous", "DEFAULT_TIMEOUT"]
+__all__ = ["DEFAULT_TIMEOUT", "Rendezvous", "rendezvous"]
 
-DEFAULT_TIMEOUT = 600.0
+DEFAULT_TIMEOUT: float = options.get("timeout").default
 
 
 @dataclass(frozen=True)
@@ -65,7 +67,16 @@ class Rendezvous:
     dir: str = ""
 
     @classmethod
-    def from_release(cls, rel: Release, rank: int, dir: str = "") -> "Rendezvous":
+    def from_placement(cls, pl: Placement, job_id: str, dir: str = "") -> Rendezvous:
+        """Build the result from the placement rank 0 sent this participant at release."""
+        if pl.mode == "node":
+            return cls(pl.master_addr, pl.master_port, pl.rank, pl.size, job_id, pl.generation, "node", dir=dir)
+        return cls(pl.master_addr, pl.master_port, pl.node_rank, pl.nnodes, job_id, pl.generation, "rank",
+                   rank=pl.rank, world_size=pl.size, local_rank=pl.local_rank,
+                   local_world_size=pl.local_world_size, dir=dir)
+
+    @classmethod
+    def from_release(cls, rel: Release, rank: int, dir: str = "") -> Rendezvous:
         """Build the result for the member at ``rank`` of a released record."""
         addrs = tuple(m.addr for m in rel.members)
         if rel.mode == "node":
@@ -118,23 +129,7 @@ class Rendezvous:
         return e
 
 
-def rendezvous(
-    dir: str | None = None,
-    job_id: str | None = None,
-    *,
-    nnodes: int | None = None,
-    node_rank: int | None = None,
-    world_size: int | None = None,
-    rank: int | None = None,
-    addr: str | None = None,
-    iface: str | None = None,
-    port: int | None = None,
-    timeout: float = DEFAULT_TIMEOUT,
-    stale_after: float | None = None,
-    timing: Timing | None = None,
-    on_progress=None,
-    env: dict | None = None,
-) -> Rendezvous:
+def rendezvous(dir: str | None = None, job_id: str | None = None, **kwargs) -> Rendezvous:
     """Block until the world is complete; return the master and this participant's place in it.
 
     Node mode (``nnodes``/``node_rank``): one participant per node, e.g. before
@@ -143,18 +138,16 @@ def rendezvous(
     come from the scheduler's environment (see :mod:`fsmingle.config`); an
     unset rank means first-come assignment (rank 0 included).
 
-    Args:
-        dir (str | None): shared rendezvous directory (``FSMINGLE_DIR``).
-        job_id (str | None): job id, the same on every participant
-            (``FSMINGLE_JOB_ID``, else the scheduler's job id).
-        nnodes, node_rank, world_size, rank (int | None): see above.
-        addr (str | None): IP address to announce; ``iface`` (str | None): or
-            the interface to take it from (see :func:`fsmingle.netaddr.choose_address`).
-        port (int | None): master port rank 0 should hold; None: a free one.
-        timeout (float): seconds before giving up (default 600).
-        stale_after (float | None): seconds without a heartbeat change after
-            which a remote participant is dead (default 30).
-        timing (Timing | None): all polling settings (``stale_after`` overrides its field).
+    The option keywords are the rows of :data:`fsmingle.options.OPTIONS`
+    (the signature is generated from it; None = unset):
+
+{OPTION_DOCS}
+
+    Other keywords:
+        values (fsmingle.options.Values | None): all options in one object
+            (what the CLI passes); then no option keyword may be given.
+        timing (Timing | None): all polling settings; ``stale_after`` and
+            ``poll_max``, when given, override its fields.
         on_progress (Callable[[Progress], None] | None): progress callback.
         env (dict | None): environment to read fallbacks from (default ``os.environ``).
 
@@ -162,38 +155,64 @@ def rendezvous(
         Rendezvous: frozen; ``.env()`` gives the variables to export.
 
     Raises:
-        ConfigError: invalid or missing parameters, an unknown interface, a busy
+        TypeError: an unknown keyword, or ``values`` together with option keywords.
+        ConfigError: invalid or missing parameters (the message names the flag),
+            ``poll_max`` above ``stale_after``/4, an ``addr`` that is not this
+            host's (without ``addr_not_local``), an unknown interface, a busy
             ``port``, or participants that disagree on the world size.
         UnsafeDirectoryError: the directory is not safely ours.
-        StorageError: the directory is missing, not writable, read-only or full.
+        StorageError: the directory is missing (it is never created here: a
+            missing ``dir`` on one node is usually a typo or a missing mount),
+            not writable, read-only or full.
         RankConflictError: the requested rank is held by a live process.
         RendezvousTimeoutError: incomplete after ``timeout`` seconds (names the missing ranks).
         CorruptStateError: the release record stayed unusable.
         UnsupportedFilesystemError: link() does not work in the directory (s3fs and other
             object-store mounts): no claim could be exclusive (see :mod:`fsmingle.fscheck`).
     """
-    s = resolve(dir=dir, job_id=job_id, nnodes=nnodes, node_rank=node_rank, world_size=world_size, rank=rank, env=env)
-    if port is not None:
-        try:
-            validate_port(port)
-        except RecordError as e:
-            raise ConfigError(f"--port: {e}") from None
-    if not timeout > 0:
-        raise ConfigError(f"--timeout must be positive seconds, got {timeout}")
-    address = choose_address(addr, iface, env=os.environ if env is None else env)
-    timing = timing or Timing()
-    if stale_after is not None:
-        if not stale_after > 0:
-            raise ConfigError(f"--stale-after must be positive seconds, got {stale_after}")
-        timing = replace(timing, stale_after=stale_after)
-    store = open_job_dir(s.dir, s.job_id)
+    timing: Timing | None = kwargs.pop("timing", None)
+    on_progress = kwargs.pop("on_progress", None)
+    env: dict | None = kwargs.pop("env", None)
+    values = kwargs.pop("values", None)
+    unknown = sorted(set(kwargs) - _API_OPTIONS)
+    if unknown:
+        raise TypeError(f"rendezvous() got unexpected keyword argument(s) {', '.join(unknown)}")
+    if values is None:
+        values = options.Values(**{n: None for n in _API_OPTIONS}, **{"dir": dir, "job_id": job_id, **kwargs})
+    elif kwargs or dir is not None or job_id is not None:
+        raise TypeError("rendezvous(): pass either values= or option keywords, not both")
+    if timing is not None:
+        # Unset stale_after/poll_max keep the caller's Timing; set ones override it.
+        values = replace(values, stale_after=values.stale_after if values.stale_after is not None
+                         else timing.stale_after, poll_max=values.poll_max if values.poll_max is not None
+                         else min(timing.poll_max, (values.stale_after or timing.stale_after) / 4))
+    v = options.validate(values)
+    s = resolve(dir=v.dir, job_id=v.job_id, nnodes=v.nnodes, node_rank=v.node_rank, world_size=v.world_size,
+                rank=v.rank, env=env)
+    address = choose_address(v.addr, v.iface, env=os.environ if env is None else env)
+    port, timeout = v.port, v.timeout
+    timing = replace(timing or Timing(), stale_after=v.stale_after, poll_max=v.poll_max,
+                     poll_min=min((timing or Timing()).poll_min, v.poll_max))
+    log.debug("options: %s", ", ".join(f"{o.flag} {getattr(v, o.name)}" for o in options.OPTIONS
+                                       if not o.cli_only and getattr(v, o.name) not in (None, False)))
+    log.debug("resolved: dir %s, job %s, %s mode, size %d, rank %s, address %s, restart count %d",
+              s.dir, s.job_id, s.mode, s.size, "first-come" if s.rank is None else s.rank, address, s.restart_count)
+    log.debug("timing: poll %g..%g s, heartbeat every %g s, stale after %g s, timeout %g s", timing.poll_min,
+              timing.poll_max, timing.heartbeat_period, timing.stale_after, timeout)
+    store = open_job_dir(s.dir, s.job_id, create_base=False)
     require_claimable(store.root)  # before any claim: no exclusive create here -> UnsupportedFilesystemError (exit 10)
+    log.debug("job directory %s", store.root)
     p = Participant(
         store, job_id=s.job_id, mode=s.mode, size=s.size, rank=s.rank, addr=address,
         instance=secrets.token_hex(8), me=this_process(), timeout=timeout, timing=timing, master_port=port,
-        restart_count=s.restart_count, slurm_job_id=s.slurm_job_id, clock=SystemClock(), local_alive=local_process_alive, probe=probe_master,
-        reserve_port=PortReservation, on_progress=on_progress, cleaner=locked_cleaner(store, timing.stale_after),
-        version=__version__,
+        restart_count=s.restart_count, slurm_job_id=s.slurm_job_id, clock=SystemClock(),
+        local_alive=local_process_alive, transport=TcpTransport(ping_interval=timing.ping_interval),
+        on_progress=on_progress, cleaner=locked_cleaner(store, timing.stale_after), version=__version__,
     )
-    rel = p.run()
-    return Rendezvous.from_release(rel, p.rank, dir=s.dir)
+    return Rendezvous.from_placement(p.run(), s.job_id, dir=s.dir)
+
+
+_API_OPTIONS = frozenset(o.name for o in options.OPTIONS if not o.cli_only)
+rendezvous.__signature__ = options.api_signature(extra=tuple(  # type: ignore[attr-defined]
+    inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=None) for n in ("values", "timing", "on_progress", "env")))
+rendezvous.__doc__ = rendezvous.__doc__.replace("{OPTION_DOCS}", options.api_docs())

@@ -20,10 +20,10 @@ from dataclasses import dataclass
 
 import filelock
 
-from .hostinfo import local_process_alive, this_process
-from .protocol import CLAIM_RE, GEN_RE, RELEASE, beacon_name, gen_name, release_name
-from .records import Beacon, Release, decode
 from .errors import RecordError
+from .hostinfo import local_process_alive, this_process
+from .protocol import CLAIM_RE, GEN_RE, gen_name, release_name
+from .records import Beacon, Release, decode
 from .store import PosixStore, Store
 
 log = logging.getLogger("fsmingle.clean")
@@ -58,13 +58,15 @@ def generations(store: Store) -> list[int]:
     return sorted(int(m.group(1)) for m in map(GEN_RE.match, store.listdir("")) if m)
 
 
-def inspect(store: Store, g: int, stale_after: float = 0.0, clock=time) -> GenerationInfo:
+def inspect(store: Store, g: int, stale_after: float = 0.0, clock=time, warnings=None) -> GenerationInfo:
     """Read one generation and judge its participants.
 
     Liveness of a participant in our pid space is checked directly (psutil);
     of a remote one by watching its heartbeat counter for ``stale_after``
     seconds of our monotonic clock (0: no watching; remote ones are then
-    ``None`` = unknown).
+    ``None`` = unknown).  Unreadable beacons and release records are skipped;
+    with ``warnings`` (a :class:`fsmingle.progress.WarnOnce`) each such file is
+    warned about once, repeats only counted.
     """
     me = this_process()
     rel = None
@@ -72,8 +74,11 @@ def inspect(store: Store, g: int, stale_after: float = 0.0, clock=time) -> Gener
     if data is not None:
         try:
             rel = decode(data, Release)
-        except RecordError:
+        except RecordError as e:
             rel = None
+            if warnings is not None:
+                name = f"{store.path(release_name(g)) if hasattr(store, 'path') else release_name(g)}"
+                warnings.warn(name, "ignoring %s: %s", name, e)
     names = store.listdir(gen_name(g))
     claims = sorted(int(m.group(1)) for m in map(CLAIM_RE.match, names) if m)
 
@@ -86,8 +91,10 @@ def inspect(store: Store, g: int, stale_after: float = 0.0, clock=time) -> Gener
                     try:
                         b = decode(d, Beacon)
                         out[b.instance] = b
-                    except RecordError:
-                        pass
+                    except RecordError as e:
+                        if warnings is not None:
+                            path = f"{gen_name(g)}/{n}"
+                            warnings.warn(path, "ignoring %s: %s", path, e)
         return out
 
     beacons = read_beacons()
@@ -152,8 +159,9 @@ def clean_job(store: Store, *, keep_decided: int = 1, stale_after: float = 0.0, 
             out.append((g, "no live participants"))
     if not dry_run:
         for g, why in out:
+            # Reported once, by the caller (``fsmingle clean`` prints each removal on stdout).
             if store.retire(gen_name(g)):
-                log.info("removed generation %d (%s)", g, why)
+                log.debug("retired generation %d (%s)", g, why)
     return out
 
 

@@ -1,23 +1,33 @@
 """The ``fsmingle`` command: ``run``, ``env``, ``status``, ``clean``, ``demo``.
 
 A thin layer over :func:`fsmingle.rendezvous`; torch is never imported here, so
-``fsmingle --help`` answers fast.  Exit codes are those of
-:mod:`fsmingle.errors` (``run`` then returns the command's own code).
+``fsmingle --help`` answers fast.  The rendezvous options of ``run`` and ``env``
+are generated from :data:`fsmingle.options.OPTIONS`; exit codes are those of
+:func:`fsmingle.errors.exit_codes` (``run`` then returns the command's own code).
+Every failure is one line on stderr, ``fsmingle: error: ...``.
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import os
 import shlex
+import signal
 import sys
-from typing import List, Optional
+import time
 
 import typer
+import typer.core
 
-from . import __version__
-from .errors import ConfigError, FsmingleError
+try:  # typer >= 0.2x vendors its own click; its exceptions are not click's
+    from typer._click import exceptions as click
+except ImportError:  # pragma: no cover - older typer uses click itself
+    from click import exceptions as click
+
+from . import __version__, options
+from .errors import ConfigError, FsmingleError, UnsafeDirectoryError, help_lines
 
 log = logging.getLogger("fsmingle")
 
@@ -30,106 +40,126 @@ app = typer.Typer(
     rich_markup_mode=None,
 )
 
-# ---- options shared by run and env (torchrun's spelling where they overlap)
-DirOpt = typer.Option(None, "--dir", envvar="FSMINGLE_DIR", help="Shared rendezvous directory every node sees.")
-JobOpt = typer.Option(None, "--job-id", help="Job id, the same on every node [env FSMINGLE_JOB_ID, else the scheduler's job id].")
-NnodesOpt = typer.Option(None, "--nnodes", help="Number of nodes [SLURM_NNODES, PET_NNODES].")
-NodeRankOpt = typer.Option(None, "--node-rank", "--node_rank", help="This node's rank [SLURM_NODEID, JOB_COMPLETION_INDEX, PET_NODE_RANK]; unset: first-come.")
-WorldOpt = typer.Option(None, "--world-size", "--world_size", help="Per-rank mode: number of ranks [SLURM_NTASKS].")
-RankOpt = typer.Option(None, "--rank", help="Per-rank mode: this process's rank [SLURM_PROCID]; unset: first-come.")
-AddrOpt = typer.Option(None, "--addr", help="IP address to announce (e.g. the pod IP).")
-IfaceOpt = typer.Option(None, "--iface", help="Interface to take the address from [default: NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME, default route, the only interface up].")
-PortOpt = typer.Option(None, "--port", "--master-port", help="Master port rank 0 holds for torch [default: a free port].")
-TimeoutOpt = typer.Option(600.0, "--timeout", help="Seconds to wait for the world before failing (exit 7).")
-StaleOpt = typer.Option(30.0, "--stale-after", help="Seconds without a heartbeat change after which a remote participant is dead.")
-PollOpt = typer.Option(0.28, "--poll-max", help="Steady-state seconds between reads of the release record (raise to spare the metadata server).")
-QuietOpt = typer.Option(False, "--quiet", "-q", help="Print only errors.")
-VerboseOpt = typer.Option(False, "--verbose", "-v", help="Print protocol details.")
+INTERRUPTED = 130  # SIGINT and SIGTERM alike; see Terminated
+
+
+class Terminated(KeyboardInterrupt):
+    """Raised in the main thread by the SIGTERM handler while a participant waits.
+
+    A KeyboardInterrupt so that it unwinds exactly like Ctrl-C: through
+    ``Participant.run``, which withdraws this participant from its generation.
+    The command then exits 130 like for SIGINT (documented in
+    :func:`fsmingle.errors.exit_codes`): "interrupted while waiting, withdrew
+    cleanly" is what a caller needs to know; 143 is left to mean what shells
+    make it mean, a process killed by SIGTERM without handling it.
+    """
 
 
 def _setup_logging(quiet: bool, verbose: bool) -> None:
     level = logging.ERROR if quiet else logging.DEBUG if verbose else logging.INFO
     logger = logging.getLogger("fsmingle")
     logger.setLevel(level)
+    fmt = ("fsmingle %(asctime)s.%(msecs)03d %(name)s %(levelname)s: %(message)s" if verbose
+           else "fsmingle: %(message)s")
+    for h in logger.handlers:
+        h.setFormatter(logging.Formatter(fmt, "%H:%M:%S"))
     if not logger.handlers:
         h = logging.StreamHandler(sys.stderr)
-        h.setFormatter(logging.Formatter("fsmingle: %(message)s"))
+        h.setFormatter(logging.Formatter(fmt, "%H:%M:%S"))
         logger.addHandler(h)
         logger.propagate = False
 
 
-def _fail(e: FsmingleError) -> "typer.Exit":
+def _fail(e: FsmingleError) -> typer.Exit:
     # One clear line, no traceback: every message says what is wrong and what to do.
     typer.echo(f"fsmingle: error: {e}", err=True)
     return typer.Exit(e.exit_code)
 
 
-def _do_rendezvous(dir, job_id, nnodes, node_rank, world_size, rank, addr, iface, port, timeout, stale_after,
-                   poll_max, quiet):
-    import time
+def _on_sigterm(signum, frame):
+    raise Terminated()
 
+
+def _rendezvous(values) -> object:
+    """Run the rendezvous for ``run``/``env``; exits the process on failure (one line, documented code)."""
     from .api import rendezvous
     from .progress import Reporter, fmt_duration
     from .protocol import Timing
 
-    for flag, value in (("--poll-max", poll_max), ("--stale-after", stale_after), ("--timeout", timeout)):
-        if not value > 0:
-            raise _fail(ConfigError(f"{flag} must be a positive number of seconds, got {value:g}"))
-    try:
-        timing = Timing(poll_max=poll_max, poll_min=min(0.01, poll_max), stale_after=stale_after, status_interval=10.0)
-    except FsmingleError as e:
-        raise _fail(e)
-    reporter = Reporter(quiet=quiet)
+    _setup_logging(bool(values.quiet), bool(values.verbose))
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    reporter = Reporter(quiet=bool(values.quiet))
     t0 = time.monotonic()
     try:
-        r = rendezvous(dir, job_id, nnodes=nnodes, node_rank=node_rank, world_size=world_size, rank=rank, addr=addr,
-                       iface=iface, port=port, timeout=timeout, timing=timing, on_progress=reporter)
+        # status_interval 10 s: a waiting non-coordinator refreshes the "who is missing" line that often.
+        r = rendezvous(values=values, timing=Timing(status_interval=10.0), on_progress=reporter)
     except FsmingleError as e:
         reporter.close()
         raise _fail(e)
+    except Terminated:
+        reporter.close()
+        typer.echo("fsmingle: terminated (SIGTERM) while waiting; this participant withdrew from the rendezvous",
+                   err=True)
+        raise typer.Exit(INTERRUPTED)
     except KeyboardInterrupt:
         reporter.close()
-        typer.echo("fsmingle: interrupted; this participant withdrew from the rendezvous", err=True)
-        raise typer.Exit(130)
+        typer.echo("fsmingle: interrupted (SIGINT); this participant withdrew from the rendezvous", err=True)
+        raise typer.Exit(INTERRUPTED)
+    finally:
+        # Released (or failed): from here SIGTERM means what it always means, to fsmingle and to the
+        # command it execs (exec resets caught signals to their default anyway, execve(2)).
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
     reporter.close()
+    elapsed = time.monotonic() - t0
     where = (f"node rank {r.node_rank}/{r.nnodes}" if r.mode == "node"
              else f"rank {r.rank}/{r.world_size} (local {r.local_rank}/{r.local_world_size}, node {r.node_rank}/{r.nnodes})")
     log.info("%s released: master %s:%d, %s, generation %d, after %s", r.job_id, r.master_addr, r.master_port,
-             where, r.generation, fmt_duration(time.monotonic() - t0) if time.monotonic() - t0 >= 1 else
-             f"{(time.monotonic() - t0) * 1000:.0f}ms")
+             where, r.generation, fmt_duration(elapsed) if elapsed >= 1 else f"{elapsed * 1000:.0f}ms")
     return r
 
 
-def _install_sigterm():
-    import signal
+class _PlainArgument(typer.core.TyperArgument):
+    """An argument whose help line shows only its metavar (no ``<list[str]>``)."""
 
-    def handler(signum, frame):
-        raise KeyboardInterrupt  # unwinds through Participant.run, which withdraws
-
-    signal.signal(signal.SIGTERM, handler)
+    def display_type_rich(self, ctx) -> str:
+        return ""
 
 
-@app.command(context_settings={"allow_interspersed_args": False})
-def run(
-    command: List[str] = typer.Argument(..., help="The command to exec once released, e.g. torchrun ... train.py.",
-                                        metavar="COMMAND [ARGS]..."),
-    dir: Optional[str] = DirOpt, job_id: Optional[str] = JobOpt, nnodes: Optional[int] = NnodesOpt,
-    node_rank: Optional[int] = NodeRankOpt, world_size: Optional[int] = WorldOpt, rank: Optional[int] = RankOpt,
-    addr: Optional[str] = AddrOpt, iface: Optional[str] = IfaceOpt, port: Optional[int] = PortOpt,
-    timeout: float = TimeoutOpt, stale_after: float = StaleOpt, poll_max: float = PollOpt,
-    quiet: bool = QuietOpt, verbose: bool = VerboseOpt,
-):
-    """Wait for the world, then exec COMMAND with MASTER_ADDR, MASTER_PORT, NODE_RANK, NNODES and PET_* set.
+class RunCommand(typer.core.TyperCommand):
+    """``fsmingle run``: usage ``fsmingle run [OPTIONS] [--] COMMAND [ARGS]...``."""
 
-    Per-rank mode (--world-size/--rank) sets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE instead of PET_*.
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        for p in self.params:
+            if isinstance(p, typer.core.TyperArgument):
+                p.__class__ = _PlainArgument
 
-    Exit codes: the command's own once it runs; 3 bad value, 4 unsafe directory, 5 storage, 6 rank conflict,
-    7 timeout, 8 corrupt release, 126 not executable, 127 not found, 130 interrupted.
-    """
-    _setup_logging(quiet, verbose)
-    _install_sigterm()
-    r = _do_rendezvous(dir, job_id, nnodes, node_rank, world_size, rank, addr, iface, port, timeout, stale_after,
-                       poll_max, quiet)
+    def collect_usage_pieces(self, ctx) -> list[str]:
+        return ["[OPTIONS]", "[--] COMMAND [ARGS]..."]
+
+
+_COMMAND_ARG = inspect.Parameter(
+    "command", inspect.Parameter.KEYWORD_ONLY, annotation=list[str],
+    default=typer.Argument(..., metavar="COMMAND [ARGS]...", show_default=False,
+                           help="The command to exec once released, e.g. torchrun --nproc-per-node 4 train.py. "
+                                "Put -- before it: everything after -- is the command's own."))
+
+
+RUN_HELP = f"""Wait for the world, then exec COMMAND with MASTER_ADDR, MASTER_PORT, NODE_RANK, NNODES and PET_* set.
+
+Per-rank mode (--world-size/--rank) sets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE instead of PET_*.
+
+Write -- between fsmingle's options and COMMAND (fsmingle run --nnodes 2 -- torchrun ... train.py). Parsing
+stops at the first word of COMMAND anyway, so the command's own flags are never taken for fsmingle's.
+
+Exit codes: {help_lines()}
+"""
+
+
+@app.command(cls=RunCommand, help=RUN_HELP, context_settings={"allow_interspersed_args": False})
+@options.rendezvous_command(after=(_COMMAND_ARG,))
+def run(values, command: list[str]):
+    r = _rendezvous(values)
     env = dict(os.environ)
     env.update(r.env())
     sys.stdout.flush()
@@ -144,22 +174,18 @@ def run(
         raise typer.Exit(126)
 
 
+_FORMAT_ARG = inspect.Parameter(
+    "format", inspect.Parameter.KEYWORD_ONLY, annotation=str,
+    default=typer.Option("sh", "--format", help="sh (export lines for eval), json, or dotenv."))
+
+
 @app.command("env")
-def env_cmd(
-    dir: Optional[str] = DirOpt, job_id: Optional[str] = JobOpt, nnodes: Optional[int] = NnodesOpt,
-    node_rank: Optional[int] = NodeRankOpt, world_size: Optional[int] = WorldOpt, rank: Optional[int] = RankOpt,
-    addr: Optional[str] = AddrOpt, iface: Optional[str] = IfaceOpt, port: Optional[int] = PortOpt,
-    timeout: float = TimeoutOpt, stale_after: float = StaleOpt, poll_max: float = PollOpt,
-    format: str = typer.Option("sh", "--format", help="sh (export lines for eval), json, or dotenv."),
-    quiet: bool = QuietOpt, verbose: bool = VerboseOpt,
-):
+@options.rendezvous_command(after=(_FORMAT_ARG,))
+def env_cmd(values, format: str):
     """Wait for the world, then print the result: `eval "$(fsmingle env ...)"` or --format json."""
     if format not in ("sh", "json", "dotenv"):
         raise _fail(ConfigError(f"--format {format!r}: choose sh, json or dotenv"))
-    _setup_logging(quiet, verbose)
-    _install_sigterm()
-    r = _do_rendezvous(dir, job_id, nnodes, node_rank, world_size, rank, addr, iface, port, timeout, stale_after,
-                       poll_max, quiet)
+    r = _rendezvous(values)
     if format == "json":
         typer.echo(json.dumps(r.as_dict(), sort_keys=True))
     else:
@@ -170,33 +196,40 @@ def env_cmd(
 
 @app.command()
 def status(
-    job_id: Optional[str] = typer.Argument(None, help="One job to show in detail; omit to list all jobs."),
-    dir: Optional[str] = DirOpt,
+    job_id: str | None = typer.Argument(None, help="One job to show in detail; omit to list all jobs."),
+    dir: str | None = options.typer_option(options.get("dir")),
+    stale_after: float = options.typer_option(options.get("stale_after")),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
     watch: bool = typer.Option(False, "--watch", help="Refresh every --interval seconds until Ctrl-C."),
     interval: float = typer.Option(2.0, "--interval", help="Seconds between refreshes with --watch."),
 ):
-    """Show jobs, generations and participants. Exit 0 if the (newest) generation is released, else 1."""
+    """Show jobs, generations and participants. Exit 0 if the (newest) generation is released, else 1.
+
+    A participant on this host is judged by its process (alive, or exited); one on another host by the age
+    of its heartbeat against --stale-after (the rendezvous's own rule), so use the --stale-after of the job.
+    """
     from .status import status_main
 
-    raise typer.Exit(status_main(dir, job_id, as_json, watch, interval))
+    _setup_logging(False, False)
+    raise typer.Exit(status_main(dir, job_id, as_json, watch, interval, stale_after=stale_after))
 
 
 @app.command()
 def clean(
-    job_id: Optional[str] = typer.Argument(None, help="Job to clean; omit to clean every job under --dir."),
-    dir: Optional[str] = DirOpt,
+    job_id: str | None = typer.Argument(None, help="Job to clean; omit to clean every job of yours under --dir."),
+    dir: str | None = options.typer_option(options.get("dir")),
     dry_run: bool = typer.Option(False, "--dry-run", help="Only say what would be removed."),
     stale_after: float = typer.Option(0.0, "--stale-after", help="Watch remote heartbeats this many seconds to "
                                       "judge them dead (0: a generation with remote participants is kept)."),
 ):
     """Remove stale generations: old decided ones and those whose participants are all dead.
 
-    Never touches a generation with a live participant.
+    Never touches a generation with a live participant. Without JOB_ID, job directories of other users are
+    skipped with a note on stderr (exit 0); a JOB_ID that is not yours is exit 4.
     """
     from .cleanup import clean_job
     from .config import validate_job_id
-    from .store import check_owned_dir, PosixStore
+    from .store import PosixStore, check_owned_dir
 
     _setup_logging(False, False)
     base = dir or os.environ.get("FSMINGLE_DIR")
@@ -209,7 +242,13 @@ def clean(
             path = os.path.join(base, j)
             if not os.path.isdir(path):
                 raise ConfigError(f"no job {j!r} under {base}")
-            check_owned_dir(path, "job directory")
+            try:
+                check_owned_dir(path, "job directory")
+            except UnsafeDirectoryError as e:
+                if job_id:
+                    raise
+                typer.echo(f"fsmingle: skipping {e}", err=True)
+                continue
             for g, why in clean_job(PosixStore(path), stale_after=stale_after, dry_run=dry_run):
                 typer.echo(f"{'would remove' if dry_run else 'removed'} {j}/gen-{g:08d}: {why}")
     except FsmingleError as e:
@@ -220,7 +259,7 @@ def clean(
 
 @app.command()
 def demo(
-    script: Optional[str] = typer.Option(None, "--script", help="Training script [default: examples/train_ddp.py]."),
+    script: str | None = typer.Option(None, "--script", help="Training script [default: examples/train_ddp.py]."),
     nproc_per_node: int = typer.Option(2, "--nproc-per-node", help="Worker processes per simulated node."),
     steps: int = typer.Option(100, "--steps", help="Training steps."),
     timeout: float = typer.Option(300.0, "--timeout", help="Seconds before the demo gives up."),
@@ -243,14 +282,48 @@ def _root(version: bool = typer.Option(False, "--version", callback=_version_cal
     """Rendezvous for multi-node PyTorch through a shared directory."""
 
 
-def main() -> None:
-    """Console-script entry point."""
-    app()
+def _usage_hint(e: click.ClickException) -> str:
+    ctx = getattr(e, "ctx", None)
+    return f"; see `{ctx.command_path} --help`" if ctx is not None else "; see `fsmingle --help`"
+
+
+def main(argv: list[str] | None = None, prog_name: str | None = None) -> None:
+    """Console-script entry point: every failure is one line and a code of :func:`fsmingle.errors.exit_codes`.
+
+    click's own errors are reworded into that line: a value an option refuses
+    (``--nnodes two``) is exit 3 like every other invalid value; an unknown
+    option or a missing argument is a usage error, exit 2.
+    """
+    try:
+        rv = app(args=argv, standalone_mode=False, prog_name=prog_name)
+    except click.NoArgsIsHelpError as e:
+        e.show()
+        sys.exit(e.exit_code)
+    except click.MissingParameter as e:
+        typer.echo(f"fsmingle: error: {e.format_message().rstrip('.')}{_usage_hint(e)}", err=True)
+        sys.exit(2)
+    except options.BadOptionValue as e:
+        # Option.parse already wrote the whole line: the flag, the value, what to give instead.
+        typer.echo(f"fsmingle: error: {e.message}", err=True)
+        sys.exit(ConfigError.exit_code)
+    except click.BadParameter as e:
+        typer.echo(f"fsmingle: error: {e.format_message()}", err=True)
+        sys.exit(ConfigError.exit_code)
+    except click.UsageError as e:
+        typer.echo(f"fsmingle: error: {e.format_message().rstrip('.')}{_usage_hint(e)}", err=True)
+        sys.exit(2)
+    except click.ClickException as e:
+        typer.echo(f"fsmingle: error: {e.format_message()}", err=True)
+        sys.exit(e.exit_code)
+    except typer.Abort:
+        typer.echo("fsmingle: aborted", err=True)
+        sys.exit(1)
+    sys.exit(rv if isinstance(rv, int) else 0)
 
 
 @app.command("check")
 def check_cmd(
-    dir: Optional[str] = typer.Option(None, "--dir", envvar="FSMINGLE_DIR", help="Directory to examine (the --dir of run/env)."),
+    dir: str | None = typer.Option(None, "--dir", envvar="FSMINGLE_DIR", help="Directory to examine (the --dir of run/env)."),
     peers: int = typer.Option(1, "--peers", help="Run on this many nodes at once to prove cross-node exclusivity and measure visibility."),
     timeout: float = typer.Option(120.0, "--timeout", help="Seconds to wait for the other peers."),
     session: str = typer.Option("default", "--session", help="Scratch rendezvous name in DIR, the same on every peer."),

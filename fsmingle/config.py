@@ -20,6 +20,9 @@ restart count      ``SLURM_RESTART_COUNT`` (0 if unset), compared only between p
                    with the same ``SLURM_JOB_ID``: separate jobs count their requeues apart
 =================  ==========================================================================
 
+The variables of each row are the ``env`` column of :data:`fsmingle.options.OPTIONS`
+(the one place to change them); the job-array and per-rank rules are here.
+
 Per-rank mode is chosen by ``--world-size``/``--rank`` (or by
 ``SLURM_NTASKS`` > ``SLURM_NNODES`` when neither ``--nnodes`` nor
 ``--world-size`` is given, i.e. one ``srun`` task per rank).
@@ -32,6 +35,7 @@ import re
 from dataclasses import dataclass
 
 from .errors import ConfigError
+from .options import get as _option
 
 MAX_JOB_ID_LEN = 128
 _JOB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+@=-]*$")
@@ -68,6 +72,14 @@ def _int_env(env: dict, name: str) -> int | None:
         return int(v)
     except ValueError:
         raise ConfigError(f"environment variable {name}={v!r} is not an integer") from None
+
+
+def _first_int(env: dict, names: tuple[str, ...]) -> int | None:
+    for n in names:
+        v = _int_env(env, n)
+        if v is not None:
+            return v
+    return None
 
 
 def _first(env: dict, *names: str) -> tuple[str | None, str | None]:
@@ -107,13 +119,12 @@ def resolve(
             options mixed, or a non-integer scheduler variable.
     """
     env = os.environ if env is None else env
-    dir = dir or env.get("FSMINGLE_DIR")
+    dir = dir or _first(env, *_option("dir").env)[0]
     if not dir:
         raise ConfigError("no rendezvous directory: pass --dir or set FSMINGLE_DIR to a directory every node sees")
     source = "--job-id"
     if not job_id:
-        job_id, source = _first(env, "FSMINGLE_JOB_ID", "SLURM_ARRAY_JOB_ID", "SLURM_JOB_ID", "PBS_JOBID",
-                                "LSB_JOBID", "JOB_ID", "TORCHELASTIC_RUN_ID")
+        job_id, source = _first(env, *_option("job_id").env)
     job_id = validate_job_id(job_id or "")
     array = source == "SLURM_ARRAY_JOB_ID" and env.get("SLURM_ARRAY_TASK_COUNT")
     if (world_size is not None or rank is not None) and (nnodes is not None or node_rank is not None):
@@ -124,9 +135,9 @@ def resolve(
         if ntasks and nn and ntasks > nn and node_rank is None:
             mode = "rank"  # one srun task per rank
     if mode == "rank":
-        size = world_size if world_size is not None else _int_env(env, "SLURM_NTASKS")
+        size = world_size if world_size is not None else _first_int(env, _option("world_size").env)
         if rank is None:
-            rank = _int_env(env, "SLURM_PROCID")
+            rank = _first_int(env, _option("rank").env)
         what = "--world-size (or SLURM_NTASKS)"
     else:
         size = nnodes
@@ -139,7 +150,7 @@ def resolve(
                 idx = (_int_env(env, "SLURM_ARRAY_TASK_ID") or 0) - (_int_env(env, "SLURM_ARRAY_TASK_MIN") or 0)
                 node_rank = idx * per + (_int_env(env, "SLURM_NODEID") or 0)
         if size is None:
-            for n in ("SLURM_NNODES", "PET_NNODES"):
+            for n in _option("nnodes").env:
                 v = env.get(n)
                 if v and ":" in v:
                     raise ConfigError(f"{n}={v} is an elastic range; the static rendezvous needs one number (--nnodes)")
@@ -147,10 +158,7 @@ def resolve(
                 if size is not None:
                     break
         if node_rank is None:
-            for n in ("SLURM_NODEID", "JOB_COMPLETION_INDEX", "PET_NODE_RANK"):
-                node_rank = _int_env(env, n)
-                if node_rank is not None:
-                    break
+            node_rank = _first_int(env, _option("node_rank").env)
         rank = node_rank
         what = "--nnodes (or SLURM_NNODES)"
     if size is None:

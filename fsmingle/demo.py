@@ -33,7 +33,8 @@ def run_demo(script: str | None, nproc_per_node: int, steps: int, timeout: float
     if shutil.which("torchrun") is None:
         print("fsmingle: error: torchrun not found: pip install 'fsmingle[torch]'", file=sys.stderr)
         return 127
-    tmp = tempfile.mkdtemp(prefix="fsmingle-demo-")
+    tmp = tempfile.mkdtemp(prefix="fsmingle-demo-")  # mode 0700 (tempfile), whatever the umask
+    os.mkdir(os.path.join(tmp, "rdzv"), 0o700)  # fsmingle run never creates --dir itself
     job = f"demo-{secrets.token_hex(3)}"
     print(f"demo: 2 nodes x {nproc_per_node} processes, rendezvous directory {tmp}/rdzv, job id {job}")
     procs = []

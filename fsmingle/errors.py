@@ -7,41 +7,27 @@ built-in exception it is a kind of (``ValueError``, ``PermissionError``,
 those keeps working.  This mirrors tox-dev/filelock, whose ``Timeout`` is a
 ``TimeoutError``.
 
-Exit codes of the ``fsmingle`` command (also ``FsmingleError.exit_code``):
-
-====  ===========================================================================
-code  meaning
-====  ===========================================================================
-0     success (``run`` returns the child's own exit code once it has started)
-2     command-line usage error (unknown option, missing value) -- from click
-3     :class:`ConfigError` -- an invalid value: job id, nnodes, rank, port, ...
-4     :class:`UnsafeDirectoryError` -- directory or file not owned by you,
-      group/world-writable, a symlink
-5     :class:`StorageError` -- directory missing, not writable, read-only, full
-6     :class:`RankConflictError` -- another live process holds the same rank
-7     :class:`RendezvousTimeoutError` -- the world did not complete in time
-8     :class:`CorruptStateError` -- a release record that cannot be trusted
-9     any other :class:`FsmingleError`
-10    :class:`UnsupportedFilesystemError` -- the filesystem of ``--dir`` cannot
-      hold an exclusive claim (no hard links: s3fs, gcsfuse, blobfuse, ...)
-126   ``run``: the command exists but cannot be executed (as in POSIX shells)
-127   ``run``: the command was not found (as in POSIX shells)
-130   interrupted (SIGINT / SIGTERM) while waiting; the rendezvous was withdrawn
-====  ===========================================================================
+Exit codes of the ``fsmingle`` command: each class carries ``exit_code`` and a
+one-line ``meaning``; :func:`exit_codes` adds the codes that are not errors
+(0, 2, 126, 127, 130, :data:`OTHER_EXIT_CODES`).  The README's table, ``fsmingle run --help`` and
+``docs/cli.md`` are generated from :func:`exit_codes` (:func:`markdown_table`,
+:func:`help_lines`), and ``tests/test_docs.py`` checks them against it.
 """
 
 from __future__ import annotations
 
 __all__ = [
-    "FsmingleError",
     "ConfigError",
-    "UnsafeDirectoryError",
-    "StorageError",
-    "RankConflictError",
-    "RendezvousTimeoutError",
     "CorruptStateError",
+    "FsmingleError",
+    "RankConflictError",
     "RecordError",
+    "RendezvousTimeoutError",
+    "StorageError",
+    "UnsafeDirectoryError",
     "UnsupportedFilesystemError",
+    "WorldSizeMismatchError",
+    "exit_codes",
 ]
 
 
@@ -50,9 +36,11 @@ class FsmingleError(Exception):
 
     Attributes:
         exit_code (int): the exit status the ``fsmingle`` command uses for it.
+        meaning (str): one line saying what the exit code means (the exit-code tables).
     """
 
     exit_code: int = 9
+    meaning: str = 'any other fsmingle error'
 
 
 class ConfigError(FsmingleError, ValueError):
@@ -62,6 +50,7 @@ class ConfigError(FsmingleError, ValueError):
     """
 
     exit_code = 3
+    meaning: str = 'invalid value (job id, nnodes, rank, port, address, interface, option combination), or participants that disagree on the world size'
 
 
 class UnsafeDirectoryError(FsmingleError, PermissionError):
@@ -74,18 +63,21 @@ class UnsafeDirectoryError(FsmingleError, PermissionError):
     """
 
     exit_code = 4
+    meaning: str = 'unsafe directory or file: not yours, group- or world-writable without the sticky bit, a symlink'
 
 
 class StorageError(FsmingleError, OSError):
     """The shared directory cannot be used: missing, not writable, read-only or full."""
 
     exit_code = 5
+    meaning: str = 'storage problem: --dir missing (not created for you), not a directory, not writable, read-only, full'
 
 
 class RankConflictError(FsmingleError, RuntimeError):
     """Another live process already holds the rank this process asked for."""
 
     exit_code = 6
+    meaning: str = 'rank conflict: another live process holds the rank you asked for'
 
 
 class RendezvousTimeoutError(FsmingleError, TimeoutError):
@@ -97,6 +89,7 @@ class RendezvousTimeoutError(FsmingleError, TimeoutError):
     """
 
     exit_code = 7
+    meaning: str = 'timeout: the world did not complete in --timeout; the message names the missing ranks and the directory'
 
     def __init__(self, message: str, missing: list[int] | None = None, present: int = 0):
         super().__init__(message)
@@ -108,6 +101,7 @@ class CorruptStateError(FsmingleError, RuntimeError):
     """A release record exists but stayed unreadable, foreign-owned or of an unknown schema."""
 
     exit_code = 8
+    meaning: str = 'a release record that stayed unusable (unreadable, foreign-owned, unknown schema)'
 
 
 class RecordError(FsmingleError, ValueError):
@@ -119,6 +113,7 @@ class RecordError(FsmingleError, ValueError):
     """
 
     exit_code = 9
+    meaning: str = 'any other fsmingle error'
 
 
 class UnsupportedFilesystemError(StorageError):
@@ -142,3 +137,60 @@ class UnsupportedFilesystemError(StorageError):
     def __init__(self, message: str, fstype: str = "", source: str = "", mount_point: str = ""):
         super().__init__(message)
         self.fstype, self.source, self.mount_point = fstype, source, mount_point
+
+
+# Exit codes that are not an FsmingleError: (code, meaning, where it comes from).
+OTHER_EXIT_CODES: tuple[tuple[int, str], ...] = (
+    (0, "success (`run`: the command's own exit code once it runs)"),
+    (2, "usage error: unknown or misspelt option, missing value or argument"),
+    (126, "`run`: the command exists but cannot be executed (as in POSIX shells)"),
+    (127, "`run`: the command was not found (as in POSIX shells)"),
+    (130, "interrupted (SIGINT or SIGTERM) while waiting: this participant withdrew cleanly"),
+)
+
+
+def _error_classes() -> list[type[FsmingleError]]:
+    """FsmingleError and every subclass (recursively), in definition order of the tree."""
+    out, todo = [], [FsmingleError]
+    while todo:
+        c = todo.pop(0)
+        out.append(c)
+        todo.extend(c.__subclasses__())
+    return out
+
+
+def exit_codes() -> dict[int, tuple[str, str]]:
+    """Every exit status of the ``fsmingle`` command, ascending: code -> (meaning, class name or "").
+
+    Derived from the classes themselves (each ``exit_code`` once, its most
+    general class: ``FsmingleError`` for 9, not ``RecordError``), plus
+    :data:`OTHER_EXIT_CODES`; a class added anywhere in the family appears here.
+    """
+    codes = {code: (meaning, "") for code, meaning in OTHER_EXIT_CODES}
+    for c in _error_classes():
+        codes.setdefault(c.exit_code, (c.meaning, c.__name__))
+    return dict(sorted(codes.items()))
+
+
+def markdown_table() -> str:
+    """The exit-code table as Markdown (README.md, docs/cli.md), one row per code."""
+    rows = ["| code | meaning |", "|---|---|"]
+    for code, (meaning, cls) in exit_codes().items():
+        rows.append(f"| {code} | {meaning}{f' (`{cls}`)' if cls else ''} |")
+    return "\n".join(rows) + "\n"
+
+
+def help_lines() -> str:
+    """The exit-code list for ``--help`` texts: ``"0 success ...; 2 usage error ...; ..."`` in one paragraph."""
+    return "; ".join(f"{code} {meaning.replace('`', '')}" for code, (meaning, _) in exit_codes().items()) + "."
+
+
+class WorldSizeMismatchError(ConfigError):
+    """Participants of one job disagree on the world size or mode (``--nnodes`` / ``--world-size``).
+
+    The message names both values and both hosts.  The generation is voided
+    first, so the participants that agree regroup in the next one.
+    """
+
+    exit_code = 11
+    meaning: str = "participants disagree on the world size or mode (--nnodes / --world-size); the message names both values and hosts"

@@ -16,9 +16,23 @@ import logging
 import sys
 import time
 
-from .protocol import Progress, _ranges
+from .protocol import Progress
 
 log = logging.getLogger("fsmingle")
+
+
+def _ranges(ranks: list[int]) -> str:
+    """``[0, 1, 2, 5]`` -> ``"0-2, 5"``."""
+    out: list[str] = []
+    ranks = sorted(ranks)
+    i = 0
+    while i < len(ranks):
+        j = i
+        while j + 1 < len(ranks) and ranks[j + 1] == ranks[j] + 1:
+            j += 1
+        out.append(str(ranks[i]) if i == j else f"{ranks[i]}-{ranks[j]}" if j > i + 1 else f"{ranks[i]}, {ranks[j]}")
+        i = j + 1
+    return ", ".join(out)
 
 
 def fmt_duration(seconds: float) -> str:
@@ -68,6 +82,7 @@ class Reporter:
         self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
         self._last_text = ""
         self._last_key = None
+        self._last_debug = None
         self._last_time = 0.0
         self._live = None
         if self.tty and not quiet:
@@ -80,6 +95,13 @@ class Reporter:
     def __call__(self, p: Progress) -> None:
         if self.quiet:
             return
+        key = (p.generation, p.present, p.state, p.note, p.rank)
+        if key != self._last_debug:
+            # Shown with --verbose only (the 'fsmingle' logger at DEBUG): every change of state.
+            self._last_debug = key
+            log.debug("state: generation %d %s, this rank %s, claimed %s, missing %s%s", p.generation, p.state,
+                      p.rank, list(p.present) if p.present is not None else "?",
+                      list(p.missing) if p.missing is not None else "?", f", note: {p.note}" if p.note else "")
         text = describe(p)
         if self._live is not None:
             from rich.text import Text
@@ -96,3 +118,32 @@ class Reporter:
         if self._live is not None:
             self._live.stop()
             self._live = None
+
+
+class WarnOnce:
+    """Warnings about one file (or other key) rate-limited: the first in full, then only counted.
+
+    ``warn(key, msg)`` logs the first warning for ``key``; repeats are counted
+    and :meth:`flush` logs one line per key that repeated ("... 110 more
+    times").  Polling loops call it every round without flooding the log.
+
+    Args:
+        logger (logging.Logger): where the lines go (default: the ``fsmingle`` logger).
+    """
+
+    def __init__(self, logger: logging.Logger | None = None):
+        self.log = logger or log
+        self.counts: dict[str, int] = {}
+
+    def warn(self, key: str, msg: str, *args) -> None:
+        n = self.counts.get(key, 0)
+        self.counts[key] = n + 1
+        if n == 0:
+            self.log.warning(msg, *args)
+
+    def flush(self) -> None:
+        """Log how often each warning repeated since it was shown; reset the counts."""
+        for key, n in self.counts.items():
+            if n > 1:
+                self.log.warning("(the warning about %s repeated %d more times)", key, n - 1)
+        self.counts = {k: 1 for k in self.counts}

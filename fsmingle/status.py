@@ -3,35 +3,66 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 
 from .cleanup import generations, inspect
 from .config import validate_job_id
 from .errors import ConfigError, FsmingleError
-from .protocol import gen_name
+from .progress import WarnOnce
 from .store import PosixStore, check_owned_dir
 
+log = logging.getLogger("fsmingle.status")
 
-def job_summary(base: str, job: str, stale_after: float = 0.0) -> dict:
-    """A JSON-ready description of one job's newest generation and its participants."""
+
+def judge(alive_here: bool | None, heartbeat_age: float, stale_after: float) -> str:
+    """What ``status`` calls a participant, by the rendezvous's own rule.
+
+    Same host (pid space): the process itself decides, through psutil --
+    ``alive`` or ``exited`` (an ``env`` participant exits once released; that
+    is not a failure).  Another host: its heartbeat's age against
+    ``stale_after`` -- ``alive`` below it, ``stale`` from it on.  The age is
+    the wall-clock difference to the beacon's own timestamp, which is good
+    enough for a display; the rendezvous itself never uses wall clocks
+    (it watches the heartbeat counter on its monotonic clock).
+    """
+    if alive_here is True:
+        return "alive"
+    if alive_here is False:
+        return "exited"
+    return "alive" if heartbeat_age < stale_after else "stale"
+
+
+def job_summary(base: str, job: str, stale_after: float = 30.0, warnings: WarnOnce | None = None) -> dict:
+    """A JSON-ready description of one job's newest generation and its participants.
+
+    Args:
+        base (str): the rendezvous directory.
+        job (str): a validated job id.
+        stale_after (float): seconds (see :func:`judge`).
+        warnings (WarnOnce | None): where warnings about unreadable files go.
+    """
     store = PosixStore(os.path.join(base, job))
     gens = generations(store)
     if not gens:
         return {"job_id": job, "generation": None, "state": "empty", "participants": [], "release": None,
                 "generations": []}
     g = gens[-1]
-    info = inspect(store, g, stale_after=stale_after)
+    info = inspect(store, g, stale_after=0.0, warnings=warnings)
     now = time.time()
     parts = []
     for b in sorted(info.beacons, key=lambda b: (b.rank is None, b.rank if b.rank is not None else 0)):
-        alive = info.alive.get(b.instance)
+        here = info.alive.get(b.instance)
+        age = max(0.0, now - b.wall_time)
         parts.append({
             "rank": b.rank, "host": b.host.hostname, "addr": b.addr, "pid": b.host.pid,
             "heartbeat": b.heartbeat,
             # wall-clock age is for display only (clocks differ); liveness never uses it
-            "heartbeat_age_s": round(max(0.0, now - b.wall_time), 1),
-            "alive": alive, "master_port": b.master_port, "instance": b.instance,
+            "heartbeat_age_s": round(age, 1),
+            "alive": here if here is not None else age < stale_after,
+            "liveness": judge(here, age, stale_after), "same_host": here is not None,
+            "master_port": b.master_port, "instance": b.instance,
         })
     rel = None
     if info.release is not None:
@@ -40,48 +71,64 @@ def job_summary(base: str, job: str, stale_after: float = 0.0) -> dict:
                "members": [m.addr for m in r.members], "age_s": round(max(0.0, now - r.wall_time), 1)}
     size = info.beacons[0].size if info.beacons else (info.release.size if info.release else None)
     return {"job_id": job, "generation": g, "state": info.state, "size": size, "claimed": info.claims,
-            "participants": parts, "release": rel, "generations": gens}
+            "participants": parts, "release": rel, "generations": gens, "stale_after": stale_after}
 
 
-def _render(base: str, jobs: list[str], detail: bool):
+def _state_word(s: dict) -> str:
+    return {"restart": "voided"}.get(s["state"], s["state"])
+
+
+def _render(base: str, jobs: list[str], detail: bool, stale_after: float, warnings: WarnOnce):
     from rich.console import Group
     from rich.table import Table
+    from rich.text import Text
 
     if not detail:
         t = Table(title=f"fsmingle jobs in {base}")
         for c in ("job", "generation", "state", "claimed", "master"):
             t.add_column(c)
-        summaries = [job_summary(base, j) for j in jobs]
+        summaries = [job_summary(base, j, stale_after, warnings) for j in jobs]
         for s in summaries:
             rel = s["release"]
             master = f"{rel['master_addr']}:{rel['master_port']}" if rel and rel["master_addr"] else "-"
-            claimed = f"{len(s.get('claimed', []))}/{s.get('size') or '?'}" if s["generation"] else "-"
-            t.add_row(s["job_id"], str(s["generation"] or "-"), s["state"], claimed, master)
+            claimed = f"{len(s.get('claimed', []))}/{s.get('size') or '?'}" if s["generation"] and \
+                s["state"] not in ("restart",) else "-"
+            t.add_row(s["job_id"], str(s["generation"] or "-"), _state_word(s), claimed, master)
         return t, summaries
-    s = job_summary(base, jobs[0])
-    t = Table(title=f"job {s['job_id']} generation {s['generation']}: {s['state']} "
-                    f"({len(s.get('claimed', []))}/{s.get('size') or '?'} claimed)")
+    s = job_summary(base, jobs[0], stale_after, warnings)
+    r = s["release"]
+    if s["state"] == "restart":
+        # A voided generation: its participants withdrew (or will join the next one); a claim
+        # count and an empty table would suggest someone is still waiting in it.
+        head = Text(f"job {s['job_id']} generation {s['generation']}: voided ({r['reason'] if r else 'no reason'}); "
+                    f"the next attempt starts generation {s['generation'] + 1}")
+        if not s["participants"]:
+            return Group(head, Text("no participant is left in this generation")), [s]
+        title = None
+    else:
+        head = None
+        title = (f"job {s['job_id']} generation {s['generation']}: {_state_word(s)} "
+                 f"({len(s.get('claimed', []))}/{s.get('size') or '?'} claimed)")
+    t = Table(title=title)
     for c in ("rank", "host", "address", "pid", "heartbeat", "age", "alive"):
         t.add_column(c)
     for p in s["participants"]:
-        alive = {True: "alive", False: "stale", None: "unknown (remote)"}[p["alive"]]
+        word = p["liveness"] + ("" if p["same_host"] else " (remote)")
         t.add_row(str(p["rank"] if p["rank"] is not None else "-"), p["host"], p["addr"], str(p["pid"]),
-                  str(p["heartbeat"]), f"{p['heartbeat_age_s']}s", alive)
-    parts = [t]
-    if s["release"]:
-        r = s["release"]
-        from rich.text import Text
-
-        if r["state"] == "released":
-            parts.append(Text(f"released to {len(r['members'])} members: master {r['master_addr']}:{r['master_port']} "
-                              f"({r['age_s']}s ago)"))
-        else:
-            parts.append(Text(f"voided: {r['reason']}"))
+                  str(p["heartbeat"]), f"{p['heartbeat_age_s']}s", word)
+    parts = [x for x in (head, t) if x is not None]
+    if r and r["state"] == "released":
+        parts.append(Text(f"released to {len(r['members'])} members: master {r['master_addr']}:{r['master_port']} "
+                          f"({r['age_s']}s ago)"))
     return Group(*parts), [s]
 
 
-def status_main(dir: str | None, job_id: str | None, as_json: bool, watch: bool, interval: float) -> int:
-    """Run ``fsmingle status``; return the exit code (0: released / jobs listed, 1: otherwise)."""
+def status_main(dir: str | None, job_id: str | None, as_json: bool, watch: bool, interval: float,
+                stale_after: float = 30.0) -> int:
+    """Run ``fsmingle status``; return the exit code (0: released / jobs listed, 1: otherwise).
+
+    Other codes: 3 (no or invalid ``dir``/job id), 4 (a job directory that is not yours).
+    """
     import sys
 
     from rich.console import Console
@@ -105,9 +152,10 @@ def status_main(dir: str | None, job_id: str | None, as_json: bool, watch: bool,
         print(f"fsmingle: error: {e}", file=sys.stderr)
         return e.exit_code
     console = Console()
+    warnings = WarnOnce(log)
 
     def once() -> int:
-        renderable, summaries = _render(base, jobs, detail=bool(job_id))
+        renderable, summaries = _render(base, jobs, bool(job_id), stale_after, warnings)
         if as_json:
             print(json.dumps(summaries[0] if job_id else summaries, indent=2, sort_keys=True))
         else:
@@ -117,11 +165,15 @@ def status_main(dir: str | None, job_id: str | None, as_json: bool, watch: bool,
         return 0 if summaries else 1
 
     if not watch:
-        return once()
+        code = once()
+        warnings.flush()
+        return code
+    code = 1
     try:
         while True:
             console.clear()
             code = once()
             time.sleep(interval)
     except KeyboardInterrupt:
+        warnings.flush()
         return code

@@ -310,29 +310,33 @@ def _unlink_quiet(path: str) -> None:
         pass
 
 
-def open_job_dir(base: str, job_id: str) -> PosixStore:
+def open_job_dir(base: str, job_id: str, *, create_base: bool = True) -> PosixStore:
     """Validate ``base``, create ``base/job_id`` owner-only if needed, and return its store.
 
-    ``base`` itself is created (mode 0700) when its parent exists, like
-    ``mkdir`` without ``-p``: a missing parent usually means the shared mount
-    is absent on this node, which must be an error, not a silent local dir.
+    ``fsmingle run``/``env`` and :func:`fsmingle.rendezvous` pass
+    ``create_base=False``: a ``--dir`` that does not exist on one node is
+    usually a typo or a missing mount, and creating it would leave that node
+    waiting alone until its timeout.  With ``create_base=True`` (the torchrun
+    backend's documented behaviour) ``base`` is created mode 0700 when its
+    parent exists, like ``mkdir`` without ``-p``.
 
     Args:
         base (str): the rendezvous directory (``--dir``), shared by all nodes.
         job_id (str): an already validated job id (see :func:`fsmingle.config.validate_job_id`).
+        create_base (bool): create ``base`` (not its parents) if it is missing.
 
     Returns:
         PosixStore: rooted at ``base/job_id``.
 
     Raises:
-        StorageError: ``base``'s parent is missing, ``base`` is not a directory,
-            or it cannot be written (permissions, read-only, full).
-        UnsafeDirectoryError: ``base`` is world-writable without the sticky bit,
-            or the job directory is a symlink, not owned by you, or group- or
-            world-writable.
+        StorageError: ``base`` is missing (and not to be created) or its parent
+            is missing, ``base`` is not a directory, or it cannot be written
+            (permissions, read-only, full).
+        UnsafeDirectoryError: ``base`` is group- or world-writable without the
+            sticky bit, or the job directory is a symlink, not owned by you, or
+            group- or world-writable.
     """
     base = os.path.abspath(base)
-    uid = os.geteuid()
     try:
         st = os.stat(base)
     except FileNotFoundError:
@@ -341,8 +345,14 @@ def open_job_dir(base: str, job_id: str) -> PosixStore:
             raise StorageError(
                 f"--dir {base}: its parent {parent} does not exist; is the shared filesystem mounted on this node?"
             ) from None
+        if not create_base:
+            raise StorageError(
+                f"--dir {base} does not exist; create it once on the shared filesystem (`mkdir -m 700 {base}`), "
+                "or check --dir for a typo: fsmingle does not create it, so that a wrong path fails at once"
+            ) from None
         try:
             os.mkdir(base, 0o700)
+            # mkdir's mode is filtered by the umask; a 0700 request can only lose bits, never gain them.
         except FileExistsError:
             pass
         except OSError as e:
@@ -350,10 +360,19 @@ def open_job_dir(base: str, job_id: str) -> PosixStore:
         st = os.stat(base)
     if not stat.S_ISDIR(st.st_mode):
         raise StorageError(f"--dir {base} is not a directory; point --dir at a directory on the shared filesystem")
+    # Whoever may write to base may rename our job directory away and put their own in its
+    # place (rename(2) needs write access to the parent only); the sticky bit forbids that
+    # for entries they do not own (unlink(2)/rename(2), EPERM).
     if st.st_mode & stat.S_IWOTH and not st.st_mode & stat.S_ISVTX:
         raise UnsafeDirectoryError(
             f"--dir {base} is world-writable without the sticky bit: anyone could replace your job "
             f"directory; use a directory of your own, or `chmod +t {base}`"
+        )
+    if st.st_mode & stat.S_IWGRP and not st.st_mode & stat.S_ISVTX:
+        raise UnsafeDirectoryError(
+            f"--dir {base} is group-writable without the sticky bit (mode {stat.S_IMODE(st.st_mode):04o}): other "
+            f"members of its group could replace your job directory; `chmod g-w {base}`, `chmod +t {base}`, "
+            "or use a directory of your own"
         )
     jd = os.path.join(base, job_id)
     try:

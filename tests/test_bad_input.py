@@ -13,12 +13,12 @@ import json
 import os
 import socket
 import subprocess
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import pytest
-
 from helpers import (
     Procs,
     assert_one_world,
@@ -30,6 +30,7 @@ from helpers import (
     umount,
     unprivileged_prefix,
     wait_claimed,
+    wait_for,
 )
 
 JOB = "job1"
@@ -93,6 +94,8 @@ class Case:
     env: dict = field(default_factory=dict)
     followup_job: str | None = None  # job id of the correct attempt (default: the same job)
     needs: tuple[str, ...] = ()  # tools
+    dir_exists: bool = True  # --dir is created (0700) before setup: it must exist, see "dir-missing"
+    at_start: bool = True  # refused before waiting: stderr is exactly one line, the error
 
 
 # ---------------------------------------------------------------- setups and fixes
@@ -152,8 +155,9 @@ CASES = [
     Case("dir-parent-missing", lambda c: args(c, dir=c.tmp / "nomount" / "rdv"), 5,
          ("parent", "does not exist", "mounted"),
          fix=lambda c: _mkdir(c.tmp / "nomount")),
+    Case("dir-missing", lambda c: args(c), 5, ("does not exist", "mkdir -m 700", "typo"), dir_exists=False),
     Case("dir-is-a-file", lambda c: args(c), 5, ("is not a directory", "point --dir at a directory"),
-         setup=lambda c: _file(c.d), fix=lambda c: c.d.unlink()),
+         setup=lambda c: _file(c.d), fix=lambda c: c.d.unlink(), dir_exists=False),
     Case("dir-unwritable", lambda c: args(c), 5, ("permission denied", "use a directory you can write"),
          setup=lambda c: _mkdir(c.d, 0o500), fix=lambda c: os.chmod(c.d, 0o700), unprivileged=True,
          needs=("setpriv",)),
@@ -165,6 +169,9 @@ CASES = [
     Case("full-fs", lambda c: args(c), 5, ("full", "free space"), setup=_full, fix=_unfill, needs=("mount",)),
     Case("dir-world-writable-no-sticky", lambda c: args(c), 4, ("world-writable", "sticky", "chmod +t"),
          setup=lambda c: _mkdir(c.d, 0o777), fix=lambda c: os.chmod(c.d, 0o1777)),
+    Case("dir-group-writable-no-sticky", lambda c: args(c), 4, ("group-writable without the sticky bit",
+                                                                "chmod g-w", "chmod +t"),
+         setup=lambda c: _mkdir(c.d, 0o770), fix=lambda c: os.chmod(c.d, 0o700)),
     Case("job-dir-group-writable", lambda c: args(c), 4, ("group- or world-writable", "chmod go-w"),
          setup=lambda c: (_mkdir(c.d), _mkdir(c.d / JOB, 0o770)), fix=lambda c: os.chmod(c.d / JOB, 0o700)),
     Case("job-dir-foreign-owner", lambda c: args(c), 4, ("owned by uid 65534", "choose another --job-id"),
@@ -202,9 +209,15 @@ CASES = [
     # ---- network
     Case("port-0", lambda c: args(c, "--port", 0), 3, ("--port", "1..65535")),
     Case("port-70000", lambda c: args(c, "--port", 70000), 3, ("--port", "1..65535")),
-    Case("port-not-a-number", lambda c: args(c, "--port", "abc"), 2, ("Invalid value", "--port")),
+    Case("port-not-a-number", lambda c: args(c, "--port", "abc"), 3, ("--port 'abc' is not a whole number",
+                                                                       "give e.g. --port 29500")),
+    Case("nnodes-not-a-number", lambda c: args(c, nnodes="two", rank=None), 3,
+         ("--nnodes 'two' is not a whole number", "give e.g. --nnodes 2")),
+    Case("timeout-not-a-number", lambda c: args(c, timeout="10m"), 3, ("--timeout '10m' is not a number",)),
+    Case("addr-not-local", lambda c: args(c, addr="10.9.9.9"), 3,
+         ("--addr 10.9.9.9 is not an address of this host", "127.0.0.1", "--addr-not-local")),
     Case("port-busy", lambda c: args(c, "--port", c.port), 3, ("already in use", "choose another --port"),
-         setup=_busy_port, fix=lambda c: c.undo()),
+         setup=_busy_port, fix=lambda c: c.undo(), at_start=False),  # found when rank 0 is claimed
     Case("iface-unknown", lambda c: args(c, "--iface", "nosuch0", addr=None), 3,
          ("nosuch0", "no such interface", "--iface or --addr")),
     Case("addr-not-ip", lambda c: args(c, addr="node1.example.org"), 3, ("not an IP address", "give the IP")),
@@ -212,6 +225,8 @@ CASES = [
     Case("timeout-0", lambda c: args(c, timeout=0), 3, ("--timeout", "positive")),
     Case("timeout-negative", lambda c: args(c, timeout=-5), 3, ("--timeout", "positive")),
     Case("stale-after-0", lambda c: args(c, stale=0), 3, ("stale", "positive")),
+    Case("poll-max-not-below-stale-after", lambda c: args(c, "--poll-max", 2, stale=4), 3,
+         ("--poll-max 2", "--stale-after 4", "at most --stale-after/4 = 1 s")),
     Case("format-bad", lambda c: args(c, fmt="xml"), 3, ("--format", "choose sh, json or dotenv")),
     # ---- the command line itself
     Case("misspelt-option", lambda c: args(c, "--nnode", 2, nnodes=None), 2, ("No such option", "--nnodes")),
@@ -236,6 +251,8 @@ def test_bad_input(procs, tmp_path, case):
         pytest.skip(f"{case.id} needs {', '.join(_missing_tools(case))}")
     ctx = Ctx(tmp_path)
     try:
+        if case.dir_exists and not case.id.startswith("job-id"):
+            _mkdir(ctx.d)
         case.setup(ctx)
         argv = case.argv(ctx)
         env = clean_env(case.env)
@@ -245,13 +262,18 @@ def test_bad_input(procs, tmp_path, case):
         for w in case.words:
             assert w.lower() in err.lower(), f"{w!r} missing from the message:\n{err}"
         assert "Traceback" not in err, err
+        if case.at_start and rc in (2, 3, 4, 5):
+            assert [ln for ln in err.splitlines() if ln.strip()] == [err.strip()] and \
+                err.startswith("fsmingle: error: "), err
         if rc != 127 and rc != 126:
             assert out.strip() == "", f"nothing may be printed on stdout on failure: {out!r}"
-        if case.id.startswith("job-id"):
-            # nothing was created anywhere for an invalid job id
+        if case.id.startswith("job-id") or case.id == "dir-missing":
+            # nothing was created anywhere for an invalid job id or a missing --dir
             assert not (tmp_path / "x").exists() and not ctx.d.exists(), os.listdir(tmp_path)
         # the user fixes what the message said; nothing left behind breaks the next, correct attempt
         case.fix(ctx)
+        if not ctx.d.exists():
+            _mkdir(ctx.d)  # --dir must exist (exit 5 otherwise, "dir-missing")
         job = case.followup_job or ctx.job
         ps = [procs.env(ctx.d, job, "--nnodes", 2, timeout=40, stale_after=2, name=f"next{i}") for i in range(2)]
         res = results(ps, timeout=40)
@@ -278,6 +300,7 @@ def test_poll_max_zero_names_the_option(procs, tmp_path):
 def _valid_records(tmp_path):
     """A real released generation to take valid-looking records from (then tampered with)."""
     src = tmp_path / "src"
+    src.mkdir(mode=0o700)
     p = Procs(tmp_path / "srclogs")
     try:
         results([p.env(src, "s", "--nnodes", 2, "--node-rank", r, timeout=30, stale_after=2) for r in (0, 1)], 30)
@@ -368,44 +391,48 @@ def test_untrusted_release_is_never_used_and_does_not_block(procs, tmp_path, how
 # ---------------------------------------------------------------- a release that goes bad while waiting
 
 @pytest.mark.parametrize("content", [
-    '{"schema": 1, "kind": "release", "state": "relea',                       # truncated JSON
+    '{"schema": 2, "kind": "release", "state": "relea',                       # truncated JSON
     '{"schema": 99, "kind": "release", "state": "released"}',                   # unknown schema version
-    '{"schema": 1, "kind": "release", "state": "released", "job_id": "other"}',  # invalid fields
+    '{"schema": 2, "kind": "release", "state": "released", "job_id": "other"}',  # invalid fields
 ], ids=["truncated", "schema-99", "invalid-fields"])
-def test_release_unusable_while_waiting_exits_8(procs, tmp_path, content):
+def test_release_unusable_while_waiting_is_named_once_and_skipped(procs, tmp_path, content):
+    """A decision record spoiled in the pending generation: named once, that generation skipped, the world completes.
+
+    Protocol v2: an unusable decision still means "decided"; rank 0 lists it,
+    warns once naming the file and why, tells its members, and everyone
+    regroups in the next generation (no exit 8, no peer left alone).
+    """
     d = tmp_path / "rdv"
-    stale = 2
-    p = procs.env(d, JOB, "--nnodes", 2, "--node-rank", 0, timeout=40, stale_after=stale, name="waiter")
+    d.mkdir(mode=0o700)
+    p = procs.env(d, JOB, "--nnodes", 2, "--node-rank", 0, timeout=40, stale_after=2, name="waiter")
     wait_claimed(d, JOB, 1, [0], procs=[p])
     rel = gen_dir(d, JOB, 1) / "release.json"
     tmp = rel.with_name(".planted")
     _write(tmp, content)
     os.replace(tmp, rel)
-    rc = p.wait(30)
-    err = p.stderr()
-    assert rc == 8, err
-    assert p.elapsed < 40
-    assert "release.json" in err and f"stayed unusable for {stale} s" in err, err
-    assert "fsmingle clean" in err and "remove it" in err, err  # what to do
-    if "schema" in content and '"schema": 99' in content:
-        assert "unknown schema version" in err, err
-    # the next attempt skips the spoiled generation
-    ps = [procs.env(d, JOB, "--nnodes", 2, timeout=40, stale_after=stale, name=f"next{i}") for i in range(2)]
-    w = assert_one_world(results(ps, timeout=40), 2)
+    wait_for(lambda: "release.json" in p.stderr(), 10, "rank 0 to name the unusable decision record")
+    time.sleep(2)  # polling goes on: the warning must not repeat
+    q = procs.env(d, JOB, "--nnodes", 2, "--node-rank", 1, timeout=40, stale_after=2, name="next")
+    w = assert_one_world(results([p, q], timeout=40), 2)
     assert w["generation"] >= 2
+    err = p.stderr()
+    assert err.count("gen-00000001/release.json") == 1, err
+    if '"schema": 99' in content:
+        assert "unknown schema version 99" in err, err
 
 
 # ---------------------------------------------------------------- participants that disagree
 
 def test_mismatched_nnodes_fails_clearly_and_others_recover(procs, tmp_path):
     d = tmp_path / "rdv"
+    d.mkdir(mode=0o700)
     r0 = procs.env(d, JOB, "--nnodes", 3, "--node-rank", 0, timeout=40, stale_after=2, name="r0")
     wait_claimed(d, JOB, 1, [0], procs=[r0])
     wrong = procs.env(d, JOB, "--nnodes", 2, "--node-rank", 1, timeout=40, stale_after=2, name="wrong")
     rc = wrong.wait(30)
     err = wrong.stderr()
-    assert rc == 3, err
-    assert "expects a world of 2" in err and "expects 3" in err and "same --nnodes" in err, err
+    assert rc == 11, err  # WorldSizeMismatchError
+    assert "expects a world of 3" in err and "expects 2" in err and "same --nnodes" in err, err
     ps = [procs.env(d, JOB, "--nnodes", 3, "--node-rank", r, timeout=40, stale_after=2, name=f"r{r}")
           for r in (1, 2)]
     w = assert_one_world(results([r0] + ps, timeout=40), 3)

@@ -91,6 +91,7 @@ def test_scheduler_env_fallbacks(tmp_path):
 def test_run_exports_env_and_execs(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
+    (tmp_path / "d").mkdir(mode=0o700)
     procs = []
     for i in range(2):
         script = f"import os, json; json.dump(dict(os.environ), open({str(out)!r} + '/{i}.json', 'w'))"
@@ -142,7 +143,7 @@ def test_env_formats(tmp_path):
         assert p.returncode == 0, p.stderr
         assert check in p.stdout.splitlines()
         if fmt == "sh":
-            out = subprocess.run(["bash", "-c", f'eval "$1"; echo $NODE_RANK:$PET_NNODES:$FSMINGLE_JOB_ID', "_", p.stdout],
+            out = subprocess.run(["bash", "-c", 'eval "$1"; echo $NODE_RANK:$PET_NNODES:$FSMINGLE_JOB_ID', "_", p.stdout],
                                  capture_output=True, text=True).stdout.strip()
             assert out == "0:1:fmt-sh"
 
