@@ -17,6 +17,7 @@ SCRIPT = os.path.join(REPO, "examples", "train_ddp.py")
 
 def launch_nodes(tmp_path, job, out, nnodes=2, nproc=2, steps=40):
     procs = []
+    (tmp_path / "rdzv").mkdir(mode=0o700, exist_ok=True)  # --dir must exist: fsmingle never creates it
     for node in range(nnodes):
         env = dict(os.environ, TMPDIR=str(tmp_path), OMP_NUM_THREADS="1")
         for k in [k for k in env if k.startswith(("SLURM_", "PET_"))]:

@@ -1,0 +1,397 @@
+"""The ``fsmingle`` torchrun handler: torch's policy, fsmingle's state, heartbeats and store.
+
+torchrun finds it through the entry point ``fsmingle =
+"fsmingle.torchrun.handler:handler"`` of the group ``torchrun.handlers``
+(torch >= 2.6, ``torch/distributed/elastic/rendezvous/registry.py``).
+"""
+
+from __future__ import annotations
+
+
+# The entry point comes first, before torch is imported: importing
+# torch.distributed.elastic.rendezvous loads every ``torchrun.handlers`` entry
+# point, so if this module is what first imports torch, torch's registry finds
+# this module half-initialised.  ``handler`` and ``_create`` exist by then, and
+# ``_create`` looks ``create_rdzv_handler`` up only when torchrun calls it.
+def handler():
+    """Entry point of group ``torchrun.handlers``: returns the handler creator.
+
+    torch's registry calls ``handler()`` once and registers the result under
+    the entry point's name, ``fsmingle``.
+
+    Returns:
+        Callable[[RendezvousParameters], RendezvousHandler]: calls
+        :func:`create_rdzv_handler`.
+    """
+    return _create
+
+
+def _create(params):
+    return create_rdzv_handler(params)
+
+
+import ipaddress
+import logging
+import os
+import time
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import psutil
+import torch.distributed as dist
+from torch.distributed.elastic.rendezvous.api import (
+    RendezvousClosedError,
+    RendezvousConnectionError,
+    RendezvousError,
+    RendezvousInfo,
+    RendezvousParameters,
+    RendezvousStateError,
+)
+from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
+    DynamicRendezvousHandler,
+    RendezvousTimeout,
+)
+
+from ..config import validate_job_id
+from ..errors import ConfigError
+from ..store import open_job_dir
+from . import conf
+from ._torch_private import Action, RendezvousContext
+from .backend import FsRendezvousBackend, sleep_jitter
+from .codec import StoreAddress
+from .heartbeat import HeartbeatWriter
+from .storeaddr import StoreAddressBoard
+
+__all__ = ["FsRendezvousHandler", "create_rdzv_handler", "handler"]
+
+log = logging.getLogger("fsmingle.torchrun")
+
+
+class _GuardedCloseOp:
+    """torch's close operation, limited to the lineage this node was a member of."""
+
+    def __init__(self, backend: FsRendezvousBackend) -> None:
+        self._backend = backend
+
+    def __call__(self, ctx: RendezvousContext, deadline: float) -> Action:
+        if ctx.state.closed:
+            return Action.FINISH
+        member = self._backend.member_epoch
+        if member is None or self._backend.epoch != member:
+            # We never joined this lineage (or a newer run took over): not ours to close.
+            return Action.FINISH
+        if time.monotonic() > deadline:
+            return Action.ERROR_TIMEOUT
+        return Action.MARK_RENDEZVOUS_CLOSED
+
+
+class _LeaveOp:
+    """Remove this node from the state: its agent is exiting."""
+
+    def __call__(self, ctx: RendezvousContext, deadline: float) -> Action:
+        s, n = ctx.state, ctx.node
+        if n in s.participants:
+            action = Action.REMOVE_FROM_PARTICIPANTS
+        elif n in s.wait_list:
+            action = Action.REMOVE_FROM_WAIT_LIST
+        elif n in s.redundancy_list:
+            action = Action.REMOVE_FROM_REDUNDANCY_LIST
+        else:
+            return Action.FINISH
+        if n not in s.last_heartbeats:
+            # torch's removal actions delete the heartbeat entry too.
+            s.last_heartbeats[n] = datetime.now(timezone.utc)
+        if time.monotonic() > deadline:
+            return Action.ERROR_TIMEOUT
+        return action
+
+
+def _server_connect_host(addr: str) -> str:
+    """The host the TCPStore master connects its own client to.
+
+    The server listens on all interfaces; the master object also connects to
+    it.  An announced IP that is not assigned here (``addr=`` behind NAT, a
+    pod or load-balancer IP) is unreachable from this host itself, so that
+    connection goes through loopback instead.
+    """
+    try:
+        ip = ipaddress.ip_address(addr.split("%")[0])
+    except ValueError:
+        return addr  # a host name from --local-addr: the user vouches for it
+    local = {a.address.split("%")[0] for addrs in psutil.net_if_addrs().values() for a in addrs}
+    if str(ip) in local:
+        return addr
+    return "::1" if ip.version == 6 else "127.0.0.1"
+
+
+class FsRendezvousHandler(DynamicRendezvousHandler):
+    """torch's ``DynamicRendezvousHandler`` on :class:`FsRendezvousBackend`, with its own c10d store.
+
+    Differences from torch's c10d backend, each documented in ``docs/torchrun-backend.md``:
+
+    * :meth:`next_rendezvous` waits for a *previous* run with the same id that
+      is closed but still has live members to drain (bounded by
+      ``join_timeout``), then starts a fresh lineage.
+    * The c10d store of a round is a TCPStore hosted by the round's rank-0
+      agent at its announced address, found through ``store-<E>-<R>.json``;
+      the same server is shared with the workers (``MASTER_ADDR`` /
+      ``MASTER_PORT``) unless ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``.
+      Every round gets a new server on a new port: the workers of a
+      restarted group must never read keys (gloo addresses) that the
+      previous group's workers left in the store.  ``MASTER_ADDR`` /
+      ``MASTER_PORT`` are therefore exchanged again every round.
+    * :meth:`shutdown` closes the rendezvous (as torch does) only if this node
+      was a member of the current lineage, and then removes this node from
+      the state so that the run can be recognised as finished.
+
+    Create it with :func:`create_rdzv_handler`.
+    """
+
+    _fs_backend: FsRendezvousBackend
+    _board: StoreAddressBoard
+    _beats: HeartbeatWriter
+    _read_timeout: float
+    _server: Any
+    _client: Any
+
+    def _fs_setup(self, backend: FsRendezvousBackend, read_timeout: float) -> None:
+        self._fs_backend = backend
+        self._board = StoreAddressBoard(backend.store, self._settings.run_id)
+        self._read_timeout = float(read_timeout)
+        self._server = None
+        self._client = None
+        interval = self._settings.keep_alive_interval.total_seconds()
+        self._beats = HeartbeatWriter(backend.store, self._settings.run_id, self._this_node, interval, backend.view)
+        backend.set_node(self._this_node, self._beats)
+
+    # -- keep-alives: heartbeat files, never the shared state --------------------
+
+    def _start_heartbeats(self) -> None:
+        # torch starts a timer whose _RendezvousKeepAliveOp writes the shared
+        # state every keep_alive_interval; here the heartbeat file does that job.
+        self._beats.start()
+
+    def _stop_heartbeats(self) -> None:
+        # torch stops keep-alives while a node re-joins, because its join loop
+        # writes them into the state instead.  Heartbeat files keep going from
+        # the first join until shutdown, so the join loop never has to.
+        pass
+
+    def _keep_alive(self) -> None:
+        self._beats.beat()
+
+    # -- rendezvous -------------------------------------------------------------
+
+    def next_rendezvous(self) -> RendezvousInfo:
+        """Join the next round (see ``RendezvousHandler.next_rendezvous``).
+
+        Returns:
+            RendezvousInfo: the round's store (prefixed per lineage and round),
+            this node's rank, the number of nodes, and ``MASTER_ADDR`` /
+            ``MASTER_PORT`` for the workers.
+
+        Raises:
+            RendezvousClosedError: the run is closed (another agent of it
+                exited), or an earlier run with this id stayed closed with live
+                members for ``join_timeout`` seconds.
+            RendezvousTimeoutError: the round did not complete within
+                ``join_timeout`` seconds, or rank 0's store address did not
+                appear within ``read_timeout`` seconds.
+            RendezvousGracefulExitError: this node was redundant (``max``
+                reached) and the run closed.
+            RendezvousStateError: the state on disk is corrupt.
+            RendezvousConnectionError: the directory cannot be read or written,
+                or rank 0's TCPStore cannot be reached.
+        """
+        if self._fs_backend.pinned_epoch is None:
+            self._wait_for_previous_run()
+        self._beats.start()  # before this node enters the state: its file must exist first
+        # A new round gets a new store server (see _get_store), so torch's
+        # cached MASTER_ADDR/PORT of the first round must not be reused: let
+        # it exchange them again through this round's store.  (Rank 0 may
+        # also change between rounds: ranks follow the sorted node list.)
+        self._bootstrap_store_info = None
+        self._shared_tcp_store_server = None
+        self._server = self._client = None
+        return super().next_rendezvous()
+
+    def _wait_for_previous_run(self) -> None:
+        deadline = time.monotonic() + self._settings.timeout.join.total_seconds()
+        warned = False
+        while True:
+            rec = self._fs_backend.peek()
+            if rec is None or not rec.state.closed or self._fs_backend.is_finished(rec):
+                return
+            live = self._fs_backend.live_members(rec.state)
+            if time.monotonic() > deadline:
+                raise RendezvousClosedError(
+                    f"the rendezvous '{self._settings.run_id}' is closed and its members "
+                    f"{', '.join(map(repr, live))} are still alive; a run with this id is still ending"
+                )
+            if not warned:
+                log.warning(
+                    "rendezvous '%s' is closed but %d member(s) of that run are still alive (%s); waiting "
+                    "for them to exit or to miss their heartbeats before starting a new run",
+                    self._settings.run_id, len(live), ", ".join(map(repr, live)),
+                )
+                warned = True
+            sleep_jitter(1.0)
+
+    def _get_store(self) -> Any:
+        state = self._state_holder.state
+        epoch = self._fs_backend.epoch or 0
+        rnd = state.round
+        rank = state.participants[self._this_node]
+        leaders = [n for n, r in sorted(state.participants.items()) if r == 0]
+        if len(leaders) != 1:
+            raise RendezvousStateError(
+                f"round {rnd} of '{self._settings.run_id}' has {len(leaders)} nodes of rank 0; "
+                "rank 0 left before the round could start"
+            )
+        leader = leaders[0]
+        timeout = timedelta(seconds=self._read_timeout)
+        if rank == 0:
+            server = self._new_server()
+            self._board.publish(
+                StoreAddress(epoch, rnd, self._this_node, self._this_node.addr, server.port)
+            )
+            base = server
+        else:
+            a = self._board.wait(epoch, rnd, leader, self._read_timeout)
+            try:
+                base = dist.TCPStore(a.addr, a.port, is_master=False, multi_tenant=True, timeout=timeout)
+            except (RuntimeError, ValueError, TimeoutError) as e:
+                raise RendezvousConnectionError(
+                    f"cannot connect to rank 0's store at {a.addr}:{a.port} ({e}); is that address "
+                    "reachable from this node? choose it with --rdzv-conf iface=... or addr=..."
+                ) from e
+            self._client = base
+        return dist.PrefixStore(f"torch.rendezvous.{self._settings.run_id}.{epoch}.{rnd}", base)
+
+    def _new_server(self) -> Any:
+        # One server per round, on a fresh ephemeral port.  torch's workers
+        # use the agent's server without a per-attempt prefix ("we create a
+        # new TCPStore for every retry", torch/distributed/rendezvous.py), so
+        # reusing one server across rounds lets restarted workers read the
+        # previous group's gloo addresses and fail with "connection refused".
+        try:
+            self._server = dist.TCPStore(
+                host_name=_server_connect_host(self._this_node.addr),
+                port=0,
+                is_master=True,
+                multi_tenant=True,
+                wait_for_workers=False,
+                timeout=timedelta(seconds=self._read_timeout),
+            )
+        except (RuntimeError, ValueError) as e:
+            raise RendezvousConnectionError(f"cannot host the rendezvous TCPStore ({e})") from e
+        log.info("hosting the rendezvous TCPStore at %s:%d", self._this_node.addr, self._server.port)
+        return self._server
+
+    def _create_tcp_store_server(self, master_addr: str, master_port: int) -> Any:
+        # torch's handler asks rank 0 for a store server to share with the
+        # workers: it is the one this agent hosts for the round.
+        return self._server if self._server is not None else self._new_server()
+
+    # -- closing ----------------------------------------------------------------
+
+    def _close(self) -> None:
+        deadline = self._get_deadline(self._settings.timeout.close)
+        self._op_executor.run(_GuardedCloseOp(self._fs_backend), deadline)
+
+    def set_closed(self) -> None:
+        """Mark the run closed: agents still joining or re-joining get ``RendezvousClosedError``.
+
+        Only a lineage this node was a member of is closed.
+
+        Raises:
+            RendezvousTimeoutError: not written within ``close_timeout`` seconds.
+            RendezvousStateError, RendezvousConnectionError: as for :meth:`next_rendezvous`.
+        """
+        super().set_closed()
+
+    def shutdown(self) -> bool:
+        """Close the run (see :meth:`set_closed`) and remove this node from the state.
+
+        Called by torchrun when the agent exits (not when it dies from a signal).
+
+        Returns:
+            bool: True if both steps were written, False if one failed with a
+            ``RendezvousError`` (logged as a warning).
+        """
+        try:
+            with self._heartbeat_lock:
+                self._close()
+                self._op_executor.run(_LeaveOp(), self._get_deadline(self._settings.timeout.close))
+            return True
+        except (RendezvousError, KeyError) as ex:
+            log.warning(
+                "node %s failed to shut down the rendezvous '%s': %s: %s",
+                self._this_node, self._settings.run_id, type(ex).__name__, ex,
+            )
+            return False
+        finally:
+            # After leaving: until then others must keep seeing this node alive.
+            self._beats.stop(remove=True)
+
+
+# --------------------------------------------------------------------------
+# Creation
+# --------------------------------------------------------------------------
+
+
+def create_rdzv_handler(params: RendezvousParameters) -> FsRendezvousHandler:
+    """Create the ``fsmingle`` rendezvous handler from torchrun's parameters.
+
+    Args:
+        params (RendezvousParameters): ``endpoint`` is the shared directory
+            (absolute path), ``run_id`` the job id, ``min_nodes``/``max_nodes``
+            from ``--nnodes``, ``local_addr`` from ``--local-addr``, and the
+            ``--rdzv-conf`` keys of :mod:`fsmingle.torchrun.conf`.
+
+    Returns:
+        FsRendezvousHandler: whose ``get_backend()`` is ``"fsmingle"``.
+
+    Raises:
+        ConfigError: the endpoint is missing or not an absolute path, the run
+            id is not a safe directory name, a ``--rdzv-conf`` value is not an
+            integer or out of range, or ``addr``/``iface`` is invalid.
+        StorageError: the endpoint's parent does not exist (shared filesystem
+            not mounted?) or the directory cannot be created or written.
+        UnsafeDirectoryError: the endpoint is world-writable without the
+            sticky bit, or the run directory is not owned by you, is a
+            symlink, or is group/world-writable.
+    """
+    endpoint = (params.endpoint or "").strip()
+    if not endpoint:
+        raise ConfigError("--rdzv-endpoint is required: a directory on the filesystem all nodes share, e.g. /shared/rdzv")
+    if not os.path.isabs(endpoint):
+        raise ConfigError(
+            f"--rdzv-endpoint {endpoint!r} is not an absolute path; the fsmingle backend takes a directory "
+            "on the filesystem all nodes share, e.g. /shared/rdzv (not host:port)"
+        )
+    run_id = validate_job_id(params.run_id)
+    unknown = sorted(set(params.config) - conf.KNOWN_KEYS)
+    if unknown:
+        log.warning("ignoring --rdzv-conf keys the fsmingle backend does not know: %s", ", ".join(unknown))
+    c = conf.parse(params)
+
+    def td(v: int | None) -> timedelta | None:
+        return None if v is None else timedelta(seconds=v)
+
+    store = open_job_dir(endpoint, run_id)
+    backend = FsRendezvousBackend(store, run_id, liveness_s=c.liveness_s, interval_s=float(c.keep_alive_interval))
+    h = FsRendezvousHandler.from_backend(
+        run_id,
+        None,  # type: ignore[arg-type]  # the store is made per round, see _get_store
+        backend,
+        params.min_nodes,
+        params.max_nodes,
+        c.addr,
+        RendezvousTimeout(td(c.join_timeout), td(c.last_call_timeout), td(c.close_timeout), td(c.heartbeat_timeout)),
+        keep_alive_interval=c.keep_alive_interval,
+        keep_alive_max_attempt=c.keep_alive_max_attempt,
+    )
+    assert isinstance(h, FsRendezvousHandler)
+    h._fs_setup(backend, c.read_timeout)
+    return h
