@@ -275,7 +275,9 @@ class Coordinator:
         if write:
             p.void(why)
         self._broadcast({"t": "void", "why": why})
-        p.set_note(f"generation {p.gen} voided: {why}", logging.WARNING)
+        unconnected = self._unconnected()
+        later = f" (in it, {unconnected})" if unconnected else ""
+        p.set_note(f"generation {p.gen} voided: {why}{later}", logging.WARNING)
         p.rejoin()
 
     # -------------------------------------------------------------- reporting
@@ -284,13 +286,22 @@ class Coordinator:
         who = "node ranks" if p.mode == "node" else "ranks"
         missing = [r for r in range(1, p.size) if r not in self.rank_conn]
         p.missing_hint = missing
-        unconnected = [r for r in missing if r in self.listed]
         absent = [r for r in missing if r not in self.listed]
         parts = []
         if absent:
             parts.append(f"missing {who} {ranges(absent)} ({len(absent)} of {p.size})" if len(absent) <= 64
                          else f"{len(absent)} of {p.size} {who} missing")
+        unconnected = self._unconnected()
         if unconnected:
-            parts.append(f"{who} {ranges(unconnected[:64])} claimed a place but never connected to the master at "
-                         f"{hostport(p.addr, self.hub.port)} (check their --iface/--addr, routes and firewalls)")
+            parts.append(unconnected)
         return "; ".join(parts) or f"all {p.size} {who} connected but the release did not complete"
+
+    def _unconnected(self) -> str:
+        """Ranks that claimed a place on the filesystem but never connected: the unreachable ones, named."""
+        p = self.p
+        who = "node ranks" if p.mode == "node" else "ranks"
+        unconnected = sorted(r for r in self.listed if r != 0 and r not in self.rank_conn)
+        if not unconnected:
+            return ""
+        return (f"{who} {ranges(unconnected[:64])} claimed a place but never connected to the master at "
+                f"{hostport(p.addr, self.hub.port)} (check their --iface/--addr, routes and firewalls)")
