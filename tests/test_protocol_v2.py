@@ -188,3 +188,38 @@ def test_negative_cache_like_glusterfs_reruns(make_cluster, tmp_path):
     assert gens == sorted(set(gens)), gens  # each re-run a new generation
     if os.environ.get("FSMINGLE_DEBUG_TESTS"):
         print(gens)
+
+
+_V6_TRAIN = r'''
+import os, torch, torch.distributed as dist
+dist.init_process_group("gloo", init_method="env://")
+t = torch.ones(1) * (dist.get_rank() + 1)
+dist.all_reduce(t)
+print("SUM", int(t.item()), os.environ["MASTER_ADDR"], flush=True)
+dist.barrier()
+dist.destroy_process_group()
+'''
+
+
+def test_ipv6_only_hosts_run_torch_gloo(make_cluster, tmp_path):
+    """torch 2.13 accepts a bare IPv6 literal as MASTER_ADDR (TCPStore and gloo): per-rank mode over IPv6 only."""
+    pytest.importorskip("torch")
+    c = make_cluster(2)
+    net = f"fd42:{random.randrange(1 << 16):x}:{random.randrange(1 << 16):x}:2"
+    for k, h in enumerate(c):
+        subprocess.run(["ip", "-n", h.netns, "addr", "flush", "dev", "eth0", "scope", "global"], check=True)
+        subprocess.run(["ip", "-n", h.netns, "-6", "addr", "add", f"{net}::{k + 10}/64", "dev", "eth0", "nodad"],
+                       check=True)
+    script = tmp_path / "v6.py"
+    script.write_text(_V6_TRAIN)
+    procs = []
+    for k, h in enumerate(c):
+        argv = ["timeout", "-k", "5", "90", sys.executable, "-m", "fsmingle", "run", "--dir", f"{c.shared}/rdzv",
+                "--job-id", "v6torch", "--world-size", "2", "--rank", str(k), "--timeout", "60", "--",
+                sys.executable, str(script)]
+        procs.append(h.popen(argv, env={**_ENV, "GLOO_SOCKET_IFNAME": "eth0"}, cwd=REPO, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True))
+    for p in procs:
+        out, _ = p.communicate(timeout=120)
+        assert p.returncode == 0, out
+        assert f"SUM 3 {net}::10" in out, out
