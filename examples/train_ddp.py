@@ -4,7 +4,8 @@
 It trains a 2-layer MLP with SGD on synthetic regression data that every rank
 generates itself (seeded per rank, so each rank sees different data), then
 checks that all ranks ended with bit-identical parameters.  It needs nothing
-but torch, and runs in a few seconds on CPU.
+but torch (not even numpy: no ``.numpy()``, no ``all_gather_object``), and runs
+in a few seconds on CPU.
 
 Backend: ``gloo`` on CPU; ``nccl`` when CUDA is available, each process then
 using the device ``cuda:LOCAL_RANK``.  ``--backend`` overrides the choice.
@@ -218,8 +219,16 @@ def main(argv: list[str] | None = None) -> int:
 
     param_sum, param_sha = param_checksum(model)
     checksum = f"{param_sum:.17g}:{param_sha[:16]}"
-    gathered: list[object] = [None] * world_size
-    dist.all_gather_object(gathered, checksum)
+    # Gather every rank's checksum as plain tensors: all_gather_object would need numpy
+    # (torch serialises objects through it), which `pip install fsmingle[torch]` does not install.
+    sums = torch.tensor([param_sum], dtype=torch.float64, device=device)
+    digest = torch.tensor(list(bytes.fromhex(param_sha)), dtype=torch.uint8, device=device)
+    all_sums = [torch.zeros_like(sums) for _ in range(world_size)]
+    all_digests = [torch.zeros_like(digest) for _ in range(world_size)]
+    dist.all_gather(all_sums, sums)
+    dist.all_gather(all_digests, digest)
+    gathered = [f"{float(s.item()):.17g}:{bytes(t.cpu().tolist()).hex()[:16]}"
+                for s, t in zip(all_sums, all_digests)]
     ranks_agree = all(c == checksum for c in gathered)
 
     host = socket.gethostname()

@@ -178,7 +178,7 @@ def rendezvous(dir: str | None = None, job_id: str | None = None, **kwargs) -> R
     if unknown:
         raise TypeError(f"rendezvous() got unexpected keyword argument(s) {', '.join(unknown)}")
     if values is None:
-        values = options.Values(**{n: None for n in _API_OPTIONS}, **{"dir": dir, "job_id": job_id, **kwargs})
+        values = options.Values(**{**{n: None for n in _API_OPTIONS}, "dir": dir, "job_id": job_id, **kwargs})
     elif kwargs or dir is not None or job_id is not None:
         raise TypeError("rendezvous(): pass either values= or option keywords, not both")
     if timing is not None:

@@ -234,3 +234,27 @@ def test_single_process_without_launcher(tmp_path: Path) -> None:
     records = _load_ranks(out, 1)
     _check_records(records, 1)
     _check_stdout(proc.stdout, 1, records[0]["checksum"])
+
+
+def test_torchrun_two_ranks_without_numpy(tmp_path: Path) -> None:
+    """`pip install fsmingle[torch]` installs no numpy: the example (what `fsmingle demo` runs) must not need it.
+
+    A ``sitecustomize`` on PYTHONPATH makes ``import numpy`` fail in torchrun and in every worker, as in a
+    fresh venv; torch then raises "Numpy is not available" from ``.numpy()`` or ``all_gather_object``.
+    """
+    block = tmp_path / "nonumpy"
+    block.mkdir()
+    (block / "sitecustomize.py").write_text("import sys\nsys.modules['numpy'] = None  # import numpy -> ImportError\n")
+    env = _clean_env(tmp_path)
+    env["PYTHONPATH"] = str(block) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    probe = subprocess.run([sys.executable, "-c", "import numpy"], env=env, capture_output=True, text=True)
+    assert probe.returncode != 0, "numpy is still importable: the test would prove nothing"
+    out = tmp_path / "out"
+    cmd = [*_timeout_prefix(), sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           str(SCRIPT), "--steps", str(STEPS), "--out", str(out)]
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=RUN_TIMEOUT_S + 2 * KILL_AFTER_S)
+    assert proc.returncode == 0, f"rc={proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    assert "Numpy is not available" not in proc.stderr
+    records = _load_ranks(out, 2)
+    _check_records(records, 2)

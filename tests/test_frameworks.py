@@ -74,6 +74,7 @@ def results(out: Path, n: int = 2) -> list[dict]:
 
 
 def rdzv_opts(tmp_path: Path, job: str) -> str:
+    (tmp_path / "rdzv").mkdir(mode=0o700, exist_ok=True)  # --dir must exist: fsmingle never creates it
     return f"--dir {shlex.quote(str(tmp_path / 'rdzv'))} --job-id {job} --addr 127.0.0.1 --timeout 90"
 
 

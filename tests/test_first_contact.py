@@ -1,0 +1,229 @@
+"""First contact (issue 16): what a new user sees is what the code does.
+
+Each test drives the real ``fsmingle`` command as a user would and checks the exact
+message, exit code and number of lines: SIGTERM, ``--verbose``, ``status`` on
+exited / remote / voided participants, ``clean`` output and other users' job
+directories, and the sbatch scripts' ``TRAIN`` and ``FSMINGLE_DIR`` handling.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from helpers import (
+    REPO,
+    Procs,
+    assert_one_world,
+    clean_env,
+    have,
+    other_pidns_prefix,
+    results,
+    wait_claimed,
+    wait_for,
+)
+
+JOB = "fc"
+NOBODY = 65534
+
+
+@pytest.fixture
+def procs(tmp_path):
+    p = Procs(tmp_path / "logs")
+    yield p
+    p.cleanup()
+
+
+@pytest.fixture
+def d(tmp_path):
+    p = tmp_path / "rdv"
+    p.mkdir(mode=0o700)
+    return p
+
+
+def _status(procs, d, *args) -> tuple[int, str, str]:
+    return procs.cli("status", "--dir", d, *args, timeout=60)
+
+
+# ---------------------------------------------------------------- SIGTERM
+
+
+def test_sigterm_while_waiting_says_terminated_and_exits_130(procs, d):
+    p = procs.env(d, JOB, "--nnodes", 2, "--node-rank", 0, timeout=60, name="waiter")
+    wait_claimed(d, JOB, 1, [0], procs=[p])
+    p.signal(signal.SIGTERM)
+    rc = p.wait(30)
+    err = p.stderr()
+    assert rc == 130, err
+    assert "fsmingle: terminated (SIGTERM) while waiting; this participant withdrew from the rendezvous" in err, err
+    assert "KeyboardInterrupt" not in err and "Traceback" not in err, err
+    assert p.stdout() == ""
+
+
+def test_sigint_while_waiting_says_interrupted(procs, d):
+    p = procs.env(d, JOB, "--nnodes", 2, "--node-rank", 0, timeout=60, name="waiter")
+    wait_claimed(d, JOB, 1, [0], procs=[p])
+    p.signal(signal.SIGINT)
+    assert p.wait(30) == 130
+    assert "fsmingle: interrupted (SIGINT); this participant withdrew" in p.stderr(), p.stderr()
+
+
+# ---------------------------------------------------------------- --verbose
+
+
+def test_verbose_prints_protocol_details_the_default_does_not(procs, d):
+    quiet = results([procs.env(d, "plain", "--nnodes", 2, name=f"plain{i}") for i in range(2)])
+    assert_one_world(quiet, 2)
+    loud = [procs.env(d, "loud", "--nnodes", 2, "--verbose", name=f"loud{i}") for i in range(2)]
+    assert_one_world(results(loud), 2)
+    plain_err = "".join(p.stderr() for p in procs.all[:2])
+    loud_err = "".join(p.stderr() for p in loud)
+    assert "DEBUG" not in plain_err, plain_err
+    for what in ("DEBUG: options: --dir", "DEBUG: resolved: dir", "DEBUG: timing: poll",
+                 "DEBUG: job directory", "DEBUG: state: generation 1"):
+        assert what in loud_err, (what, loud_err)
+    # timestamps and logger names on every verbose line
+    assert all(re.match(r"fsmingle \d\d:\d\d:\d\d\.\d{3} fsmingle[\w.]* [A-Z]+: ", ln)
+               for ln in loud_err.splitlines() if ln.strip()), loud_err
+
+
+# ---------------------------------------------------------------- status
+
+
+def test_status_calls_exited_participants_exited_not_stale(procs, d):
+    assert_one_world(results([procs.env(d, JOB, "--nnodes", 2, name=f"p{i}") for i in range(2)]), 2)
+    rc, out, err = _status(procs, d, JOB, "--json")
+    assert rc == 0, err
+    s = json.loads(out)
+    assert [p["liveness"] for p in s["participants"]] == ["exited", "exited"], s
+    rc, out, err = _status(procs, d, JOB)
+    assert rc == 0, err
+    assert out.count("exited") == 2 and "stale" not in out, out
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or bool(have("unshare")), reason="a remote participant needs unshare (root)")
+def test_status_judges_a_remote_participant_by_heartbeat_age_against_stale_after(procs, d):
+    """Another pid namespace = another host for liveness: alive until its heartbeat is --stale-after old."""
+    remote = procs.env(d, JOB, "--nnodes", 2, "--node-rank", 1, timeout=120, stale_after=3,
+                       prefix=other_pidns_prefix(), name="remote")
+    wait_claimed(d, JOB, 1, [1], procs=[remote])
+    rc, out, err = _status(procs, d, JOB, "--json", "--stale-after", "6")
+    part = json.loads(out)["participants"][0]
+    assert (part["liveness"], part["same_host"]) == ("alive", False), part
+    rc, out, err = _status(procs, d, JOB, "--stale-after", "6")
+    assert "alive (remote)" in out, out
+    remote.kill()  # its heartbeat stops here
+
+    def stale():
+        rc, out, err = _status(procs, d, JOB, "--json", "--stale-after", "6")
+        p = json.loads(out)["participants"][0]
+        return p if p["liveness"] == "stale" else None
+
+    p = wait_for(stale, 30, "status to call the killed remote participant stale")
+    # never before its heartbeat was --stale-after old
+    assert p["heartbeat_age_s"] >= 6, p
+
+
+def test_status_of_a_voided_generation_says_voided_not_an_empty_claim_table(procs, d):
+    p = procs.env(d, JOB, "--nnodes", 2, timeout=2, name="alone")
+    assert p.wait(30) == 7, p.stderr()
+    rc, out, err = _status(procs, d, JOB)
+    assert rc == 1, err
+    text = " ".join(out.split())
+    assert f"job {JOB} generation 1: voided (rank 0 timed out after 2 s; it left)" in text, out
+    assert "the next attempt starts generation 2" in text and "no participant is left" in text, out
+    assert "claimed" not in text and "restart" not in text and "┏" not in out, out
+
+
+# ---------------------------------------------------------------- clean
+
+
+def test_clean_prints_each_removal_once_on_stdout(procs, d):
+    for run in range(3):
+        assert_one_world(results([procs.env(d, JOB, "--nnodes", 2, name=f"r{run}{i}") for i in range(2)]), 2)
+    gens = sorted(p.name for p in (d / JOB).iterdir() if p.name.startswith("gen-"))
+    assert len(gens) >= 2, gens  # (participants retire older decided generations themselves)
+    rc, out, err = procs.cli("clean", "--dir", d, JOB)
+    assert rc == 0, err
+    assert out.splitlines() == [f"removed {JOB}/{g}: released generation" for g in reversed(gens[:-1])], out
+    assert "removed" not in err and "generation" not in err, err
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="another user's job directory needs chown (root)")
+def test_clean_without_job_id_skips_another_users_job_directory(procs, d):
+    for run in range(2):
+        assert_one_world(results([procs.env(d, JOB, "--nnodes", 2, name=f"r{run}{i}") for i in range(2)]), 2)
+    other = d / "theirs"
+    other.mkdir(mode=0o700)
+    os.chown(other, NOBODY, NOBODY)
+    rc, out, err = procs.cli("clean", "--dir", d)
+    assert rc == 0, err
+    assert [ln for ln in err.splitlines() if ln.strip()] == [
+        f"fsmingle: skipping job directory {other} is owned by uid {NOBODY}, not by you (uid 0); another user "
+        "may have created it to redirect your job: choose another --job-id or --dir"], err
+    assert out.splitlines() == [f"removed {JOB}/gen-00000001: released generation"], out
+    assert other.is_dir()
+    # naming it is still an error: exit 4, one line
+    rc, out, err = procs.cli("clean", "--dir", d, "theirs")
+    assert rc == 4 and err.startswith("fsmingle: error: job directory") and len(err.splitlines()) == 1, err
+
+
+# ---------------------------------------------------------------- sbatch scripts
+
+SCRIPTS = sorted((Path(REPO) / "slurm").glob("*.sbatch"))
+
+
+def _lines(script: Path, pattern: str) -> str:
+    return "\n".join(ln for ln in script.read_text().splitlines() if re.match(pattern, ln))
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=[s.name for s in SCRIPTS])
+def test_sbatch_creates_fsmingle_dir_owner_only_whatever_the_umask(tmp_path, script):
+    """The script's own mkdir line, under umask 000: the directory is 0700 and fsmingle accepts it."""
+    mkdir = _lines(script, r"^\(umask 077 && mkdir -p \"\$FSMINGLE_DIR\"\)$")
+    assert mkdir, f"{script.name} creates FSMINGLE_DIR without umask 077"
+    target = tmp_path / "home" / ".fsmingle" / "rdzv"
+    subprocess.run(["bash", "-c", f"umask 000; {mkdir}"], env={**os.environ, "FSMINGLE_DIR": str(target)},
+                   check=True, timeout=30)
+    assert target.stat().st_mode & 0o777 == 0o700
+    p = subprocess.run(["python", "-m", "fsmingle", "env", "--dir", str(target), "--job-id", "j", "--nnodes", "1",
+                        "--addr", "127.0.0.1", "--format", "json", "-q"], env=clean_env(), capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=[s.name for s in SCRIPTS])
+def test_sbatch_train_default_is_relative_to_the_submit_dir(tmp_path, script):
+    lines = _lines(script, r"^(TRAIN=|case \"\$TRAIN\")")
+    assert "SLURM_SUBMIT_DIR" in lines and "submit from" in script.read_text(), script.name
+    run = subprocess.run(["bash", "-c", f"{lines}\necho \"$TRAIN\""], cwd=tmp_path, capture_output=True, text=True,
+                         env={"PATH": os.environ["PATH"], "SLURM_SUBMIT_DIR": "/submit/here"}, timeout=30)
+    assert run.stdout.strip() == "/submit/here/examples/train_ddp.py", run
+    run = subprocess.run(["bash", "-c", f"{lines}\necho \"$TRAIN\""], capture_output=True, text=True,
+                         env={"PATH": os.environ["PATH"], "SLURM_SUBMIT_DIR": "/s", "TRAIN": "/abs/t.py"}, timeout=30)
+    assert run.stdout.strip() == "/abs/t.py", run
+
+
+# ---------------------------------------------------------------- the README's newcomer blocks
+
+
+def test_readme_marks_the_newcomer_commands_that_ci_runs():
+    """.ci/newcomer.sh extracts these blocks; the first makes a venv and installs from the checkout."""
+    text = (Path(REPO) / "README.md").read_text()
+    script = (Path(REPO) / ".ci" / "newcomer.sh").read_text()
+    run = (Path(REPO) / ".ci" / "run").read_text()
+    for marker in ("<!-- newcomer: first command", "<!-- newcomer: test command"):
+        assert text.count(marker) == 1 and marker in script, marker
+    first = text.split("<!-- newcomer: first command", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
+    assert "python3 -m venv .venv && . .venv/bin/activate" in first
+    assert "pip install torch==2.13.0 -e '.[torch,test]' && fsmingle demo" in first
+    assert "pip install fsmingle" not in text  # not on PyPI
+    assert "bash .ci/newcomer.sh" in run and "bash .ci/newcomer.sh --tests" in run
+    assert "sudo bash .ci/run" in text and "\nbash .ci/run" in text
