@@ -67,8 +67,9 @@ def rc(request):
     ``rc.rdzv`` is an owner-only rendezvous directory on it."""
     cl.require_capabilities(fs=request.param)
     with cl.Cluster(4, fs=request.param) as c:
-        c.rdzv = os.path.join(c.shared, "rdzv")
-        os.mkdir(c.rdzv, 0o700)
+        c.rdzv = os.path.join(c.shared, "rdzv")  # the harness makes it (fsmingle never creates --dir)
+        os.makedirs(c.rdzv, mode=0o700, exist_ok=True)
+        os.chmod(c.rdzv, 0o700)
         c.logs = c.workdir / "logs"
         c.logs.mkdir()
         yield c
@@ -146,10 +147,10 @@ def _dump(parts: list[Part]) -> str:
                      for p in parts)
 
 
-def _oracle(c, parts: list[Part], nnodes: int, expect_released: list[Part] | None = None) -> dict:
+def _oracle(c, parts: list[Part], nnodes: int, expect_released: list[Part] | None = None, what: str = "") -> dict:
     """The invariants of every run (module docstring).  Returns the agreed release."""
     rel = [p for p in parts if p.rc == 0]
-    info = _dump(parts)
+    info = (f"[{c.fs}] {what}\n" if what else f"[{c.fs}]\n") + _dump(parts)
     if expect_released is not None:
         assert sorted(p.host.name for p in rel) == sorted(p.host.name for p in expect_released), info
     views = [p.released for p in rel]
@@ -222,7 +223,7 @@ def test_ten_reruns_same_job_id(fresh):
     gens = []
     for i in range(10):
         parts = _wait([_start(c, k, "rerun", 3, timeout=45, tag=f"-{i}") for k in range(3)])
-        rel = _oracle(c, parts, 3, expect_released=parts)
+        rel = _oracle(c, parts, 3, expect_released=parts, what=f"re-run {i + 1} of 10, generations so far {gens}")
         gens.append(rel["generation"])
     # each run is a new world: never the previous run's release (its master is gone)
     assert gens == sorted(set(gens)), gens
