@@ -167,13 +167,13 @@ class FsRendezvousBackend(RendezvousBackend):
 
     def _own_age(self) -> float:
         w = self._writer
-        if w is None:
-            return 0.0  # no heartbeat writer (tests, tools): the asking process is alive
-        if w.last_ok is None:
-            return self._view.liveness  # never beaten: let torch fall back to its keep-alive write
-        age = time.monotonic() - w.last_ok
-        # Healthy beats: report "just now", so torch's _should_keep_alive never
-        # asks for a keep-alive write of the shared state.
+        if w is None or w.started is None:
+            return 0.0  # not beating yet (before the first join; tools): nobody judges us yet
+        # What others see: the age of our last beat that reached the
+        # directory.  While beats succeed, "just now", so torch's
+        # _should_keep_alive never asks for a keep-alive write of the state;
+        # when they fail for long, torch drops us like the others will.
+        age = time.monotonic() - (w.last_ok if w.last_ok is not None else w.started)
         return 0.0 if age < self._view.liveness - self._view.interval else age
 
     def fold(self, st: RendezvousState) -> RendezvousState:

@@ -71,6 +71,7 @@ class HeartbeatWriter:
         self._view = view
         self._count = 0
         self._last_ok: float | None = None  # monotonic time of the last successful beat
+        self.started: float | None = None  # monotonic time of the first start()
         self._failing = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -117,6 +118,8 @@ class HeartbeatWriter:
         """Beat once now (so the file exists before this node joins the state), then every interval."""
         if self._thread is not None and self._thread.is_alive():
             return
+        if self.started is None:
+            self.started = time.monotonic()
         self.beat()
         self._stop.clear()
         self._thread = threading.Thread(target=self._run, name=f"fsmingle-heartbeat-{self._node}", daemon=True)
