@@ -17,14 +17,15 @@ carries out its action:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 from .channel import WIRE_VERSION, EventKind, hostport
 from .decision import Action, CoordinatorView, decide, placements
 from .errors import RecordError
-from .layout import RELEASE, claimed_ranks, gen_name, master_name, ranges, release_name
+from .layout import RELEASE, claimed_ranks, gen_name, master_name, member_chunk_name, ranges, release_name
 from .liveness import Verdict
-from .records import Member, Release, encode, hostid_from_dict, instance_id, validate_addr
+from .records import Member, Release, encode, encode_release, hostid_from_dict, instance_id, validate_addr
 
 log = logging.getLogger("fsmingle")
 
@@ -239,8 +240,10 @@ class Coordinator:
 
     def _prepare(self, now: float) -> None:
         p = self.p
-        members = [Member(rank=0, instance=p.instance, addr=p.addr, host=p.me)]
-        members += [self.members[r] for r in range(1, p.size)]
+        first = min(self.arrived.values())
+        members = [Member(rank=0, instance=p.instance, addr=p.addr, host=p.me, arrival=self.arrived[0] - first)]
+        members += [dataclasses.replace(self.members[r], arrival=round(self.arrived[r] - first, 3))
+                    for r in range(1, p.size)]
         self.prepared = Release(job_id=p.job_id, generation=p.gen, state="released", mode=p.mode, size=p.size,
                                 master_addr=p.addr, master_port=self.hub.port, members=tuple(members),
                                 writer=p.instance, wall_time=p.clock.time())
@@ -252,7 +255,12 @@ class Coordinator:
     def _commit(self):
         p = self.p
         rel = self.prepared
-        if not p.store.create(release_name(p.gen), encode(rel)):
+        header, chunks = encode_release(rel)
+        for k, chunk in enumerate(chunks):
+            # Inert until release.json names its digest: written first, so the
+            # decision itself stays one exclusive create at any world size.
+            p.store.publish(member_chunk_name(p.gen, p.instance, k), chunk)
+        if not p.store.create(release_name(p.gen), header):
             # Only rank 0 writes "released": what is there is somebody's void.
             got = p.read_release(p.gen)
             why = got.reason if isinstance(got, Release) else "a decision record this node cannot read yet"
@@ -261,10 +269,9 @@ class Coordinator:
         mine = placements(list(rel.members), rel.mode, rel.master_port, rel.generation)
         for r, conn in self.rank_conn.items():
             self.hub.send(conn, {"t": "go", "placement": mine[r].as_wire()})
-        slow = sorted(((self.arrived.get(r, 0.0) - self.arrived[0], r) for r in self.arrived), reverse=True)[:3]
-        log.info("job %s generation %d released to %d; slowest arrivals: %s", p.job_id, p.gen, p.size,
-                 ", ".join(f"rank {r} ({self.members[r].host.hostname if r in self.members else p.me.hostname}) "
-                           f"+{dt:.1f} s" for dt, r in slow))
+        slow = sorted(rel.members, key=lambda m: -m.arrival)[:3]
+        log.info("job %s generation %d released to %d; slowest: %s", p.job_id, p.gen, p.size,
+                 ", ".join(f"{m.host.hostname} (rank {m.rank}) +{m.arrival:.1f} s" for m in slow))
         # The barrier: members close once they have the go; wait for that (bounded)
         # so nobody is left holding an unread release when rank 0 execs.
         self.hub.drain(p.timing.probe_timeout)

@@ -47,6 +47,11 @@ def release_name(g: int) -> str:
     return f"{gen_name(g)}/{RELEASE}"
 
 
+def member_chunk_name(g: int, writer: str, k: int) -> str:
+    """Chunk ``k`` of a big release's member list (written before ``release.json`` names its digest)."""
+    return f"{gen_name(g)}/release-{writer}-{k:05d}.json"
+
+
 def master_dir(g: int) -> str:
     return f"{gen_name(g)}/{MASTER_DIR}"
 

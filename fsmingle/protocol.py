@@ -64,11 +64,12 @@ from .layout import (
     claimed_ranks,
     gen_name,
     master_dir,
+    member_chunk_name,
     ranges,
     release_name,
 )
 from .liveness import Judge, Verdict
-from .records import Beacon, Claim, HostId, Release, decode, encode
+from .records import Beacon, Claim, HostId, Release, attach_members, decode, encode
 from .store import Store
 
 log = logging.getLogger("fsmingle")
@@ -329,6 +330,22 @@ class Participant:
             self.warn_once(name, str(e))
             return e
         return rel
+
+    def with_members(self, rel: Release) -> Release | None | RecordError:
+        """``rel`` with its member list loaded from chunk files if it is stored apart; None if not visible yet."""
+        if not rel.member_chunks:
+            return rel
+        datas = []
+        for k in range(len(rel.member_chunks)):
+            data = self.store.read(member_chunk_name(rel.generation, rel.writer, k))
+            if data is None:
+                return None
+            datas.append(data)
+        try:
+            return attach_members(rel, datas)
+        except RecordError as e:
+            self.warn_once(release_name(rel.generation), str(e))
+            return e
 
     def read_beacon(self, name: str, instance: str) -> Beacon | None:
         data = self.store.read(name)
@@ -618,6 +635,11 @@ class Participant:
         if isinstance(rel, RecordError):
             self._bad_release(now)
             return None
+        if isinstance(rel, Release):
+            rel = self.with_members(rel)
+        if isinstance(rel, RecordError):
+            self._bad_release(now)
+            return None
         if rel is None:
             return None  # exists (our void lost the race) but not visible here yet: read again
         self.release_bad_since = None
@@ -758,6 +780,7 @@ class Participant:
             if self.rank is not None:
                 if not self.void(f"{reason}; it left") and acked:
                     rel = self.read_release(self.gen)
+                    rel = self.with_members(rel) if isinstance(rel, Release) else rel
                     mine = self.decision_for_me(rel) if isinstance(rel, Release) else None
                     if mine is not None:
                         self.result, self.state = mine, State.DONE

@@ -20,6 +20,7 @@ Kinds
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import ipaddress
 import json
 import re
@@ -31,7 +32,9 @@ from .errors import RecordError
 SCHEMA_VERSION = 2  # 2: protocol v2 (direct channel); a v1 node must not join a v2 world
 MODES = ("node", "rank")
 _INSTANCE_RE = re.compile(r"^[0-9a-f]{8,64}$")
-_MAX_RECORD_BYTES = 1 << 20  # a release for 100k members is far below this
+_MAX_RECORD_BYTES = 1 << 20  # the guard against hostile files; big releases are chunked below it
+MEMBERS_PER_CHUNK = 4096  # ~200 bytes per member: a chunk stays well below 1 MiB
+_DIGEST_RE = re.compile(r"^[0-9a-f]{64}$")
 
 
 def validate_addr(addr: str) -> str:
@@ -115,10 +118,6 @@ class Beacon:
             with a smaller count than ours and the same ``slurm_job_id``
             belongs to a requeued-away run.
         slurm_job_id (str): ``SLURM_JOB_ID`` or "".
-        probe_port (int | None): a port this participant listens on while it
-            holds a rank, answering probes with its instance id (rank 0: the
-            master port), so whoever completes the world can check every
-            remote member is alive right before releasing.
         host (HostId): identity for direct liveness checks on the same host.
         wall_time (float): writer's ``time.time()``; informational only.
     """
@@ -137,7 +136,6 @@ class Beacon:
     wall_time: float = 0.0
     version: str = ""
     slurm_job_id: str = ""
-    probe_port: int | None = None
     kind: str = field(default="beacon", init=False)
 
 
@@ -152,12 +150,19 @@ class Claim:
 
 @dataclass(frozen=True)
 class Member:
-    """One member of a released world, as listed in the release record."""
+    """One member of a released world, as listed in the release record.
+
+    Attributes:
+        rank (int), instance (str), addr (str), host (HostId): who and where.
+        arrival (float): seconds after the first arrival at which rank 0 saw it
+            (rank 0's monotonic clock): who was slow, at a glance.
+    """
 
     rank: int
     instance: str
     addr: str
     host: HostId
+    arrival: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -167,9 +172,15 @@ class Release:
     Attributes:
         state (str): ``"released"`` or ``"restart"``.
         master_addr (str | None), master_port (int | None): set when released.
-        members (tuple[Member, ...]): ordered by rank, ``size`` entries, when released.
+        members (tuple[Member, ...]): ordered by rank, ``size`` entries, when
+            released -- or empty when they are stored apart (see ``member_chunks``).
         reason (str): why a generation was restarted (for logs and status).
         writer (str): instance id of the writer.
+        member_chunks (tuple[str, ...]): for worlds over :data:`MEMBERS_PER_CHUNK`,
+            the SHA-256 of each member chunk file (``release-<writer>-<k>.json``,
+            written before ``release.json`` is created); load them with
+            :func:`attach_members`.  Keeps every file under the 1 MiB guard for
+            any world size.
     """
 
     job_id: str
@@ -183,6 +194,7 @@ class Release:
     writer: str
     reason: str = ""
     wall_time: float = 0.0
+    member_chunks: tuple[str, ...] = ()
     kind: str = field(default="release", init=False)
 
 
@@ -321,7 +333,6 @@ def decode(data: bytes, expect: type) -> Any:
             host=_hostid(d.get("host")),
             version=str(d.get("version", ""))[:64],
             slurm_job_id=str(d.get("slurm_job_id", ""))[:64],
-            probe_port=None if d.get("probe_port") is None else validate_port(d.get("probe_port")),
             **common,
         )
     state = _req(d, "state", str)
@@ -329,19 +340,23 @@ def decode(data: bytes, expect: type) -> Any:
         raise RecordError(f"state {state!r} is not 'released' or 'restart'")
     members: list[Member] = []
     master_addr = master_port = None
+    chunks: tuple[str, ...] = ()
     if state == "released":
         master_addr = validate_addr(_req(d, "master_addr", str))
         master_port = validate_port(_req(d, "master_port", int))
-        raw = _req(d, "members", list)
-        if len(raw) != size:
-            raise RecordError(f"{len(raw)} members listed for size {size}")
-        for i, m in enumerate(raw):
-            if not isinstance(m, dict) or m.get("rank") != i:
-                raise RecordError(f"member {i} is missing or out of order")
-            members.append(Member(rank=i, instance=_instance(m.get("instance")),
-                                  addr=validate_addr(_req(m, "addr", str)), host=_hostid(m.get("host"))))
-        if members[0].addr != master_addr:
-            raise RecordError("master_addr is not rank 0's address")
+        raw_chunks = d.get("member_chunks") or []
+        if not isinstance(raw_chunks, list) or not all(isinstance(c, str) and _DIGEST_RE.match(c) for c in raw_chunks):
+            raise RecordError("field 'member_chunks' is not a list of SHA-256 digests")
+        chunks = tuple(raw_chunks)
+        if chunks:
+            if len(chunks) != -(-size // MEMBERS_PER_CHUNK):
+                raise RecordError(f"{len(chunks)} member chunks for size {size}")
+        else:
+            members = _members(_req(d, "members", list), 0)
+            if len(members) != size:
+                raise RecordError(f"{len(members)} members listed for size {size}")
+            if members[0].addr != master_addr:
+                raise RecordError("master_addr is not rank 0's address")
     return Release(
         state=state,
         master_addr=master_addr,
@@ -349,5 +364,64 @@ def decode(data: bytes, expect: type) -> Any:
         members=tuple(members),
         writer=_instance(d.get("writer")),
         reason=str(d.get("reason", ""))[:1000],
+        member_chunks=chunks,
         **common,
     )
+
+
+def _members(raw: list, first: int) -> list[Member]:
+    out = []
+    for i, m in enumerate(raw, start=first):
+        if not isinstance(m, dict) or m.get("rank") != i:
+            raise RecordError(f"member {i} is missing or out of order")
+        arrival = m.get("arrival", 0.0)
+        if isinstance(arrival, bool) or not isinstance(arrival, (int, float)):
+            raise RecordError(f"member {i}'s arrival is not a number")
+        out.append(Member(rank=i, instance=_instance(m.get("instance")), addr=validate_addr(_req(m, "addr", str)),
+                          host=_hostid(m.get("host")), arrival=float(arrival)))
+    return out
+
+
+def encode_release(rel: Release) -> tuple[bytes, list[bytes]]:
+    """``release.json``'s bytes and, for worlds over :data:`MEMBERS_PER_CHUNK`, the member chunk files' bytes.
+
+    Write the chunks first (they are inert until ``release.json`` names their
+    digests), then create ``release.json`` exclusively: the decision stays one
+    atomic create whatever the world size.
+    """
+    if rel.state != "released" or len(rel.members) <= MEMBERS_PER_CHUNK:
+        return encode(rel), []
+    chunks = []
+    for k in range(0, len(rel.members), MEMBERS_PER_CHUNK):
+        body = {"schema": SCHEMA_VERSION, "kind": "members", "job_id": rel.job_id, "generation": rel.generation,
+                "writer": rel.writer, "first": k,
+                "members": [dataclasses.asdict(m) for m in rel.members[k:k + MEMBERS_PER_CHUNK]]}
+        chunks.append((json.dumps(body, sort_keys=True, separators=(",", ":")) + "\n").encode())
+    digests = tuple(hashlib.sha256(c).hexdigest() for c in chunks)
+    return encode(dataclasses.replace(rel, members=(), member_chunks=digests)), chunks
+
+
+def attach_members(rel: Release, chunks: list[bytes]) -> Release:
+    """The release with its members loaded from chunk files (see :func:`encode_release`).
+
+    Args:
+        rel (Release): a decoded header with ``member_chunks``.
+        chunks (list[bytes]): the chunk files' contents, in order.
+
+    Raises:
+        RecordError: a chunk does not match its digest (torn, foreign or stale),
+            or its members are invalid or out of order.
+    """
+    if not rel.member_chunks:
+        return rel
+    members: list[Member] = []
+    for k, (digest, data) in enumerate(zip(rel.member_chunks, chunks)):
+        if len(data) > _MAX_RECORD_BYTES or hashlib.sha256(data).hexdigest() != digest:
+            raise RecordError(f"member chunk {k} does not match the digest in release.json")
+        d = load_object(data, "members")
+        if d.get("first") != len(members) or d.get("generation") != rel.generation:
+            raise RecordError(f"member chunk {k} is out of place")
+        members += _members(_req(d, "members", list), len(members))
+    if len(members) != rel.size or members[0].addr != rel.master_addr:
+        raise RecordError(f"{len(members)} members in chunks for size {rel.size}")
+    return dataclasses.replace(rel, members=tuple(members), member_chunks=())

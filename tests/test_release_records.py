@@ -1,0 +1,58 @@
+"""The release record at any world size: chunked member lists under the 1 MiB guard (issue 13, "no size cliff")."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from fsmingle.errors import RecordError
+from fsmingle.records import (
+    MEMBERS_PER_CHUNK,
+    HostId,
+    Member,
+    Release,
+    attach_members,
+    decode,
+    encode,
+    encode_release,
+)
+
+HOST = HostId(hostname="node0001", boot_id="b" * 36, pidns="pid:[4026531836]", pid=4242, pid_start=1.7e9)
+
+
+def _release(n: int) -> Release:
+    members = tuple(Member(rank=i, instance=f"{i:016x}", addr=f"10.{i >> 16 & 255}.{i >> 8 & 255}.{i & 255}",
+                           host=dataclasses.replace(HOST, hostname=f"node{i:06d}", pid=1000 + i), arrival=i / 1000)
+                    for i in range(n))
+    return Release(job_id="big", generation=7, state="released", mode="rank", size=n, master_addr=members[0].addr,
+                   master_port=29500, members=members, writer="ab" * 8)
+
+
+@pytest.mark.parametrize("n", [1, MEMBERS_PER_CHUNK, MEMBERS_PER_CHUNK + 1, 131_072])
+def test_release_round_trips_at_any_size_under_the_guard(n):
+    rel = _release(n)
+    header, chunks = encode_release(rel)
+    assert len(header) < 1 << 20 and all(len(c) < 1 << 20 for c in chunks)
+    assert len(chunks) == (0 if n <= MEMBERS_PER_CHUNK else -(-n // MEMBERS_PER_CHUNK))
+    got = decode(header, Release)
+    assert attach_members(got, chunks) == rel
+
+
+def test_a_chunk_that_does_not_match_its_digest_is_refused():
+    rel = _release(MEMBERS_PER_CHUNK * 2 + 5)
+    header, chunks = encode_release(rel)
+    got = decode(header, Release)
+    forged = json.loads(chunks[1])
+    forged["members"][0]["addr"] = "203.0.113.66"  # a hostile writer redirects one member
+    bad = chunks[:1] + [json.dumps(forged).encode()] + chunks[2:]
+    with pytest.raises(RecordError, match="digest"):
+        attach_members(got, bad)
+    with pytest.raises(RecordError, match="digest"):
+        attach_members(got, [chunks[1], chunks[0], chunks[2]])  # out of order
+
+
+def test_the_one_mebibyte_guard_stays_for_hostile_files():
+    with pytest.raises(RecordError, match="larger than"):
+        decode(encode(_release(MEMBERS_PER_CHUNK)) + b" " * (1 << 20), Release)
