@@ -227,3 +227,16 @@ def test_readme_marks_the_newcomer_commands_that_ci_runs():
     assert "pip install fsmingle" not in text  # not on PyPI
     assert "bash .ci/newcomer.sh" in run and "bash .ci/newcomer.sh --tests" in run
     assert "sudo bash .ci/run" in text and "\nbash .ci/run" in text
+
+
+def test_kubernetes_example_makes_the_rendezvous_dir_owner_only_before_fsmingle_runs():
+    import yaml
+
+    job = yaml.safe_load((Path(REPO) / "examples" / "kubernetes" / "job.yaml").read_text())
+    spec = job["spec"]["template"]["spec"]
+    cmd = spec["containers"][0]["command"]
+    rdzv = cmd[cmd.index("--dir") + 1]
+    (init,) = spec["initContainers"]
+    assert init["command"] == ["mkdir", "-p", "-m", "700", rdzv]
+    assert init["image"] == spec["containers"][0]["image"]
+    assert init["volumeMounts"] == [m for m in spec["containers"][0]["volumeMounts"] if m["name"] == "shared"]
