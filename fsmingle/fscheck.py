@@ -33,17 +33,23 @@ import stat
 import time
 from dataclasses import asdict, dataclass, field
 
-from .errors import ConfigError, RendezvousTimeoutError, StorageError, UnsupportedFilesystemError
+from .errors import (
+    ConfigError,
+    RendezvousTimeoutError,
+    StorageError,
+    UnsupportedFilesystemError,
+)
 
 __all__ = [
-    "MountInfo",
-    "find_mount",
-    "family",
-    "probe_link",
-    "require_claimable",
-    "refusal_message",
-    "check",
     "REFUSE_ERRNOS",
+    "MountInfo",
+    "check",
+    "errno_name",
+    "family",
+    "find_mount",
+    "probe_link",
+    "refusal_message",
+    "require_claimable",
 ]
 
 # errno values of link() that mean "this filesystem has no hard links" (link(2)): EPERM "the
@@ -107,7 +113,7 @@ def _unescape(s: str) -> str:
     # mountinfo escapes space, tab, newline, backslash and '#' as \ooo octal (proc(5))
     out, i = [], 0
     while i < len(s):
-        if s[i] == "\\" and i + 3 < len(s) + 0 and s[i + 1:i + 4].isdigit():
+        if s[i] == "\\" and i + 3 < len(s) and s[i + 1:i + 4].isdigit():
             out.append(chr(int(s[i + 1:i + 4], 8)))
             i += 4
         else:
@@ -426,8 +432,8 @@ def check(directory: str, peers: int = 1, timeout: float = 120.0, session: str =
         raise StorageError(f"--dir {directory} is not writable by you: fsmingle needs to create files in it")
     m = find_mount(directory)
     fam = family(m)
-    opts = {k: v for k, v in m.options.items() if k in _RELEVANT_OPTIONS.get(fam, ()) or k in _RELEVANT_OPTIONS["fuse"]
-            and fam in ("fuse", "glusterfs", "object-store")}
+    opts = {k: v for k, v in m.options.items() if k in _RELEVANT_OPTIONS.get(fam, ())
+            or (k in _RELEVANT_OPTIONS["fuse"] and fam in ("fuse", "glusterfs", "object-store"))}
     try:
         link = probe_link(directory)
     except OSError as e:
@@ -694,28 +700,29 @@ def _peer_check(directory: str, n: int, timeout: float, session: str, races: int
 def render(r: dict, console=None) -> None:
     """Print a :func:`check` result as tables (rich; plain text when not a terminal)."""
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     console = console or Console()
-    m = r["mount"]
-    t = Table(title=f"fsmingle check {r['dir']}", show_header=False, title_justify="left")
+    m = {k: escape(v) if isinstance(v, str) else v for k, v in r["mount"].items()}  # paths may contain [ ]
+    t = Table(title=f"fsmingle check {escape(r['dir'])}", show_header=False, title_justify="left")
     t.add_column("what", style="bold")
     t.add_column("value")
     t.add_row("filesystem", f"{m['fstype']} ({r['family']})")
     t.add_row("source", m["source"])
     t.add_row("mount point", m["mount_point"])
-    t.add_row("options that matter", ", ".join(f"{k}={v}" if v else k for k, v in r["options"].items()) or "-")
+    t.add_row("options that matter", escape(", ".join(f"{k}={v}" if v else k for k, v in r["options"].items()) or "-"))
     for name, label in (("link", "link() claim"), ("rename", "rename() replace"), ("o_excl", "O_CREAT|O_EXCL")):
         p = r["probes"][name]
-        t.add_row(label, ("[green]ok[/] " if p["ok"] else "[red]FAILS[/] ") + p["detail"])
+        t.add_row(label, ("[green]ok[/] " if p["ok"] else "[red]FAILS[/] ") + escape(p["detail"]))
     o = r["owner"]
     t.add_row("owner / mode", f"uid {o['uid']} gid {o['gid']} mode {o['mode']}"
               + ("" if o["writable"] else " (not writable by you)"))
     for prob in o["problems"]:
-        t.add_row("", f"[yellow]{prob}[/]")
+        t.add_row("", f"[yellow]{escape(prob)}[/]")
     p = r.get("peers")
     if p:
-        t.add_row("peers", f"{p['peers']}: {', '.join(p['hosts'])}")
+        t.add_row("peers", escape(f"{p['peers']}: {', '.join(p['hosts'])}"))
         t.add_row("link() races", f"{p['races']} races, {p['link_double_wins']} with several winners")
         t.add_row("O_EXCL races", f"{p['races']} races, {p['excl_double_wins']} with several winners")
         t.add_row("visibility", f"listed after {p['list_delay_max_s']:.2f} s, openable by name after "
@@ -723,7 +730,7 @@ def render(r: dict, console=None) -> None:
     colour = {"ok": "green", "local": "yellow", "unsafe": "red"}[r["verdict"]]
     t.add_row("verdict", f"[bold {colour}]{r['verdict']}[/]")
     for why in r["reasons"]:
-        t.add_row("", why)
+        t.add_row("", escape(why))
     if r["settings"]:
         s = r["settings"]
         t.add_row("settings", f"--stale-after {s['stale_after']} --poll-max {s['poll_max']}")

@@ -94,7 +94,7 @@ def test_table_output_and_bad_input(tmp_path):
     assert os.listdir(tmp_path) == []  # its scratch files went with it (the directory is kept: empty, hidden)
     # world-writable without sticky bit is reported
     os.chmod(tmp_path, 0o777)
-    rc, r, _ = _check(str(tmp_path))
+    _, r, _ = _check(str(tmp_path))
     assert any("sticky" in x for x in r["owner"]["problems"])
 
 
@@ -248,7 +248,7 @@ def test_s3fs_refused_on_every_node_within_5s(s3):
         procs.append(h.popen(_env_argv(d, "s3job", len(s3)), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              text=True))
     for p in procs:
-        out, err = p.communicate(timeout=30)
+        _, err = p.communicate(timeout=30)
         elapsed = time.monotonic() - t0
         assert p.returncode == 10, (p.returncode, err)
         assert elapsed < 5, f"refusal took {elapsed:.1f} s"

@@ -99,7 +99,7 @@ class Part:
     out: str = ""
     elapsed: float = 0.0
 
-    def wait(self, limit: float) -> "Part":
+    def wait(self, limit: float) -> Part:
         try:
             self.proc.wait(timeout=max(1.0, limit))
         except subprocess.TimeoutExpired:
@@ -161,7 +161,7 @@ def _oracle(c, parts: list[Part], nnodes: int, expect_released: list[Part] | Non
     assert ranks == list(range(nnodes)), f"node ranks {ranks} are not a permutation of 0..{nnodes - 1} (a dead " \
                                          f"or missing member in the released world)\n{info}"
     assert {v["nnodes"] for v in views} == {nnodes}, info
-    rank0 = [p for p, v in zip(rel, views) if v["rank"] == 0][0]
+    rank0 = next(p for p, v in zip(rel, views) if v["rank"] == 0)
     assert views[0]["master"] == rank0.host.ip, f"master {views[0]['master']} is not rank 0's host {rank0.host.ip}\n{info}"
     for p in parts:
         if p.rc not in (0, None):
@@ -178,11 +178,9 @@ def _assert_named_failure(p: Part) -> None:
 def _wait_claimed(c, job: str, n: int, limit: float = 30.0) -> None:
     """Until ``fsmingle status`` (test process, its own client) counts ``n`` live participants."""
     deadline = time.monotonic() + limit
-    last = ""
     while time.monotonic() < deadline:
         p = subprocess.run([*FSM, "status", job, "--dir", c.rdzv, "--json", "--stale-after", STALE],
                            capture_output=True, text=True, timeout=30)
-        last = p.stdout + p.stderr
         try:
             d = json.loads(p.stdout)
             d = d[0] if isinstance(d, list) else d
