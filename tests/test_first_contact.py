@@ -13,11 +13,11 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
-
 from helpers import (
     REPO,
     Procs,
@@ -114,15 +114,15 @@ def test_status_judges_a_remote_participant_by_heartbeat_age_against_stale_after
     remote = procs.env(d, JOB, "--nnodes", 2, "--node-rank", 1, timeout=120, stale_after=3,
                        prefix=other_pidns_prefix(), name="remote")
     wait_claimed(d, JOB, 1, [1], procs=[remote])
-    rc, out, err = _status(procs, d, JOB, "--json", "--stale-after", "6")
+    _rc, out, _err = _status(procs, d, JOB, "--json", "--stale-after", "6")
     part = json.loads(out)["participants"][0]
     assert (part["liveness"], part["same_host"]) == ("alive", False), part
-    rc, out, err = _status(procs, d, JOB, "--stale-after", "6")
+    _rc, out, _err = _status(procs, d, JOB, "--stale-after", "6")
     assert "alive (remote)" in out, out
     remote.kill()  # its heartbeat stops here
 
     def stale():
-        rc, out, err = _status(procs, d, JOB, "--json", "--stale-after", "6")
+        _rc, out, _err = _status(procs, d, JOB, "--json", "--stale-after", "6")
         p = json.loads(out)["participants"][0]
         return p if p["liveness"] == "stale" else None
 
@@ -166,8 +166,8 @@ def test_clean_without_job_id_skips_another_users_job_directory(procs, d):
     rc, out, err = procs.cli("clean", "--dir", d)
     assert rc == 0, err
     assert [ln for ln in err.splitlines() if ln.strip()] == [
-        f"fsmingle: skipping job directory {other} is owned by uid {NOBODY}, not by you (uid 0); another user "
-        "may have created it to redirect your job: choose another --job-id or --dir"], err
+        (f"fsmingle: skipping job directory {other} is owned by uid {NOBODY}, not by you (uid 0); another user "
+        "may have created it to redirect your job: choose another --job-id or --dir")], err
     assert out.splitlines() == [f"removed {JOB}/gen-00000001: released generation"], out
     assert other.is_dir()
     # naming it is still an error: exit 4, one line
@@ -193,8 +193,8 @@ def test_sbatch_creates_fsmingle_dir_owner_only_whatever_the_umask(tmp_path, scr
     subprocess.run(["bash", "-c", f"umask 000; {mkdir}"], env={**os.environ, "FSMINGLE_DIR": str(target)},
                    check=True, timeout=30)
     assert target.stat().st_mode & 0o777 == 0o700
-    p = subprocess.run(["python", "-m", "fsmingle", "env", "--dir", str(target), "--job-id", "j", "--nnodes", "1",
-                        "--addr", "127.0.0.1", "--format", "json", "-q"], env=clean_env(), capture_output=True,
+    p = subprocess.run([sys.executable, "-m", "fsmingle", "env", "--dir", str(target), "--job-id", "j", "--nnodes", "1",
+                        "--addr", "127.0.0.1", "--format", "json", "-q"], env=clean_env(), check=False, capture_output=True,
                        text=True, timeout=60)
     assert p.returncode == 0, p.stderr
 
@@ -203,10 +203,10 @@ def test_sbatch_creates_fsmingle_dir_owner_only_whatever_the_umask(tmp_path, scr
 def test_sbatch_train_default_is_relative_to_the_submit_dir(tmp_path, script):
     lines = _lines(script, r"^(TRAIN=|case \"\$TRAIN\")")
     assert "SLURM_SUBMIT_DIR" in lines and "submit from" in script.read_text(), script.name
-    run = subprocess.run(["bash", "-c", f"{lines}\necho \"$TRAIN\""], cwd=tmp_path, capture_output=True, text=True,
+    run = subprocess.run(["bash", "-c", f"{lines}\necho \"$TRAIN\""], cwd=tmp_path, check=False, capture_output=True, text=True,
                          env={"PATH": os.environ["PATH"], "SLURM_SUBMIT_DIR": "/submit/here"}, timeout=30)
     assert run.stdout.strip() == "/submit/here/examples/train_ddp.py", run
-    run = subprocess.run(["bash", "-c", f"{lines}\necho \"$TRAIN\""], capture_output=True, text=True,
+    run = subprocess.run(["bash", "-c", f"{lines}\necho \"$TRAIN\""], check=False, capture_output=True, text=True,
                          env={"PATH": os.environ["PATH"], "SLURM_SUBMIT_DIR": "/s", "TRAIN": "/abs/t.py"}, timeout=30)
     assert run.stdout.strip() == "/abs/t.py", run
 
@@ -240,3 +240,26 @@ def test_kubernetes_example_makes_the_rendezvous_dir_owner_only_before_fsmingle_
     assert init["command"] == ["mkdir", "-p", "-m", "700", rdzv]
     assert init["image"] == spec["containers"][0]["image"]
     assert init["volumeMounts"] == [m for m in spec["containers"][0]["volumeMounts"] if m["name"] == "shared"]
+
+
+def test_status_warns_once_about_an_unreadable_beacon_then_counts(procs, d):
+    """`status --watch` rereads every interval: one warning about the file, then one line with the count."""
+    p = procs.env(d, JOB, "--nnodes", 2, "--node-rank", 0, timeout=60, name="waiter")
+    wait_claimed(d, JOB, 1, [0], procs=[p])
+    bad = d / JOB / "gen-00000001" / "beacon-0123456789abcdef.json"
+    bad.write_text('{"schema": 2, "kind": "beacon", "trunc')
+    os.chmod(bad, 0o600)
+    w = procs.spawn([sys.executable, "-m", "fsmingle", "status", "--dir", str(d), JOB, "--watch", "--interval", "0.2"],
+                    name="watch", env=clean_env())
+    wait_for(lambda: "ignoring" in w.stderr(), 30, "the first warning")
+    time.sleep(2.0)  # about ten more rounds of --watch
+    w.signal(signal.SIGINT)
+    w.wait(30)
+    err = w.stderr()
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    name = f"gen-00000001/{bad.name}"
+    assert [ln for ln in lines if "ignoring" in ln] == [f"fsmingle: ignoring {name}: " + lines[0].split(": ", 2)[2]], err
+    (count,) = [ln for ln in lines if "repeated" in ln]
+    assert re.fullmatch(rf"fsmingle: \(the warning about {re.escape(name)} repeated \d+ more times\)", count), err
+    assert int(re.search(r"repeated (\d+)", count).group(1)) >= 3, err
+    assert len(lines) == 2, err
