@@ -66,7 +66,8 @@ def load_impl(impl: str, before_rev: str):
     mod = importlib.util.module_from_spec(spec)
     mod.__package__ = "fsmingle"  # its relative imports resolve to this tree's fsmingle modules
     sys.modules[name] = mod
-    exec(compile(src, f"{before_rev}:fsmingle/torchrun_backend.py", "exec"), mod.__dict__)
+    # Our own repository's code at a revision the caller names: trusted.
+    exec(compile(src, f"{before_rev}:fsmingle/torchrun_backend.py", "exec"), mod.__dict__)  # noqa: S102
     # It had its own copy of the schema version, since bumped in records.py
     # (the duplication the package removed): write what this tree reads.
     from fsmingle.records import SCHEMA_VERSION
@@ -109,6 +110,10 @@ def _count(obj, name: str, stats: dict, key: str) -> None:
     setattr(obj, name, wrapped)
 
 
+def _hb(handlers) -> int:
+    return sum(getattr(getattr(h, "_beats", None), "writes", 0) for h in handlers)
+
+
 def worker(idx: int, n_local: int, n_total: int, endpoint: str, a, conn) -> None:
     """One process hosting ``n_local`` agents (threads)."""
     logging.basicConfig(level=logging.ERROR)
@@ -121,6 +126,12 @@ def worker(idx: int, n_local: int, n_total: int, endpoint: str, a, conn) -> None
     for h in handlers:
         _count(h._fs_backend, "get_state", stats, "get_state")
         _count(h._fs_backend, "set_state", stats, "set_state")
+    # Keep-alives start as in a real join (after: the heartbeat file exists
+    # before the node enters the state; before: torch's timer), spread over
+    # one interval as agents finish a 1,024-way join at different moments.
+    for h in handlers:
+        time.sleep(a.interval / n_local)
+        h._start_heartbeats()
     conn.send([[h._this_node.addr, h._this_node.pid, h._this_node.local_id] for h in handlers])
     conn.recv()  # the completed round is on disk
     for h in handlers:
@@ -128,13 +139,6 @@ def worker(idx: int, n_local: int, n_total: int, endpoint: str, a, conn) -> None
     round0 = handlers[0]._state_holder.state.round
     events = {"waiting": set(), "dropped": set(), "round_changed": set()}
     stop = threading.Event()
-
-    def start_all() -> None:
-        # Agents finish a 1,024-way join at different moments: spread the starts over one interval.
-        for h in handlers:
-            if stop.wait(a.interval / n_local):
-                return
-            h._start_heartbeats()
 
     def monitor() -> None:
         i = 0
@@ -154,9 +158,10 @@ def worker(idx: int, n_local: int, n_total: int, endpoint: str, a, conn) -> None
             if st.round != round0:
                 events["round_changed"].add(i % n_local)
 
-    threads = [threading.Thread(target=start_all, daemon=True), threading.Thread(target=monitor, daemon=True)]
-    for t in threads:
-        t.start()
+    conn.send("ready")
+    conn.recv()  # measure from here
+    base = {"hb": _hb(handlers), **stats}
+    threading.Thread(target=monitor, daemon=True).start()
     conn.recv()  # stop
     stop.set()
     for h in handlers:
@@ -164,7 +169,8 @@ def worker(idx: int, n_local: int, n_total: int, endpoint: str, a, conn) -> None
             h._beats.stop(remove=False)
         else:
             h._stop_heartbeats()
-    hb = sum(getattr(getattr(h, "_beats", None), "writes", 0) for h in handlers)
+    hb = _hb(handlers) - base["hb"]
+    stats = {k: v - base[k] for k, v in stats.items()}
     reads = sum(getattr(getattr(h._fs_backend, "view", None), "reads", 0) for h in handlers)
     scans = sum(getattr(getattr(h._fs_backend, "view", None), "scans", 0) for h in handlers)
     conn.send(
@@ -177,7 +183,10 @@ def worker(idx: int, n_local: int, n_total: int, endpoint: str, a, conn) -> None
 
 
 def run(a) -> dict:
-    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _NodeDesc, _RendezvousState
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
+        _NodeDesc,
+        _RendezvousState,
+    )
 
     from fsmingle.store import open_job_dir
     from fsmingle.torchrun.backend import FsRendezvousBackend as Reader
@@ -203,13 +212,18 @@ def run(a) -> dict:
         st.last_heartbeats[n] = now
     _, writer_backend = load_impl(a.impl, a.before_rev)
     store = open_job_dir(str(endpoint), RUN_ID)
-    _, v0, ok = writer_backend(store, RUN_ID).set_state(pickle.dumps(st), None)
+    _, _, ok = writer_backend(store, RUN_ID).set_state(pickle.dumps(st), None)
     assert ok
     for c in pipes:
         c.send("go")
+    for c in pipes:
+        assert c.recv() == "ready"  # every agent has read the round: steady state
+    for c in pipes:
+        c.send("measure")
     t0 = time.monotonic()
     liveness = a.interval * a.max_attempt
     observer = Reader(open_job_dir(str(endpoint), RUN_ID), RUN_ID, liveness_s=liveness, interval_s=a.interval)
+    v0 = observer.peek().version
     samples = []
     next_sample = t0 + 5.0
     while time.monotonic() - t0 < a.duration:

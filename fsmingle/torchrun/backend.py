@@ -108,6 +108,7 @@ class FsRendezvousBackend(RendezvousBackend):
         self._view = LivenessView(store, run_id, interval_s or liveness_s / 3, liveness_s)
         self._writer: HeartbeatWriter | None = None
         self._cache: StateRecord | None = None  # state files are immutable: decode each version once
+        self._steady: tuple[int, float, bytes] | None = None  # see _folded_bytes
         self._retry_s = retry_s
         self._corrupt_grace_s = corrupt_grace_s
         self._known: int | None = None  # highest version seen; listings never move us back
@@ -316,7 +317,25 @@ class FsRendezvousBackend(RendezvousBackend):
             if rec is None or self._hidden(rec):
                 return None
             self._note(rec)
-            return pickle.dumps(self.fold(rec.state)), rec.version
+            return self._folded_bytes(rec), rec.version
+
+    def _folded_bytes(self, rec: StateRecord) -> bytes:
+        # A participant of a completed round with nobody waiting judges
+        # nobody: its folded state says "everyone alive now".  Re-serving the
+        # same bytes for a quarter interval keeps torchrun's 1/s polls cheap
+        # (a 1,024-node state takes ~10 ms to copy and pickle); the times in
+        # it are then at most interval/4 old, far from keep_alive_interval.
+        st, me, now = rec.state, self._node, time.monotonic()
+        steady = (
+            me is not None and st.complete and me in st.participants and not st.wait_list and not st.redundancy_list
+        )
+        c = self._steady
+        fresh = c is not None and c[0] == rec.version and now - c[1] < self._view.interval / 4
+        if steady and fresh and self._own_age() == 0.0:
+            return c[2]  # type: ignore[index]
+        data = pickle.dumps(self.fold(st))
+        self._steady = (rec.version, now, data) if steady else None
+        return data
 
     # -- writing ----------------------------------------------------------------
 
