@@ -1,14 +1,15 @@
-"""Smoke test of the rendezvous benchmark harness (benchmarks/bench_rendezvous.py).
+"""Smoke test of the rendezvous benchmark harness (``python -m benchmarks.rdzv``,
+also ``benchmarks/bench_rendezvous.py``).
 
 Runs the real harness at N=2, one repetition, on a local directory, for
 fsmingle and torch's c10d-on-FileStore rendezvous, and checks that it prints
-a table and writes its results.  Also checks the strace accounting on a
-synthetic log.  Needs torch (the CI installs it) and strace for the ops
-columns (the CI installs it too).
+a table and writes its results, with fsmingle's operations counted in process.
+Also checks the strace accounting on a synthetic log and the participant layout.
+Needs torch (the CI installs it) and strace for the strace columns (the CI
+installs it too).
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -23,11 +24,14 @@ BENCH = os.path.join(ROOT, "benchmarks", "bench_rendezvous.py")
 
 
 def _load_bench():
-    spec = importlib.util.spec_from_file_location("bench_rendezvous", BENCH)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("bench_rendezvous", mod)  # dataclasses look their module up
-    spec.loader.exec_module(mod)
-    return mod
+    sys.path.insert(0, ROOT)
+    from benchmarks.rdzv import common, fsops
+
+    class B:
+        classify_strace = staticmethod(fsops.classify_strace)
+        layout = staticmethod(common.layout)
+
+    return B
 
 
 def test_classify_strace_counts_file_ops_by_directory():
@@ -94,7 +98,7 @@ def test_benchmark_smoke_runs_and_prints_table(tmp_path):
         rows = [ln for ln in table.splitlines() if ln.startswith(f"| {backend} | local | 2 |")]
         assert rows, table
         assert rows[0].rstrip().endswith("| ok |"), rows[0]
-    assert "### Ratios fsmingle / torch" in table
+    assert "### fsmingle: counted operations per participant per generation" in table
 
     res = json.loads((out / "results.json").read_text())
     assert res["command"].startswith("python ")
@@ -108,7 +112,14 @@ def test_benchmark_smoke_runs_and_prints_table(tmp_path):
         if shutil.which("strace"):
             assert run["fsops"], "strace sample missing"
             assert run["fsops"][0]["counts"]["fs_ops"] > 0
-    assert by[("fsmingle", "local", 2)]["runs"][0]["torch_imported_in_fsmingle"] is False
+    fm = by[("fsmingle", "local", 2)]["runs"][0]
+    assert fm["torch_imported_in_fsmingle"] is False
+    # Counted in process: every participant created, linked (its claim) and listed something.
+    assert fm["ops"]["per_kind_mean"]["link"] >= 1 and fm["ops"]["per_kind_mean"]["readdir"] >= 1
+    # N=2: the only early participant is rank 0, so the waiting window measures rank 0.
+    assert fm["ops"]["fs_ops_mean"] > 0 and fm["ops"]["window_s"] > 0
+    assert fm["ops"]["rank0_fs_ops_per_s"] is not None
     assert (out / "rendezvous.png").stat().st_size > 1000
-    assert (out / "results.md").read_text().count("| fsmingle | local | 2 |") == 1
+    # once in the main table, once in the by-kind table of counted operations
+    assert (out / "results.md").read_text().count("| fsmingle | local | 2 |") == 2
     assert (out / "command.txt").read_text().strip() == res["command"]
