@@ -77,6 +77,8 @@ class Coordinator:
         p.heartbeat_if_due(now)
         events, self.inbox = self.inbox + self.hub.poll(0), []
         for ev in events:
+            if p.role is not self:
+                break  # the generation ended while handling an earlier event
             if ev.kind is EventKind.LOST:
                 self._on_lost(ev.conn, ev.why)
             else:
@@ -147,6 +149,14 @@ class Coordinator:
                    "--nnodes (or --world-size)")
             log.error("job %s: %s", p.job_id, msg)
             self._reject(conn, msg, fatal=True)
+            return
+        rc = m.get("restart_count")
+        if isinstance(rc, int) and rc > p.restart_count and m.get("slurm_job_id") == p.slurm_job_id:
+            # We are the leftover of a run Slurm requeued away: give the place up.
+            why = (f"rank 0 on {p.me.hostname} belongs to an earlier run of this job "
+                   f"(SLURM_RESTART_COUNT {p.restart_count} < {rc})")
+            self._reject(conn, why)
+            self._end(why, write=True)
             return
         if m.get("job") != p.job_id or m.get("gen") != p.gen:
             self._reject(conn, f"this master is job {p.job_id!r} generation {p.gen}")

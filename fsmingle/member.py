@@ -138,12 +138,19 @@ class Member:
                    "participant the same --nnodes (or --world-size)")
             p.void(msg)
             raise WorldSizeMismatchError(msg)
+        if b.restart_count < p.restart_count and b.slurm_job_id == p.slurm_job_id:
+            # Rank 0 is a leftover of the run Slurm requeued away: never join it.
+            p.void(f"rank 0 on {b.host.hostname} belongs to an earlier run of this job "
+                   f"(SLURM_RESTART_COUNT {b.restart_count} < {p.restart_count})")
+            p.rejoin()
+            return
         where = f"{hostport(b.addr, b.master_port)} (rank 0 on {b.host.hostname})"
         outcome, link, why = p.transport.connect(b.addr, b.master_port, p.timing.probe_timeout)
         if outcome is Outcome.CONNECTED:
             self.link, self.master = link, b
             link.send({"t": "hello", "v": WIRE_VERSION, "job": p.job_id, "gen": p.gen, "rank": p.rank,
                        "inst": p.instance, "mode": p.mode, "size": p.size, "addr": p.addr,
+                       "restart_count": p.restart_count, "slurm_job_id": p.slurm_job_id,
                        "host": dataclasses.asdict(p.me)})
             log.debug("job %s: connected to the master %s", p.job_id, where)
             return

@@ -74,6 +74,8 @@ from .store import Store
 
 log = logging.getLogger("fsmingle")
 
+SPREAD_ABOVE = 32  # free ranks above which first-come claimers spread by instance hash
+
 # Re-exported for callers of v1 (cleanup, status, tests).
 from .layout import CLAIM_RE, RELEASE  # noqa: E402,F401
 
@@ -546,11 +548,12 @@ class Participant:
         taken = set(claimed_ranks(self.store.listdir(gen_name(self.gen))))
         free = [r for r in range(self.size) if r not in taken]
         rest = [r for r in free if r != 0]
-        # Rank 0 first if free: the master is what everyone waits for.  Then
-        # start at a place given by our instance hash: N simultaneous joiners
-        # spread over the free ranks instead of all racing for the lowest one
-        # (O(N) link() attempts in all, not O(N^2)).
-        k = int(hashlib.sha1(self.instance.encode()).hexdigest(), 16) % max(1, len(rest))
+        # Rank 0 first if free: the master is what everyone waits for.  Small
+        # worlds fill ranks in order (what users expect to see).  In big ones
+        # each joiner starts at a place given by its instance hash, so N
+        # simultaneous joiners spread over the free ranks instead of all racing
+        # for the lowest one (O(N) link() attempts in all, not O(N^2)).
+        k = int(hashlib.sha1(self.instance.encode()).hexdigest(), 16) % len(rest) if len(rest) > SPREAD_ABOVE else 0
         order = ([0] if 0 in free else []) + rest[k:] + rest[:k]
         for r in order:
             if r == 0:

@@ -449,7 +449,7 @@ def test_unusable_claim_warning_is_not_repeated_every_poll(procs, d):
 def test_unusable_beacon_of_a_claim_holder_is_named_in_a_warning(procs, d):
     gd = _prepare_gen(d, JOB)
     inst = "5" * 16
-    _plant(gd, "rank-00001.claim", json.dumps({"schema": 1, "kind": "claim", "rank": 1, "instance": inst}))
+    _plant(gd, "rank-00001.claim", json.dumps({"schema": 2, "kind": "claim", "rank": 1, "instance": inst}))
     _plant(gd, f"beacon-{inst}.json", json.dumps({"schema": 99, "kind": "beacon", "instance": inst}))
     ps = [procs.env(d, JOB, "--nnodes", 2, "--node-rank", r, timeout=40, stale_after=2, name=f"r{r}") for r in range(2)]
     res = results(ps, timeout=40)
