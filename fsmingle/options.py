@@ -16,8 +16,13 @@ Everything else is derived from the table:
 
 **Adding an option** = one ``Option(...)`` row below, plus the code that uses
 its value (``values.<name>`` in :mod:`fsmingle.api`).  The model is submitit's
-single source of parameters (``submitit/slurm/slurm.py``: the ``sbatch``
-options are read from one function's signature with ``inspect``), kept small.
+single source of parameters: in ``submitit/slurm/slurm.py`` the ``sbatch``
+options are the keyword parameters of ``_make_sbatch_string`` and
+``_get_default_parameters`` reads them back with ``inspect``; its
+``JobEnvironment`` classes map names to scheduler variables in a table
+(``_env``).  A signature carries only a name and a default, and fsmingle
+needs flags, a unit, fallbacks and a check per option, so here the table is
+the source and the signatures (CLI and API) are generated from it.
 
 Nothing here imports torch, and click/typer only inside the functions that
 build the command line.

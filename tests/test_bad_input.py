@@ -291,7 +291,7 @@ def test_table_is_big_enough():
 
 def test_poll_max_zero_names_the_option(procs, tmp_path):
     ctx = Ctx(tmp_path)
-    rc, out, err = procs.cli(*args(ctx, "--poll-max", 0), timeout=30)
+    rc, _out, err = procs.cli(*args(ctx, "--poll-max", 0), timeout=30)
     assert rc == 3 and "--poll-max" in err, err
 
 

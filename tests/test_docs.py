@@ -72,8 +72,8 @@ def _params(cmd, ctx) -> list[dict]:
         value = "" if flag else (p.metavar if p.metavar and not arg else
                                  _type_name(hints[p.name]) if p.name in hints else "")
         default = "" if flag or p.default is None or arg else str(p.default)
-        rows.append(dict(kind="argument" if arg else "option", names=names, value=value, default=default,
-                         envvar=p.envvar or "", required=bool(p.required), help=" ".join((p.help or "").split())))
+        rows.append({"kind": "argument" if arg else "option", "names": names, "value": value, "default": default,
+                     "envvar": p.envvar or "", "required": bool(p.required), "help": " ".join((p.help or "").split())})
     return rows
 
 
@@ -211,7 +211,7 @@ def _fsmingle(args, **env):
         sys.executable, "-c", "import sys; sys.argv[0] = 'fsmingle'; from fsmingle.cli import main; main()"]
     e = {k: v for k, v in os.environ.items() if not k.startswith(("_FSMINGLE_COMPLETE", "COMP_"))}
     e.update(env)
-    return subprocess.run(cmd + list(args), env=e, capture_output=True, text=True, timeout=60)
+    return subprocess.run(cmd + list(args), env=e, capture_output=True, text=True, timeout=60, check=False)
 
 
 @pytest.mark.parametrize("shell, marker", [("bash", "complete -o default -F _fsmingle_completion fsmingle"),

@@ -133,8 +133,7 @@ def test_torchrun_standalone_two_ranks_agree(tmp_path: Path) -> None:
         env=_clean_env(tmp_path),
         capture_output=True,
         text=True,
-        timeout=RUN_TIMEOUT_S + 2 * KILL_AFTER_S,
-    )
+        timeout=RUN_TIMEOUT_S + 2 * KILL_AFTER_S, check=False)
     assert proc.returncode == 0, f"rc={proc.returncode}\n{proc.stdout}\n{proc.stderr}"
     assert "terminate called" not in proc.stderr, proc.stderr
 
@@ -228,8 +227,7 @@ def test_single_process_without_launcher(tmp_path: Path) -> None:
         env=_clean_env(tmp_path),
         capture_output=True,
         text=True,
-        timeout=RUN_TIMEOUT_S + 2 * KILL_AFTER_S,
-    )
+        timeout=RUN_TIMEOUT_S + 2 * KILL_AFTER_S, check=False)
     assert proc.returncode == 0, f"rc={proc.returncode}\n{proc.stdout}\n{proc.stderr}"
     records = _load_ranks(out, 1)
     _check_records(records, 1)
@@ -247,13 +245,13 @@ def test_torchrun_two_ranks_without_numpy(tmp_path: Path) -> None:
     (block / "sitecustomize.py").write_text("import sys\nsys.modules['numpy'] = None  # import numpy -> ImportError\n")
     env = _clean_env(tmp_path)
     env["PYTHONPATH"] = str(block) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    probe = subprocess.run([sys.executable, "-c", "import numpy"], env=env, capture_output=True, text=True)
+    probe = subprocess.run([sys.executable, "-c", "import numpy"], env=env, capture_output=True, text=True, check=False)
     assert probe.returncode != 0, "numpy is still importable: the test would prove nothing"
     out = tmp_path / "out"
     cmd = [*_timeout_prefix(), sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
            str(SCRIPT), "--steps", str(STEPS), "--out", str(out)]
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=RUN_TIMEOUT_S + 2 * KILL_AFTER_S)
+                          timeout=RUN_TIMEOUT_S + 2 * KILL_AFTER_S, check=False)
     assert proc.returncode == 0, f"rc={proc.returncode}\n{proc.stdout}\n{proc.stderr}"
     assert "Numpy is not available" not in proc.stderr
     records = _load_ranks(out, 2)

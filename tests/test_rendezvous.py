@@ -103,7 +103,7 @@ def test_run_exports_env_and_execs(tmp_path):
         _, err = p.communicate(timeout=90)
         assert p.returncode == 0, err
         assert "released: master 127.0.0.1:" in err
-    envs = [json.load(open(out / f"{i}.json")) for i in range(2)]
+    envs = [json.loads((out / f"{i}.json").read_text()) for i in range(2)]
     for i, e in enumerate(envs):
         assert e["NODE_RANK"] == e["PET_NODE_RANK"] == str(i)
         assert e["NNODES"] == e["PET_NNODES"] == "2"
@@ -117,20 +117,20 @@ def test_run_child_flags_are_not_parsed_and_exit_code_propagates(tmp_path):
     p = subprocess.run(FSMINGLE + ["run", "--dir", str(tmp_path), "--job-id", "solo", "--nnodes", "1", "--addr",
                                    "127.0.0.1", "--", sys.executable, "-c",
                                    "import sys; print(sys.argv[1:]); sys.exit(3)", "--nnodes", "99", "--timeout", "x"],
-                       capture_output=True, text=True, timeout=60)
+                       capture_output=True, text=True, timeout=60, check=False)
     assert p.returncode == 3, p.stderr
     assert "['--nnodes', '99', '--timeout', 'x']" in p.stdout
     # without "--": parsing stops at the first positional word
     p = subprocess.run(FSMINGLE + ["run", "--dir", str(tmp_path), "--job-id", "solo2", "--nnodes", "1", "--addr",
                                    "127.0.0.1", sys.executable, "-c", "import sys; print(sys.argv[1:])", "--rank", "5"],
-                       capture_output=True, text=True, timeout=60)
+                       capture_output=True, text=True, timeout=60, check=False)
     assert p.returncode == 0, p.stderr
     assert "['--rank', '5']" in p.stdout
 
 
 def test_misspelt_option_is_an_error(tmp_path):
     p = subprocess.run(FSMINGLE + ["run", "--dir", str(tmp_path), "--nnode", "2", "--", "true"],
-                       capture_output=True, text=True, timeout=60)
+                       capture_output=True, text=True, timeout=60, check=False)
     assert p.returncode == 2
     assert "--nnode" in p.stderr
 
@@ -139,12 +139,12 @@ def test_env_formats(tmp_path):
     for fmt, check in [("sh", "export MASTER_ADDR=127.0.0.1"), ("dotenv", "MASTER_ADDR=127.0.0.1")]:
         p = subprocess.run(FSMINGLE + ["env", "--dir", str(tmp_path), "--job-id", f"fmt-{fmt}", "--nnodes", "1",
                                        "--addr", "127.0.0.1", "--format", fmt, "--quiet"],
-                           capture_output=True, text=True, timeout=60)
+                           capture_output=True, text=True, timeout=60, check=False)
         assert p.returncode == 0, p.stderr
         assert check in p.stdout.splitlines()
         if fmt == "sh":
             out = subprocess.run(["bash", "-c", 'eval "$1"; echo $NODE_RANK:$PET_NNODES:$FSMINGLE_JOB_ID', "_", p.stdout],
-                                 capture_output=True, text=True).stdout.strip()
+                                 capture_output=True, text=True, check=False).stdout.strip()
             assert out == "0:1:fmt-sh"
 
 
@@ -152,7 +152,7 @@ def test_timeout_names_missing_and_leaves_dir_ready(tmp_path):
     # 2 of 3 nodes present: both fail naming node rank 2, exit 7.
     procs = [spawn_env(tmp_path, "to", "--nnodes", 3, "--node-rank", i, timeout=3) for i in range(2)]
     for p in procs:
-        so, se = p.communicate(timeout=60)
+        _so, se = p.communicate(timeout=60)
         assert p.returncode == 7, se
         assert "missing node ranks 2 (1 of 3)" in se
         assert str(tmp_path) in se
