@@ -70,6 +70,15 @@ class Coordinator:
     def close(self) -> None:
         pass  # the hub belongs to the participant: it lives until exec or a rank change
 
+    def leaving(self, why: str) -> None:
+        """Tell every member why rank 0 leaves, and let them read it before the sockets close.
+
+        Closing a socket with unread incoming data (a ping) makes Linux send RST,
+        and the peer may lose what it had not read yet: wait for members to close first.
+        """
+        self._broadcast({"t": "void", "why": why})
+        self.hub.drain(min(0.5, self.p.timing.probe_timeout))
+
     # -------------------------------------------------------------- the step
     def step(self):
         p = self.p
@@ -291,7 +300,7 @@ class Coordinator:
         p = self.p
         if write:
             p.void(why)
-        self._broadcast({"t": "void", "why": why})
+        self.leaving(why)
         unconnected = self._unconnected()
         later = f" (in it, {unconnected})" if unconnected else ""
         p.set_note(f"generation {p.gen} voided: {why}{later}", logging.WARNING)

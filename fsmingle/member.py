@@ -61,6 +61,9 @@ class Member:
         else:
             self.p.clock.sleep(seconds)
 
+    def leaving(self, why: str) -> None:
+        pass  # closing the connection tells rank 0 at once
+
     def close(self) -> None:
         if self.link is not None:
             self.link.close()
@@ -209,6 +212,8 @@ class Member:
         """What kept the world from completing, as this member knows it (for the timeout message)."""
         p = self.p
         if self.master is None:
+            if p.missing_hint:
+                return None  # rank 0 of an earlier generation of this attempt said who is missing
             if p.note.startswith("cannot reach"):
                 return "this node never got a connection to the master"  # the note says where and why
             who = "node ranks" if p.mode == "node" else "ranks"

@@ -20,12 +20,10 @@ need a scope id that other hosts cannot use).  The master port is held by
 
 from __future__ import annotations
 
-import errno
 import ipaddress
 import logging
 import os
 import socket
-import threading
 
 import psutil
 

@@ -39,20 +39,16 @@ The rules (``docs/protocol.md`` gives the reason for each):
 
 from __future__ import annotations
 
-import enum
 import hashlib
 import logging
 import random
-import time as _time
-from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Callable
 
 from .decision import Placement
 from .errors import (
     ConfigError,
     CorruptStateError,
     FsmingleError,
-    RankConflictError,
     RecordError,
     RendezvousTimeoutError,
 )
@@ -64,13 +60,16 @@ from .layout import (
     claimed_ranks,
     gen_name,
     master_dir,
-    member_chunk_name,
     ranges,
     release_name,
 )
-from .liveness import Judge, Verdict
-from .records import Beacon, Claim, HostId, Release, attach_members, decode, encode
+from .genreader import GenerationReader
+from .liveness import Judge
+from .outside import OutsideWorld
+from .records import Beacon, Claim, HostId, Release, encode
+from .states import Progress, State
 from .store import Store
+from .timing import Clock, SystemClock, Timing
 
 log = logging.getLogger("fsmingle")
 
@@ -79,126 +78,10 @@ SPREAD_ABOVE = 32  # free ranks above which first-come claimers spread by instan
 # Re-exported for callers of v1 (cleanup, status, tests).
 from .layout import CLAIM_RE, RELEASE  # noqa: E402,F401
 
-
-class State(enum.Enum):
-    """Where a participant is; the values are what progress displays show."""
-
-    JOIN = "joining"
-    CONTEST = "contesting"  # asked for a rank that is claimed: judging its holder
-    WORLD_FULL = "world-full"  # first-come, every rank claimed: watching for a free place
-    WAIT = "waiting"  # holds a rank; rank 0 gathers members, a member waits on its connection
-    DECIDING = "deciding"  # acknowledged a release, then lost rank 0: reading the decision
-    DONE = "done"
-    FAILED = "failed"
+__all__ = ["Participant", "Progress", "State", "SystemClock", "Timing", "Clock"]
 
 
-@dataclass(frozen=True)
-class Timing:
-    """Polling and liveness settings, all in seconds.
-
-    Attributes:
-        poll_min (float): first delay between filesystem polls after a change.
-        poll_max (float): steady-state delay between filesystem polls (members
-            looking for rank 0's endpoint, participants outside a world).
-        backoff (float): factor from one delay to the next (> 1).
-        jitter (float): each delay is scaled by a random factor in ``1 ± jitter``.
-        stale_after (float): a peer silent this long is dead -- on its
-            connection, or (not connected) by its heartbeat counter on the
-            observer's monotonic clock.  Must exceed the mount's attribute-cache
-            timeout (NFS ``actimeo``) several times over.
-        heartbeat (float | None): beacon heartbeat period; default ``stale_after / 3``.
-        scan_interval (float): how often rank 0 lists its generation directory.
-        status_interval (float): how often rank 0 tells members who is missing.
-        probe_timeout (float): seconds to connect to rank 0, and for a member
-            to acknowledge the release.
-
-    Raises:
-        ConfigError: a value is not positive, ``poll_max < poll_min``, the
-            heartbeat is not below ``stale_after``, or ``poll_max`` is not well
-            below ``stale_after`` (at most a quarter: a slower poll cannot notice
-            a heartbeat before the peer is judged dead).
-    """
-
-    poll_min: float = 0.01
-    poll_max: float = 0.28
-    backoff: float = 1.6
-    jitter: float = 0.1
-    stale_after: float = 30.0
-    heartbeat: float | None = None
-    scan_interval: float = 1.0
-    status_interval: float = 10.0
-    probe_timeout: float = 2.0
-
-    def __post_init__(self):
-        for name in ("poll_min", "poll_max", "stale_after", "scan_interval", "status_interval", "probe_timeout"):
-            if not getattr(self, name) > 0:
-                raise ConfigError(f"{name.replace('_', '-')} must be a positive number of seconds, got {getattr(self, name)}")
-        if self.poll_max < self.poll_min:
-            raise ConfigError("--poll-max must be at least poll_min")
-        if self.poll_max > self.stale_after / 4:
-            raise ConfigError(
-                f"--poll-max {self.poll_max:g} s must be at most a quarter of --stale-after {self.stale_after:g} s: "
-                "a peer must be seen heartbeating several times before it could be judged dead; "
-                "lower --poll-max or raise --stale-after")
-        if self.heartbeat is not None and not 0 < self.heartbeat < self.stale_after:
-            raise ConfigError("heartbeat must be positive and below stale_after")
-
-    @property
-    def heartbeat_period(self) -> float:
-        return self.heartbeat if self.heartbeat is not None else self.stale_after / 3
-
-    @property
-    def ping_interval(self) -> float:
-        """Seconds of quiet after which either end of a connection pings."""
-        return min(1.0, self.stale_after / 10)
-
-
-class Clock(Protocol):
-    """Time source; tests pass a fake one."""
-
-    def monotonic(self) -> float: ...
-    def time(self) -> float: ...
-    def sleep(self, seconds: float) -> None: ...
-
-
-class SystemClock:
-    """The real clock (``time.monotonic``, ``time.time``, ``time.sleep``)."""
-
-    monotonic = staticmethod(_time.monotonic)
-    time = staticmethod(_time.time)
-    sleep = staticmethod(_time.sleep)
-
-
-@dataclass(frozen=True)
-class Progress:
-    """What a waiting participant knows, for progress displays.
-
-    Attributes:
-        job_id (str), generation (int), mode (str), size (int): the world.
-        present (tuple[int, ...] | None): ranks present (claimed, or connected
-            to rank 0), if known; None until known.
-        missing (tuple[int, ...] | None): ranks not present, if known.
-        rank (int | None): the rank this participant holds.
-        elapsed (float): seconds since the rendezvous started.
-        remaining (float): seconds until the timeout.
-        state (str): a :class:`State` value.
-        note (str): the latest notable event ("generation 3 voided: ...").
-    """
-
-    job_id: str
-    generation: int
-    mode: str
-    size: int
-    present: tuple[int, ...] | None
-    missing: tuple[int, ...] | None
-    rank: int | None
-    elapsed: float
-    remaining: float
-    state: str
-    note: str = ""
-
-
-class Participant:
+class Participant(GenerationReader, OutsideWorld):
     """One participant's side of the protocol, driven by :meth:`step` (or :meth:`run`).
 
     Args:
@@ -305,84 +188,6 @@ class Participant:
             self.heartbeat += 1
             self.publish_beacon()
             self.next_hb = now + (period or self.timing.heartbeat_period)
-
-    def warn_once(self, name: str, msg: str) -> None:
-        """Log a problem with one file once; later repeats are only counted (polling re-reads it often)."""
-        n = self._warned.get(name, 0)
-        self._warned[name] = n + 1
-        if n == 0:
-            log.warning("ignoring %s: %s", self.store_path(name), msg)
-
-    def store_path(self, name: str) -> str:
-        return getattr(self.store, "path", lambda n: n)(name)
-
-    def read_release(self, g: int) -> Release | None | RecordError:
-        """Generation ``g``'s decision: the record, None if not visible, or the error that makes it unusable."""
-        name = release_name(g)
-        data = self.store.read(name)
-        if data is None:
-            return None
-        try:
-            rel = decode(data, Release)
-        except RecordError as e:
-            self.warn_once(name, str(e))
-            return e
-        if rel.job_id != self.job_id or rel.generation != g:
-            e = RecordError(f"it names job {rel.job_id!r} generation {rel.generation}")
-            self.warn_once(name, str(e))
-            return e
-        return rel
-
-    def with_members(self, rel: Release) -> Release | None | RecordError:
-        """``rel`` with its member list loaded from chunk files if it is stored apart; None if not visible yet."""
-        if not rel.member_chunks:
-            return rel
-        datas = []
-        for k in range(len(rel.member_chunks)):
-            data = self.store.read(member_chunk_name(rel.generation, rel.writer, k))
-            if data is None:
-                return None
-            datas.append(data)
-        try:
-            return attach_members(rel, datas)
-        except RecordError as e:
-            self.warn_once(release_name(rel.generation), str(e))
-            return e
-
-    def read_beacon(self, name: str, instance: str) -> Beacon | None:
-        data = self.store.read(name)
-        if data is None:
-            return None
-        try:
-            b = decode(data, Beacon)
-        except RecordError as e:
-            self.warn_once(name, f"{e}; its writer counts as silent until it writes a valid beacon")
-            return None
-        if b.instance != instance or b.generation != self.gen or b.job_id != self.job_id:
-            return None
-        return b
-
-    def read_claim(self, r: int) -> str | None:
-        """Instance holding rank ``r`` (cached: claims are immutable); None if not readable."""
-        if r in self.claims:
-            return self.claims[r]
-        name = claim_name(self.gen, r)
-        data = self.store.read(name)
-        if data is None:
-            return None
-        try:
-            c = decode(data, Claim)
-        except RecordError as e:
-            self.warn_once(name, f"{e}; its rank is treated as held by a silent participant")
-            return None
-        if c.rank != r:
-            return None
-        self.claims[r] = c.instance
-        return c.instance
-
-    def judge_holder(self, instance: str | None, now: float, key: str) -> tuple[Verdict, Beacon | None]:
-        b = self.read_beacon(beacon_name(self.gen, instance), instance) if instance else None
-        return self.judge.judge(instance or key, b, now), b
 
     def void(self, reason: str) -> bool:
         """Create this generation's restart decision; False if a decision already existed."""
@@ -663,71 +468,6 @@ class Participant:
                 f"`fsmingle clean --dir ... {self.job_id}` and start again"
             )
 
-    def _poll_decision(self) -> Release | None:
-        """Outside a world (contesting, world-full): the generation's decision if one shows."""
-        rel = self.read_release(self.gen)
-        now = self.clock.monotonic()
-        if isinstance(rel, RecordError):
-            # An unusable decision still means "decided": this generation will
-            # never release us; move on (the record's writer meant to end it).
-            self._bad_release(now)
-            return None
-        self.release_bad_since = None
-        return rel
-
-    def _step_contesting(self) -> Placement | None:
-        r = self.want_rank
-        rel = self._poll_decision()
-        if rel is not None:
-            if rel.state == "released":
-                holder = rel.members[r] if r < len(rel.members) else None
-                where = f"pid {holder.host.pid} on {holder.host.hostname}, {holder.addr}" if holder else "another process"
-                raise RankConflictError(
-                    f"rank {r} of job {self.job_id} was taken by another process ({where}), which was released "
-                    f"in generation {self.gen}; give each node a distinct rank, or omit the rank for first-come "
-                    "assignment")
-            self.rejoin()
-            return None
-        now = self.clock.monotonic()
-        self.heartbeat_if_due(now)
-        holder = self.contest_holder or self.read_claim(r)
-        self.contest_holder = holder
-        verdict, b = self.judge_holder(holder, now, key=f"?rank{r}")
-        if verdict is Verdict.ALIVE:
-            where = f"pid {b.host.pid} on {b.host.hostname} ({b.addr})" if b else "another process"
-            self.state = State.FAILED
-            raise RankConflictError(
-                f"rank {r} of job {self.job_id} is already held by a live process: {where}; "
-                "give each node a distinct rank, or omit the rank for first-come assignment")
-        if verdict is Verdict.DEAD:
-            self.void(f"rank {r}'s holder is dead; replaced by pid {self.me.pid} on {self.me.hostname}")
-            self.rejoin()
-        return None
-
-    def _step_world_full(self) -> Placement | None:
-        rel = self._poll_decision()
-        if rel is not None:
-            if rel.state == "released":
-                self.set_note(f"generation {self.gen} was released to {self.size} participants without this one "
-                              f"(a late participant); waiting in generation {self.gen + 1}", logging.WARNING)
-            self.rejoin()
-            return None
-        now = self.clock.monotonic()
-        self.heartbeat_if_due(now)
-        if now >= self.next_check:
-            self.next_check = now + min(self.timing.heartbeat_period, 1.0)
-            for r in claimed_ranks(self.store.listdir(gen_name(self.gen))):
-                if r >= self.size:
-                    continue
-                inst = self.read_claim(r)
-                verdict, b = self.judge_holder(inst, now, key=f"?rank{r}")
-                if verdict is Verdict.DEAD:
-                    self.void(f"rank {r} ({b.host.hostname if b else 'beacon unreadable'}) is dead or stopped "
-                              "heartbeating")
-                    self.rejoin()
-                    return None
-        return None
-
     # ------------------------------------------------------------------ leaving
     def _on_timeout(self) -> Placement | None:
         if self.state is State.DECIDING and not self._grace:
@@ -772,6 +512,7 @@ class Participant:
         """
         acked = self.state is State.DECIDING or (self.role is not None and getattr(self.role, "acked", False))
         if self.role is not None:
+            self.role.leaving(f"{reason}; it left")
             self.role.close()  # rank 0 sees the connection drop (and voids) at once
             self.role = None
         if self.hub is not None:
