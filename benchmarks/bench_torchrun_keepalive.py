@@ -170,12 +170,13 @@ def worker(idx: int, n_local: int, n_total: int, endpoint: str, a, conn) -> None
         else:
             h._stop_heartbeats()
     hb = _hb(handlers) - base["hb"]
+    gaps = sorted(getattr(getattr(h, "_beats", None), "max_gap", 0.0) for h in handlers)
     stats = {k: v - base[k] for k, v in stats.items()}
     reads = sum(getattr(getattr(h._fs_backend, "view", None), "reads", 0) for h in handlers)
     scans = sum(getattr(getattr(h._fs_backend, "view", None), "scans", 0) for h in handlers)
     conn.send(
         {
-            **stats, "hb_writes": hb, "hb_reads": reads, "scans": scans, "keepalive_failed": warn.keepalive_failed,
+            **stats, "hb_writes": hb, "max_beat_gap": gaps[-1], "hb_reads": reads, "scans": scans, "keepalive_failed": warn.keepalive_failed,
             **{k: len(v) for k, v in events.items() if k != "errors"}, "errors": sorted(events.get("errors", ()))[:5],
         }
     )
@@ -253,7 +254,7 @@ def run(a) -> dict:
     for p in procs:
         p.join(30)
     v_end = observer.peek().version
-    tot = {k: sum(r[k] for r in reports) for k in reports[0] if k != "errors"}
+    tot = {k: sum(r[k] for r in reports) for k in reports[0] if k not in ("errors", "max_beat_gap")}
     errors = sorted({e for r in reports for e in r["errors"]})[:5]
     # The observer needs liveness_s of its own watching before a verdict counts.
     judged = [s for s in samples if s["t"] > liveness + 2 * a.interval]
@@ -263,6 +264,7 @@ def run(a) -> dict:
         "cas_writes": v_end - v0, "cas_writes_per_s": round((v_end - v0) / elapsed, 2),
         "cas_lost_per_s": round(tot["cas_lost"] / elapsed, 2),
         "hb_writes_per_s": round(tot["hb_writes"] / elapsed, 1),
+        "max_beat_gap_s": round(max(r["max_beat_gap"] for r in reports), 2),
         "hb_reads_per_s": round(tot["hb_reads"] / elapsed, 1), "scans": tot["scans"],
         "get_state_per_s": round(tot["get_state"] / elapsed, 1),
         "needed_keepalives_per_s": round(a.agents / a.interval, 1),

@@ -413,6 +413,20 @@ def test_entry_point_registers_the_backend(tmp_path):
     assert isinstance(h2, handler.FsRendezvousHandler)
 
 
+@pytest.mark.parametrize("first", ["fsmingle.torchrun.backend", "fsmingle.torchrun.handler", "torch.distributed.run"])
+def test_backend_registers_whichever_module_is_imported_first(first):
+    # torch's registry imports the entry point while torch's rendezvous package
+    # is being imported; a half-initialised fsmingle module there would only be
+    # logged by torch, and the backend would be missing.
+    code = (
+        f"import {first}\n"
+        "from torch.distributed.elastic.rendezvous import api\n"
+        "assert 'fsmingle' in api.rendezvous_handler_registry._registry\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    assert r.returncode == 0 and "Exception while registering" not in r.stderr, r.stderr[-3000:]
+
+
 @pytest.mark.parametrize(
     "kw",
     [

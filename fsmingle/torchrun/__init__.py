@@ -20,6 +20,12 @@ Modules (details and reasons in ``docs/torchrun-backend.md``):
 * :mod:`~fsmingle.torchrun.conf`: the ``--rdzv-conf`` keys.
 * :mod:`~fsmingle.torchrun._torch_private`: every private torch name used.
 
-This package's ``__init__`` imports nothing (torch's registry imports the
-entry point module while torch itself is still being imported).
+Import order matters: importing ``torch.distributed.elastic.rendezvous`` makes
+torch's registry import every ``torchrun.handlers`` entry point, i.e.
+``fsmingle.torchrun.handler``.  If that happened halfway through one of this
+package's modules, the handler would find it half-initialised (and torch only
+logs the failure: the backend would silently be missing).  So the package
+imports torch's rendezvous package first, before any of its own modules.
 """
+
+import torch.distributed.elastic.rendezvous  # noqa: F401  # see above: first, before any module here

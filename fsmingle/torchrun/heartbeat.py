@@ -51,9 +51,10 @@ log = logging.getLogger("fsmingle.torchrun")
 class HeartbeatWriter:
     """This node's heartbeat file, replaced every ``interval_s`` seconds by a daemon thread.
 
-    The same thread also runs :meth:`LivenessView.scan_if_due` every half
-    interval, so the scanner keeps scanning while its agent is busy
-    elsewhere (waiting for a store, running workers).
+    When this node is the scanner (:meth:`LivenessView.is_scanner`), a second
+    daemon thread runs :meth:`LivenessView.scan_if_due` every half interval,
+    so scans go on while the agent is busy elsewhere (waiting for a store,
+    running workers) and never delay a beat.
 
     Args:
         store (Store): the run directory.
@@ -75,7 +76,9 @@ class HeartbeatWriter:
         self._failing = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._scanner: threading.Thread | None = None
         self.writes = 0  # successful beats (benchmarks read it)
+        self.max_gap = 0.0  # longest time between two successful beats, seconds (benchmarks read it)
 
     @property
     def name(self) -> str:
@@ -110,7 +113,10 @@ class HeartbeatWriter:
             self._failing = True
             return False
         self._failing = False
-        self._last_ok = time.monotonic()
+        now = time.monotonic()
+        if self._last_ok is not None:
+            self.max_gap = max(self.max_gap, now - self._last_ok)
+        self._last_ok = now
         self.writes += 1
         return True
 
@@ -126,29 +132,34 @@ class HeartbeatWriter:
         self._thread.start()
 
     def _run(self) -> None:
-        # Beats on a fixed schedule (like torch's _PeriodicTimer), scans every
-        # half interval in between; a late beat does not shift the next one.
-        half = self._interval / 2
+        # Beats on a fixed schedule (like torch's _PeriodicTimer): a late beat
+        # does not shift the next one.  Scans run in their own thread, started
+        # once this node becomes the scanner: reading 1,000 files on a loaded
+        # file server must never delay this node's own beat.
         next_beat = time.monotonic() + self._interval
-        next_scan = time.monotonic() + half * random.random()
-        while not self._stop.wait(max(0.0, min(next_beat, next_scan) - time.monotonic())):
-            now = time.monotonic()
-            if now >= next_beat:
-                self.beat()
-                next_beat = max(next_beat + self._interval, now + half)
-            if now >= next_scan:
-                next_scan = now + half
-                if self._view is not None:
-                    try:
-                        self._view.scan_if_due()
-                    except Exception as e:  # noqa: BLE001  # a failing scan must never stop the beats
-                        log.warning("heartbeat scan failed: %s: %s", type(e).__name__, e)
+        while not self._stop.wait(max(0.0, next_beat - time.monotonic())):
+            self.beat()
+            next_beat = max(next_beat + self._interval, time.monotonic() + self._interval / 2)
+            view = self._view
+            if view is not None and view.is_scanner() and self._scanner is None:
+                self._scanner = threading.Thread(target=self._scan_loop, name="fsmingle-heartbeat-scan", daemon=True)
+                self._scanner.start()
+
+    def _scan_loop(self) -> None:
+        assert self._view is not None
+        while not self._stop.wait(self._interval / 2):
+            try:
+                self._view.scan_if_due()
+            except Exception as e:  # noqa: BLE001  # a failing scan must never end the scanning
+                log.warning("heartbeat scan failed: %s: %s", type(e).__name__, e)
 
     def stop(self, remove: bool = True) -> None:
         """Stop the thread; with ``remove``, delete the heartbeat file (this node leaves)."""
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+        for t in (self._thread, self._scanner):
+            if t is not None:
+                t.join(timeout=5)
+        self._scanner = None
         if remove:
             self._store.remove(self.name)
 
