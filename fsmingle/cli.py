@@ -40,7 +40,8 @@ app = typer.Typer(
     rich_markup_mode=None,
 )
 
-INTERRUPTED = 130  # SIGINT and SIGTERM alike; see Terminated
+INTERRUPTED = 130  # SIGINT and SIGTERM alike while waiting; see Terminated
+TERMINATED_AFTER_RELEASE = 143  # 128 + SIGTERM: too late to withdraw
 
 
 class Terminated(KeyboardInterrupt):
@@ -50,8 +51,8 @@ class Terminated(KeyboardInterrupt):
     ``Participant.run``, which withdraws this participant from its generation.
     The command then exits 130 like for SIGINT (documented in
     :func:`fsmingle.errors.exit_codes`): "interrupted while waiting, withdrew
-    cleanly" is what a caller needs to know; 143 is left to mean what shells
-    make it mean, a process killed by SIGTERM without handling it.
+    cleanly" is what a caller needs to know.  After the release the handler
+    is :func:`_after_release` (exit 143: too late to withdraw).
     """
 
 
@@ -80,6 +81,16 @@ def _on_sigterm(signum, frame):
     raise Terminated()
 
 
+def _after_release(r):
+    def handler(signum, frame):
+        sys.stderr.write(f"fsmingle: terminated (SIGTERM) after job {r.job_id} generation {r.generation} was released "
+                         "with this participant in it, before its command started; the others will not find it\n")
+        sys.stderr.flush()
+        os._exit(TERMINATED_AFTER_RELEASE)  # no unwinding: nothing is left to withdraw
+
+    return handler
+
+
 def _rendezvous(values) -> object:
     """Run the rendezvous for ``run``/``env``; exits the process on failure (one line, documented code)."""
     from .api import rendezvous
@@ -106,9 +117,11 @@ def _rendezvous(values) -> object:
         typer.echo("fsmingle: interrupted (SIGINT); this participant withdrew from the rendezvous", err=True)
         raise typer.Exit(INTERRUPTED)
     finally:
-        # Released (or failed): from here SIGTERM means what it always means, to fsmingle and to the
-        # command it execs (exec resets caught signals to their default anyway, execve(2)).
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    # Released: the others were released with this participant in their world, so a SIGTERM from
+    # here on can no longer withdraw it.  Say exactly that and exit 143 (128 + SIGTERM, what a shell
+    # reports); the command, once exec'd, gets SIGTERM's default action again (execve(2)).
+    signal.signal(signal.SIGTERM, _after_release(r))
     reporter.close()
     elapsed = time.monotonic() - t0
     where = (f"node rank {r.node_rank}/{r.nnodes}" if r.mode == "node"

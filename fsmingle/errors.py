@@ -146,6 +146,8 @@ OTHER_EXIT_CODES: tuple[tuple[int, str], ...] = (
     (126, "`run`: the command exists but cannot be executed (as in POSIX shells)"),
     (127, "`run`: the command was not found (as in POSIX shells)"),
     (130, "interrupted (SIGINT or SIGTERM) while waiting: this participant withdrew cleanly"),
+    (143, ("terminated (SIGTERM) after the release, before the command started: too late to withdraw, "
+           "the others were released with this participant")),
 )
 
 

@@ -263,3 +263,15 @@ def test_status_warns_once_about_an_unreadable_beacon_then_counts(procs, d):
     assert re.fullmatch(rf"fsmingle: \(the warning about {re.escape(name)} repeated \d+ more times\)", count), err
     assert int(re.search(r"repeated (\d+)", count).group(1)) >= 3, err
     assert len(lines) == 2, err
+
+
+def test_sigterm_after_the_release_says_too_late_and_exits_143():
+    """The handler `fsmingle run`/`env` installs once released (the window before exec is too short to hit)."""
+    code = ("import os, signal, time; from types import SimpleNamespace as R; from fsmingle.cli import _after_release; "
+            "signal.signal(signal.SIGTERM, _after_release(R(job_id='j', generation=3))); "
+            "os.kill(os.getpid(), signal.SIGTERM); time.sleep(30)")
+    p = subprocess.run([sys.executable, "-c", code], env=clean_env(), check=False, capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode == 143, p
+    assert p.stderr == ("fsmingle: terminated (SIGTERM) after job j generation 3 was released with this participant "
+                        "in it, before its command started; the others will not find it\n"), p.stderr
