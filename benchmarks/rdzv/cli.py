@@ -11,6 +11,7 @@ import json
 import os
 import shlex
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -78,6 +79,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget", type=float, default=900.0,
                     help="stop escalating N for a backend/fs once one configuration takes longer (s)")
     ap.add_argument("--v1-root", default="/tmp/v1", help="checkout holding the previous release (fsmingle-v1)")
+    ap.add_argument("--fsmingle-root", default=None,
+                    help="checkout whose fsmingle package the fsmingle backend runs (default: the installed one, "
+                         "i.e. this working tree); e.g. a `git worktree add --detach /tmp/v2 HEAD` to measure a commit")
     ap.add_argument("--out", default=os.path.join(REPO, "benchmarks", "results"))
     ap.add_argument("--workdir", default=None, help="scratch directory (default: a new temp dir)")
     ap.add_argument("--keep-logs", action="store_true")
@@ -110,7 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     command = " ".join(shlex.quote(x) for x in ["python", "-m", "benchmarks.rdzv"] + raw)
     sc = Scenario(settle=args.settle, strace_secs=args.strace_secs, strace_procs=args.strace_procs,
                   max_procs=args.max_procs, timeout=args.timeout, ready_timeout=args.ready_timeout,
-                  keep_logs=args.keep_logs, v1_root=args.v1_root)
+                  keep_logs=args.keep_logs, v1_root=args.v1_root,
+                  fsmingle_root=args.fsmingle_root)
 
     def log(msg: str) -> None:
         print(msg, flush=True)
@@ -223,6 +228,10 @@ def main(argv: list[str] | None = None) -> int:
                          f"of one backing directory, -o {FS_OPTS[f]}.")
     if "fsmingle-v1" in backends:
         notes.append(f"fsmingle-v1: the previous release's package from {args.v1_root} (git worktree of 3be66ce).")
+    for b, root in (("fsmingle", args.fsmingle_root), ("fsmingle-v1", args.v1_root if "fsmingle-v1" in backends else None)):
+        if root:
+            rev = subprocess.run(["git", "-C", root, "log", "-1", "--format=%h %s"], capture_output=True, text=True)
+            notes.append(f"{b} ran the package of {root} at commit {rev.stdout.strip()[:100]}")
     notes.append(f"harness time {time.monotonic() - started:.0f}s.")
     try:
         table = write_outputs(args.out, command, env_info, rows, notes, {"args": vars(args)})

@@ -89,6 +89,7 @@ class Scenario:
     ready_timeout: float = 300.0
     keep_logs: bool = False
     v1_root: str = "/tmp/v1"
+    fsmingle_root: str | None = None
     extra: dict = field(default_factory=dict)
 
 
@@ -119,7 +120,7 @@ def run_once(sc: Scenario, backend: str, fs: str, n: int, rep: int, dirs_for: li
         "addrs": [participant_addr(p) for p in range(n)], "rdzv_timeout": float(sc.timeout),
         "tcp_endpoint": f"127.0.0.1:{free_port()}" if backend == "torch-tcp" else None, "tcp_host": 0,
         "groups": [g for g in groups],
-        "impl_root": sc.v1_root if backend == "fsmingle-v1" else None,
+        "impl_root": sc.v1_root if backend == "fsmingle-v1" else sc.fsmingle_root if backend == "fsmingle" else None,
     }
     cfg_path = os.path.join(logdir, "config.json")
     with open(cfg_path, "w") as fh:
