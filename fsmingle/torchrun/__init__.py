@@ -14,7 +14,8 @@ Modules (details and reasons in ``docs/torchrun-backend.md``):
 * :mod:`~fsmingle.torchrun.backend`: the compare-and-set state on versioned
   JSON files created with ``link()``.
 * :mod:`~fsmingle.torchrun.heartbeat`: per-node heartbeat files and the
-  counter-based liveness view folded into the state torch reads.
+  counter-based liveness view; :mod:`~fsmingle.torchrun.fold` puts its
+  verdicts into the state torch reads.
 * :mod:`~fsmingle.torchrun.storeaddr`: the round's TCPStore address files.
 * :mod:`~fsmingle.torchrun.codec`: every file's JSON form.
 * :mod:`~fsmingle.torchrun.conf`: the ``--rdzv-conf`` keys.

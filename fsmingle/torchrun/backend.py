@@ -22,7 +22,6 @@ import pickle
 import random
 import threading
 import time
-from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from torch.distributed.elastic.rendezvous.api import (
@@ -37,12 +36,12 @@ from ._torch_private import NodeDesc, RendezvousState
 from .codec import (
     STATE_RE,
     StateRecord,
-    copy_state,
     decode_state_record,
     encode_state_record,
     state_name,
     unpickle_state,
 )
+from .fold import fold_state
 from .heartbeat import HeartbeatWriter, LivenessView
 
 log = logging.getLogger("fsmingle.torchrun")
@@ -168,42 +167,11 @@ class FsRendezvousBackend(RendezvousBackend):
 
     def _own_age(self) -> float:
         w = self._writer
-        if w is None or w.started is None:
-            return 0.0  # not beating yet (before the first join; tools): nobody judges us yet
-        # What others see: the age of our last beat that reached the
-        # directory.  While beats succeed, "just now", so torch's
-        # _should_keep_alive never asks for a keep-alive write of the state;
-        # when they fail for long, torch drops us like the others will.
-        age = time.monotonic() - (w.last_ok if w.last_ok is not None else w.started)
-        return 0.0 if age < self._view.liveness - self._view.interval else age
+        return 0.0 if w is None else w.age_as_seen(self._view.liveness, self._view.interval)
 
     def fold(self, st: RendezvousState) -> RendezvousState:
-        """A copy of ``st`` whose ``last_heartbeats`` say what this observer knows.
-
-        For each node torch tracks (the keys of ``last_heartbeats``), the time
-        becomes ``now - age`` where ``age`` is the time since the node's
-        heartbeat counter last grew on this observer's monotonic clock.  While
-        this node takes part in a completed round, only waiting and redundant
-        nodes are judged: the participants are running together, and a dead
-        one surfaces as a worker failure and a new round, which judges everyone.
-        That keeps an idle agent's reads at zero files per poll.
-        """
-        members = set(st.participants) | st.wait_list | st.redundancy_list
-        self._view.set_members(members)
-        me = self._node
-        tracked = set(st.last_heartbeats)
-        if me is not None and st.complete and me in st.participants:
-            judged = (st.wait_list | st.redundancy_list) & tracked
-        else:
-            judged = tracked
-        judged.discard(me)  # type: ignore[arg-type]
-        self._view.observe(judged)
-        now = datetime.now(timezone.utc)
-        out = copy_state(st)
-        for n in tracked:
-            age = self._own_age() if n == me else self._view.age(n) if n in judged else 0.0
-            out.last_heartbeats[n] = now - timedelta(seconds=age)
-        return out
+        """``st`` with this observer's heartbeat verdicts, see :func:`fsmingle.torchrun.fold.fold_state`."""
+        return fold_state(st, self._node, self._view, self._own_age())
 
     def live_members(self, st: RendezvousState) -> list[NodeDesc]:
         """Members of ``st`` (participants, waiting, redundant) judged alive by their heartbeat counters."""
@@ -230,6 +198,8 @@ class FsRendezvousBackend(RendezvousBackend):
 
     def _listed_max(self) -> int | None:
         try:
+            # A listing may lag by up to acdirmax (NFS attribute cache) and
+            # miss the newest versions: peek() probes past it by name.
             names = self._store.listdir("")
         except OSError as e:
             raise RendezvousConnectionError(f"cannot list {self._where()}: {e}") from e
@@ -238,6 +208,8 @@ class FsRendezvousBackend(RendezvousBackend):
 
     def _read(self, name: str) -> bytes | None:
         try:
+            # A fresh open() per read: NFS promises close-to-open consistency
+            # only; ENOENT/ESTALE (pruned, replaced) come back as None.
             return self._store.read(name)
         except OSError as e:
             raise RendezvousConnectionError(f"cannot read {self._where(name)}: {e}") from e
@@ -377,6 +349,10 @@ class FsRendezvousBackend(RendezvousBackend):
                 return None
             data = encode_state_record(self._run_id, version, epoch, new_state)
             try:
+                # link() of a complete, fsynced temporary onto the name: atomic
+                # and exclusive on NFS (every version), Lustre and GPFS; a link
+                # count of 2 proves success when a retransmitted NFS link()
+                # reports EEXIST (PosixStore.create).  One writer per version.
                 won = self._store.create(state_name(version), data)
             except (OSError, StorageError) as e:
                 raise RendezvousConnectionError(f"cannot write the rendezvous state in {self._where()}: {e}") from e
@@ -411,6 +387,9 @@ class FsRendezvousBackend(RendezvousBackend):
         # file to pruning re-list and find a newer one.
         old = version - KEEP_VERSIONS
         if old >= 1:
+            # unlink() of a version 16 behind: a reader that still opens it
+            # gets ENOENT/ESTALE (or reads it through an open .nfsXXXX
+            # silly-rename) and simply lists again.
             self._store.remove(state_name(old))
         if version % KEEP_VERSIONS == 0:
             try:

@@ -90,6 +90,20 @@ class HeartbeatWriter:
         """``time.monotonic()`` of the last beat that reached the directory; None before any."""
         return self._last_ok
 
+    def age_as_seen(self, liveness_s: float, interval_s: float) -> float:
+        """This node's heartbeat age as others will judge it, for the state torch reads, seconds.
+
+        0 before :meth:`start` (nobody judges a node that has not joined) and
+        while beats succeed ("just now": torch's ``_should_keep_alive`` then
+        never asks for a keep-alive write of the state); once beats have
+        failed for ``liveness_s - interval_s``, the real age, so torch drops
+        this node as the others will.
+        """
+        if self.started is None:
+            return 0.0
+        age = time.monotonic() - (self._last_ok if self._last_ok is not None else self.started)
+        return 0.0 if age < liveness_s - interval_s else age
+
     def beat(self) -> bool:
         """Write the next counter now.
 
@@ -161,7 +175,7 @@ class HeartbeatWriter:
                 t.join(timeout=5)
         self._scanner = None
         if remove:
-            self._store.remove(self.name)
+            self._store.remove(self.name)  # a reader holding it open keeps the old counter (.nfsXXXX): harmless
 
 
 @dataclass
@@ -352,6 +366,9 @@ class LivenessView:
         self._scan_seq = random.getrandbits(62)
         self._scan_seen = now
         try:
+            # Atomic replace (rename within hb/, atomic on NFS, Lustre, GPFS):
+            # readers see a whole scan, old or new.  Two scanners at once only
+            # replace each other's scans; every scan holds true counters.
             self._store.publish(codec.SCAN_NAME, codec.encode_scan(self._run_id, self.me, self._scan_seq, counts))
             self.scans += 1
         except FileNotFoundError:

@@ -45,6 +45,8 @@ class StoreAddressBoard:
 
     def _read(self, name: str) -> bytes | None:
         try:
+            # Polled by name with a fresh open(): a negative dentry may hide
+            # the new file for a while on NFS, never forever (lookup revalidation).
             return self._store.read(name)
         except OSError as e:
             raise RendezvousConnectionError(f"cannot read {self._where(name)}: {e}") from e
@@ -62,6 +64,8 @@ class StoreAddressBoard:
         """
         name = store_name(a.epoch, a.round)
         try:
+            # Exclusive create by link() (atomic on NFS, Lustre, GPFS): one
+            # address per round even if two agents believed they were rank 0.
             created = self._store.create(name, encode_store_address(self._run_id, a))
         except (OSError, StorageError) as e:
             raise RendezvousConnectionError(f"cannot write {self._where(name)}: {e}") from e
@@ -82,7 +86,7 @@ class StoreAddressBoard:
             return
         keys = sorted((int(m.group(1)), int(m.group(2)), n) for n in names if (m := STORE_RE.match(n)))
         for _, _, n in keys[:-KEEP_STORE_FILES]:
-            self._store.remove(n)
+            self._store.remove(n)  # unlink: a late reader gets ENOENT = "not published"
 
     def wait(self, epoch: int, round_: int, node: NodeDesc, timeout: float) -> StoreAddress:
         """Wait until the rank-0 agent ``node`` has published round ``round_``'s store address.
