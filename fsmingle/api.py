@@ -16,7 +16,7 @@ from . import __version__, options
 from .channel import TcpTransport
 from .cleanup import locked_cleaner
 from .config import resolve
-from .decision import Placement
+from .decision import Placement, expand_nodelist
 from .fscheck import require_claimable
 from .hostinfo import local_process_alive, this_process
 from .netaddr import choose_address
@@ -48,7 +48,10 @@ class Rendezvous:
         world_size (int | None): number of ranks (per-rank mode only).
         local_rank (int | None): index among members on the same host (per-rank mode only).
         local_world_size (int | None): members on the same host (per-rank mode only).
-        members (tuple[str, ...]): members' addresses in rank order.
+        members (tuple[str, ...]): members' addresses in rank order (empty unless known: rank 0
+            always knows them; others ask with ``want_members=True``).
+        member_hosts (tuple[str, ...]): members' hostnames in rank order (same condition).
+        arrivals (tuple[float, ...]): seconds after the first arrival at which rank 0 saw each member.
         dir (str): the rendezvous directory.
     """
 
@@ -65,15 +68,26 @@ class Rendezvous:
     local_world_size: int | None = None
     members: tuple[str, ...] = ()
     dir: str = ""
+    member_hosts: tuple[str, ...] = ()
+    arrivals: tuple[float, ...] = ()
 
     @classmethod
-    def from_placement(cls, pl: Placement, job_id: str, dir: str = "") -> Rendezvous:
-        """Build the result from the placement rank 0 sent this participant at release."""
+    def from_placement(cls, pl: Placement, job_id: str, dir: str = "", members: tuple = ()) -> Rendezvous:
+        """Build the result from the placement rank 0 sent this participant at release.
+
+        Args:
+            pl (Placement): this participant's place.
+            job_id (str), dir (str): for the result.
+            members (tuple[tuple[str, str, float], ...]): (hostname, address, arrival offset in seconds)
+                of every member in rank order, when known (rank 0 always; others when they asked).
+        """
+        world = dict(members=tuple(m[1] for m in members), member_hosts=tuple(m[0] for m in members),
+                     arrivals=tuple(float(m[2]) for m in members), dir=dir)
         if pl.mode == "node":
-            return cls(pl.master_addr, pl.master_port, pl.rank, pl.size, job_id, pl.generation, "node", dir=dir)
+            return cls(pl.master_addr, pl.master_port, pl.rank, pl.size, job_id, pl.generation, "node", **world)
         return cls(pl.master_addr, pl.master_port, pl.node_rank, pl.nnodes, job_id, pl.generation, "rank",
                    rank=pl.rank, world_size=pl.size, local_rank=pl.local_rank,
-                   local_world_size=pl.local_world_size, dir=dir)
+                   local_world_size=pl.local_world_size, **world)
 
     @classmethod
     def from_release(cls, rel: Release, rank: int, dir: str = "") -> Rendezvous:
@@ -171,6 +185,7 @@ def rendezvous(dir: str | None = None, job_id: str | None = None, **kwargs) -> R
             object-store mounts): no claim could be exclusive (see :mod:`fsmingle.fscheck`).
     """
     timing: Timing | None = kwargs.pop("timing", None)
+    want_members: bool = bool(kwargs.pop("want_members", False))
     on_progress = kwargs.pop("on_progress", None)
     env: dict | None = kwargs.pop("env", None)
     values = kwargs.pop("values", None)
@@ -189,7 +204,8 @@ def rendezvous(dir: str | None = None, job_id: str | None = None, **kwargs) -> R
     v = options.validate(values)
     s = resolve(dir=v.dir, job_id=v.job_id, nnodes=v.nnodes, node_rank=v.node_rank, world_size=v.world_size,
                 rank=v.rank, env=env)
-    address = choose_address(v.addr, v.iface, env=os.environ if env is None else env)
+    environ = os.environ if env is None else env
+    address = choose_address(v.addr, v.iface, env=environ)
     port, timeout = v.port, v.timeout
     timing = replace(timing or Timing(), stale_after=v.stale_after, poll_max=v.poll_max,
                      poll_min=min((timing or Timing()).poll_min, v.poll_max))
@@ -208,11 +224,26 @@ def rendezvous(dir: str | None = None, job_id: str | None = None, **kwargs) -> R
         restart_count=s.restart_count, slurm_job_id=s.slurm_job_id, clock=SystemClock(),
         local_alive=local_process_alive, transport=TcpTransport(ping_interval=timing.ping_interval),
         on_progress=on_progress, cleaner=locked_cleaner(store, timing.stale_after), version=__version__,
+        rank_order=v.rank_order or environ.get("FSMINGLE_RANK_ORDER") or "arrival",
+        topology_key=v.topology_key or environ.get("FSMINGLE_TOPOLOGY_KEY") or "",
+        nodelist=_nodelist(environ), want_members=want_members,
     )
-    return Rendezvous.from_placement(p.run(), s.job_id, dir=s.dir)
+    placement = p.run()
+    return Rendezvous.from_placement(placement, s.job_id, dir=s.dir, members=p.released_members)
 
 
 _API_OPTIONS = frozenset(o.name for o in options.OPTIONS if not o.cli_only)
+
+
+def _nodelist(env) -> tuple[str, ...]:
+    """``SLURM_JOB_NODELIST`` expanded as Slurm does (for ``--rank-order nodelist``); () if unset or unparsable."""
+    spec = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or ""
+    try:
+        return tuple(expand_nodelist(spec)) if spec else ()
+    except ValueError as e:
+        log.warning("cannot expand SLURM_JOB_NODELIST=%r (%s); --rank-order nodelist falls back to host order",
+                    spec, e)
+        return ()
 rendezvous.__signature__ = options.api_signature(extra=tuple(  # type: ignore[attr-defined]
     inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=None) for n in ("values", "timing", "on_progress", "env")))
 rendezvous.__doc__ = rendezvous.__doc__.replace("{OPTION_DOCS}", options.api_docs())

@@ -21,7 +21,7 @@ import dataclasses
 import logging
 
 from .channel import WIRE_VERSION, EventKind, hostport
-from .decision import Action, CoordinatorView, decide, placements
+from .decision import Action, CoordinatorView, decide, order_members, placements
 from .errors import RecordError
 from .layout import RELEASE, claimed_ranks, gen_name, master_name, member_chunk_name, ranges, release_name
 from .liveness import Verdict
@@ -45,6 +45,13 @@ class Coordinator:
         self.pending: dict[int, tuple[dict, float]] = {}  # conn -> (hello, when)
         self.lost: dict[int, str] = {}
         self.dead_claimers: dict[int, str] = {}
+        self.refused: dict[int, str] = {}  # members that acked with an error (e.g. the master port was busy)
+        self.explicit: dict[int, bool] = {}
+        self.keys: dict[int, str] = {}
+        self.want_members: set[int] = set()
+        self.final: list[Member] = []
+        self.master_slot = 0
+        self.master_port: int | None = None
         self.listed: set[int] = set()
         self.inbox: list = []
         self.prepared: Release | None = None
@@ -103,7 +110,7 @@ class Coordinator:
         view = CoordinatorView(
             size=p.size, connected=frozenset(self.rank_conn),
             silent={r: self.hub.silent_for(c) for r, c in self.rank_conn.items()},
-            lost=dict(self.lost), dead_claimers=dict(self.dead_claimers),
+            lost=dict(self.lost), dead_claimers={**self.dead_claimers, **self.refused},
             preparing_for=None if self.preparing_since is None else now - self.preparing_since,
             acked=frozenset(self.acked_ranks), stale_after=p.timing.stale_after, ack_timeout=p.timing.probe_timeout)
         action, why = decide(view)
@@ -138,6 +145,12 @@ class Coordinator:
         elif t == "ack":
             r = self.conn_rank.get(conn)
             if r is not None and m.get("gen") == self.p.gen and self.preparing_since is not None:
+                if r == self.master_slot and self.master_slot != 0:
+                    port = m.get("port")
+                    if not isinstance(port, int) or isinstance(port, bool) or not 0 < port < 65536:
+                        self.refused[r] = f"could not hold the master port: {m.get('error', 'no port given')}"
+                        return
+                    self.master_port = port
                 self.acked_ranks.add(r)
         else:
             log.debug("ignoring %r from connection %d", t, conn)
@@ -194,6 +207,10 @@ class Coordinator:
                 del self.pending[conn]
                 self.rank_conn[r], self.conn_rank[conn] = conn, r
                 self.members[r] = Member(rank=r, instance=m["inst"], addr=m["addr"], host=m["host"])
+                self.explicit[r] = m.get("explicit") is True
+                self.keys[r] = str(m.get("key") or "")[:256]
+                if m.get("members") is True:
+                    self.want_members.add(r)
                 self.arrived.setdefault(r, now)
                 self.lost.pop(r, None)
                 self.hub.send(conn, {"t": "welcome", "inst": p.instance, "gen": p.gen})
@@ -260,20 +277,31 @@ class Coordinator:
     def _prepare(self, now: float) -> None:
         p = self.p
         first = min(self.arrived.values())
-        members = [Member(rank=0, instance=p.instance, addr=p.addr, host=p.me, arrival=self.arrived[0] - first)]
-        members += [dataclasses.replace(self.members[r], arrival=round(self.arrived[r] - first, 3))
-                    for r in range(1, p.size)]
-        self.prepared = Release(job_id=p.job_id, generation=p.gen, state="released", mode=p.mode, size=p.size,
-                                master_addr=p.addr, master_port=self.hub.port, members=tuple(members),
-                                writer=p.instance, wall_time=p.clock.time())
+        slots = {0: Member(rank=0, instance=p.instance, addr=p.addr, host=p.me, arrival=self.arrived[0] - first)}
+        slots.update({r: dataclasses.replace(self.members[r], arrival=round(self.arrived[r] - first, 3))
+                      for r in range(1, p.size)})
+        explicit = {r for r in range(1, p.size) if self.explicit.get(r)} | ({0} if p.want_rank is not None else set())
+        keys = {**self.keys, 0: p.topology_key}
+        # Final ranks: explicit ones stay, first-come ones follow --rank-order.
+        self.final = order_members(slots, explicit, p.rank_order, keys, list(p.nodelist))
+        self.master_slot = next(r for r, m in slots.items() if m.instance == self.final[0].instance)
+        self.master_port = self.hub.port if self.master_slot == 0 else None
         self.preparing_since = now
         self.acked_ranks = set()
-        for conn in self.conn_rank:
-            self.hub.send(conn, {"t": "prepare", "gen": p.gen})
+        for r, conn in self.rank_conn.items():
+            msg = {"t": "prepare", "gen": p.gen}
+            if r == self.master_slot:
+                # This member becomes rank 0 of the world: it must hold the master port torch binds.
+                msg["hold_port"] = p.master_port_wanted or 0
+            self.hub.send(conn, msg)
 
     def _commit(self):
         p = self.p
-        rel = self.prepared
+        master = self.final[0]
+        rel = self.prepared = Release(
+            job_id=p.job_id, generation=p.gen, state="released", mode=p.mode, size=p.size,
+            master_addr=master.addr, master_port=self.master_port, members=tuple(self.final), writer=p.instance,
+            wall_time=p.clock.time())
         header, chunks = encode_release(rel)
         for k, chunk in enumerate(chunks):
             # Inert until release.json names its digest: written first, so the
@@ -285,16 +313,21 @@ class Coordinator:
             why = got.reason if isinstance(got, Release) else "a decision record this node cannot read yet"
             self._end(f"voided by another participant before the release: {why}", write=False)
             return None
-        mine = placements(list(rel.members), rel.mode, rel.master_port, rel.generation)
+        mine = {m.instance: pl for m, pl in zip(rel.members, placements(list(rel.members), rel.mode,
+                                                                         rel.master_port, rel.generation))}
         for r, conn in self.rank_conn.items():
-            self.hub.send(conn, {"t": "go", "placement": mine[r].as_wire()})
+            msg = {"t": "go", "placement": mine[self.members[r].instance].as_wire()}
+            if r in self.want_members:
+                msg["members"] = [[m.host.hostname, m.addr, m.arrival] for m in rel.members]
+            self.hub.send(conn, msg)
         slow = sorted(rel.members, key=lambda m: -m.arrival)[:3]
         log.info("job %s generation %d released to %d; slowest: %s", p.job_id, p.gen, p.size,
                  ", ".join(f"{m.host.hostname} (rank {m.rank}) +{m.arrival:.1f} s" for m in slow))
         # The barrier: members close once they have the go; wait for that (bounded)
         # so nobody is left holding an unread release when rank 0 execs.
         self.hub.drain(p.timing.probe_timeout)
-        return mine[0]
+        self.p.released_members = tuple([m.host.hostname, m.addr, m.arrival] for m in rel.members)
+        return mine[p.instance]
 
     def _end(self, why: str, *, write: bool) -> None:
         p = self.p

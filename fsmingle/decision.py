@@ -14,7 +14,9 @@ a lost connection or a missing acknowledgement void the generation instead.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
+import re
 from dataclasses import dataclass, field
 
 from .records import Member
@@ -150,3 +152,98 @@ def placements(members: list[Member], mode: str, master_port: int, generation: i
         local.setdefault(key(m), []).append(m.rank)
     return [Placement(generation, master, master_port, mode, size, m.rank, hosts[key(m)], len(hosts),
                       local[key(m)].index(m.rank), len(local[key(m)])) for m in members]
+
+
+# ---------------------------------------------------------------- rank order (who becomes which rank)
+
+RANK_ORDERS = ("arrival", "host", "nodelist", "key")
+
+
+def natural_key(s: str) -> tuple:
+    """Sort key that orders digit runs by value: ``node2`` before ``node10``."""
+    return tuple((0, int(part), "") if part.isdigit() else (1, 0, part) for part in re.split(r"(\d+)", s) if part)
+
+
+def expand_nodelist(spec: str) -> list[str]:
+    """Expand a Slurm hostlist (``SLURM_JOB_NODELIST``) as Slurm does, in its order.
+
+    ``"node[1-3,7],gpu[08-10]"`` -> ``node1 node2 node3 node7 gpu08 gpu09 gpu10``;
+    zero padding is kept, several bracket groups in one name multiply
+    (``rack[1-2]-n[1-2]``).  Rules from Slurm's ``hostlist.c`` / ``scontrol show hostnames``.
+
+    Raises:
+        ValueError: unbalanced brackets or a bad range.
+    """
+    out: list[str] = []
+    depth, start = 0, 0
+    for i, ch in enumerate(spec + ","):
+        if ch == "[":
+            depth += 1
+        elif ch == "]":
+            depth -= 1
+            if depth < 0:
+                raise ValueError(f"unbalanced ']' in {spec!r}")
+        elif ch == "," and depth == 0:
+            item = spec[start:i].strip()
+            if item:
+                out.extend(_expand_one(item))
+            start = i + 1
+    if depth:
+        raise ValueError(f"unbalanced '[' in {spec!r}")
+    return out
+
+
+def _expand_one(name: str) -> list[str]:
+    m = re.search(r"\[([^\]]*)\]", name)
+    if not m:
+        return [name]
+    head, tail = name[:m.start()], name[m.end():]
+    values: list[str] = []
+    for part in m.group(1).split(","):
+        part = part.strip()
+        if "-" in part:
+            lo, hi = part.split("-", 1)
+            if not (lo.isdigit() and hi.isdigit()) or int(hi) < int(lo):
+                raise ValueError(f"bad range {part!r} in {name!r}")
+            values += [str(v).zfill(len(lo)) for v in range(int(lo), int(hi) + 1)]
+        elif part:
+            values.append(part)
+    return [h for v in values for h in _expand_one(head + v + tail)]
+
+
+def order_members(slots: dict[int, Member], explicit: set[int], order: str, keys: dict[int, str],
+                  nodelist: list[str]) -> list[Member]:
+    """The members in final rank order: explicit ranks stay; first-come members fill the other slots by ``order``.
+
+    Args:
+        slots (dict[int, Member]): the member holding each claimed rank.
+        explicit (set[int]): ranks that were asked for explicitly (``--node-rank``/``--rank``): they win.
+        order (str): ``arrival`` (claim order: no change), ``host`` (natural hostname order),
+            ``nodelist`` (position in ``nodelist``, then natural hostname), ``key`` (natural order
+            of each member's topology key, hostname breaking ties).  Members of one host stay
+            together in claim order, so their local ranks are contiguous.
+        keys (dict[int, str]): topology key per rank (``--topology-key``).
+        nodelist (list[str]): expanded ``SLURM_JOB_NODELIST``.
+
+    Returns:
+        list[Member]: ``len(slots)`` members, ``rank`` fields renumbered to their final rank.
+    """
+    size = len(slots)
+    if order == "arrival":
+        movable_order = sorted(r for r in slots if r not in explicit)
+    else:
+        pos = {h.split(".")[0]: i for i, h in enumerate(nodelist)}
+
+        def sort_key(r: int):
+            host = slots[r].host.hostname
+            short = host.split(".")[0]
+            first = (natural_key(keys.get(r, "")) if order == "key"
+                     else (pos.get(short, len(pos)),) if order == "nodelist" else ())
+            return (*first, natural_key(host), slots[r].host.boot_id, r)
+
+        movable_order = sorted((r for r in slots if r not in explicit), key=sort_key)
+    free = sorted(r for r in slots if r not in explicit)
+    final: dict[int, Member] = {r: slots[r] for r in explicit}
+    for slot, src in zip(free, movable_order):
+        final[slot] = slots[src]
+    return [dataclasses.replace(final[r], rank=r) for r in range(size)]

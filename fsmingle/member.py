@@ -154,6 +154,8 @@ class Member:
             link.send({"t": "hello", "v": WIRE_VERSION, "job": p.job_id, "gen": p.gen, "rank": p.rank,
                        "inst": p.instance, "mode": p.mode, "size": p.size, "addr": p.addr,
                        "restart_count": p.restart_count, "slurm_job_id": p.slurm_job_id,
+                       "explicit": p.want_rank is not None, "key": p.topology_key, "order": p.rank_order,
+                       "members": p.want_members,
                        "host": dataclasses.asdict(p.me)})
             log.debug("job %s: connected to the master %s", p.job_id, where)
             return
@@ -185,17 +187,30 @@ class Member:
                 p.set_present(tuple(r for r in range(p.size) if r not in missing))
         elif t == "prepare":
             if m.get("gen") == p.gen and self.welcomed:
-                self.link.send({"t": "ack", "gen": p.gen})
-                self.acked = True
+                ack = {"t": "ack", "gen": p.gen}
+                if "hold_port" in m:
+                    # We become rank 0 of the world (--rank-order): hold the master port
+                    # from now until exec, as rank 0 always does (close-on-exec).
+                    want = m.get("hold_port") if isinstance(m.get("hold_port"), int) else 0
+                    try:
+                        if p.hub is None:
+                            p.hub = p.transport.listen(p.addr, want, 1)
+                        ack["port"] = p.hub.port
+                    except ConfigError as e:
+                        ack["error"] = str(e)
+                self.link.send(ack)
+                self.acked = "error" not in ack
         elif t == "go":
             try:
                 pl = Placement.from_wire(m.get("placement") or {})
             except ValueError as e:
                 self._lost(f"rank 0 sent a malformed release ({e})")
                 return None
-            if pl.generation != p.gen or pl.rank != p.rank or not self.acked:
-                self._lost("rank 0 sent a release for another place")
+            if pl.generation != p.gen or not self.acked:
+                self._lost("rank 0 sent a release for another generation")
                 return None
+            if isinstance(m.get("members"), list):
+                p.released_members = tuple(m["members"])
             return pl
         elif t == "void":
             p.set_note(f"generation {p.gen} voided: {m.get('why', '')}")

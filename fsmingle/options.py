@@ -72,6 +72,12 @@ def _ip(v: str) -> str | None:
     return None
 
 
+def _rank_order(v: str) -> str | None:
+    from .decision import RANK_ORDERS
+
+    return None if v in RANK_ORDERS else f"{v!r} is not one of {', '.join(RANK_ORDERS)}"
+
+
 def _job_id(v: str) -> str | None:
     if not v:
         return None  # empty: fall back to the environment (config.resolve says what is missing)
@@ -201,6 +207,13 @@ OPTIONS: tuple[Option, ...] = (
     Option("poll_max", ("--poll-max",), float, "Steady-state seconds between reads of the release record (raise "
            "to spare the metadata server); at most --stale-after/4.", unit="s", check=_positive,
            default_text="0.28, or --stale-after/4 if smaller"),
+    Option("rank_order", ("--rank-order",), str, "How first-come ranks are ordered at release: arrival, host "
+           "(natural hostname order), nodelist (SLURM_JOB_NODELIST order) or key (--topology-key); explicit ranks "
+           "always win.", env=("FSMINGLE_RANK_ORDER",), envvar="FSMINGLE_RANK_ORDER", check=_rank_order,
+           default_text="arrival", metavar="ORDER"),
+    Option("topology_key", ("--topology-key",), str, "This node's place in the network for --rank-order key "
+           "(rack, switch, NVLink domain); sorted naturally, hostname breaking ties.",
+           env=("FSMINGLE_TOPOLOGY_KEY",), envvar="FSMINGLE_TOPOLOGY_KEY", metavar="KEY"),
     Option("quiet", ("--quiet", "-q"), bool, "Print only errors.", default=False, cli_only=True),
     Option("verbose", ("--verbose", "-v"), bool, "Also print protocol details (debug lines with timestamps).",
            default=False, cli_only=True),

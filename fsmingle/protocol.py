@@ -105,6 +105,11 @@ class Participant(GenerationReader, OutsideWorld):
         cleaner (Callable[[int], None] | None): called with a new generation
             number after this participant created it (removes old ones).
         rng (random.Random | None): for jitter.
+        rank_order (str): how rank 0 orders first-come ranks at release: ``arrival``, ``host``,
+            ``nodelist`` or ``key`` (see :func:`fsmingle.decision.order_members`); rank 0's setting rules.
+        topology_key (str): this node's key for ``rank_order="key"`` (rack, switch, NVLink domain).
+        nodelist (tuple[str, ...]): expanded ``SLURM_JOB_NODELIST`` for ``rank_order="nodelist"``.
+        want_members (bool): ask rank 0 for the whole member list at release (hostfiles).
     """
 
     def __init__(
@@ -130,6 +135,10 @@ class Participant(GenerationReader, OutsideWorld):
         cleaner: Callable[[int], None] | None = None,
         version: str = "",
         rng: random.Random | None = None,
+        rank_order: str = "arrival",
+        topology_key: str = "",
+        nodelist: tuple[str, ...] = (),
+        want_members: bool = False,
     ):
         self.store, self.job_id, self.mode, self.size = store, job_id, mode, size
         self.want_rank, self.addr, self.instance, self.me = rank, addr, instance, me
@@ -137,6 +146,9 @@ class Participant(GenerationReader, OutsideWorld):
         self.slurm_job_id, self.clock, self.local_alive = slurm_job_id, clock, local_alive
         self.transport, self.on_progress, self.cleaner, self.version = transport, on_progress, cleaner, version
         self.rng = rng or random.Random()
+        self.rank_order, self.topology_key, self.nodelist = rank_order, topology_key, tuple(nodelist)
+        self.want_members = want_members
+        self.released_members: tuple = ()  # the world in rank order, when asked for (want_members) or rank 0
         self.started = clock.monotonic()
         self.deadline = self.started + timeout
         self.timeout = timeout
@@ -410,6 +422,7 @@ class Participant(GenerationReader, OutsideWorld):
 
     def _done(self, placement: Placement) -> Placement:
         self.result = placement
+        self.rank = placement.rank  # the final rank (--rank-order may renumber first-come ranks)
         self.state = State.DONE
         if self.role is not None:
             self.role.close()
@@ -423,11 +436,13 @@ class Participant(GenerationReader, OutsideWorld):
         """My placement in a released record, or None if it does not name this instance at this rank."""
         from .decision import placements
 
-        if rel.state != "released" or self.rank is None or self.rank >= len(rel.members):
+        if rel.state != "released":
             return None
-        if rel.members[self.rank].instance != self.instance:
+        mine = [k for k, m in enumerate(rel.members) if m.instance == self.instance]
+        if not mine:
             return None
-        return placements(list(rel.members), rel.mode, rel.master_port, rel.generation)[self.rank]
+        self.released_members = tuple([m.host.hostname, m.addr, m.arrival] for m in rel.members)
+        return placements(list(rel.members), rel.mode, rel.master_port, rel.generation)[mine[0]]
 
     def enter_deciding(self, why: str) -> None:
         """We acknowledged a release and lost rank 0 before its go: read the decision until it shows."""
