@@ -415,10 +415,19 @@ class _FsBackend:
         self.c._save()
         before = set(_netns_pids(netns)) if netns else set()
         pre = [_which("nsenter"), f"--net=/run/netns/{netns}"] if netns else []
-        p = _sh([*pre, *self.client_argv(mnt)], check=False, timeout=60)
-        if p.returncode != 0 or _mount_dev_minor(mnt) is None:
-            raise RuntimeError(f"{self.fs} mount at {mnt} failed (rc={p.returncode}): {p.stderr.strip()}"
-                               + self.diagnostics())
+        # Retried for a while: right after a host's link comes back up (Host.link_up) its first
+        # connections can still fail ("All subvolumes are down"); the notes measured 1-3 s.
+        deadline = time.monotonic() + 20
+        while True:
+            p = _sh([*pre, *self.client_argv(mnt)], check=False, timeout=60)
+            if p.returncode == 0 and _mount_dev_minor(mnt) is not None:
+                break
+            if _mount_dev_minor(mnt) is not None:  # mounted but the helper failed: start clean
+                _fuse_abort(mnt)
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{self.fs} mount at {mnt} failed (rc={p.returncode}): {p.stderr.strip()}"
+                                   + self.diagnostics())
+            time.sleep(0.5)
         return sorted(set(_netns_pids(netns)) - before) if netns else []
 
     def mount_host(self, host: "Host") -> None:
