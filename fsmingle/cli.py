@@ -27,7 +27,13 @@ except ImportError:  # pragma: no cover - older typer uses click itself
     from click import exceptions as click
 
 from . import __version__, options
-from .errors import ConfigError, FsmingleError, UnsafeDirectoryError, help_lines
+from .errors import (
+    ConfigError,
+    FsmingleError,
+    StorageError,
+    UnsafeDirectoryError,
+    help_lines,
+)
 
 log = logging.getLogger("fsmingle")
 
@@ -267,7 +273,8 @@ def clean(
     except FsmingleError as e:
         raise _fail(e)
     except OSError as e:
-        raise _fail(ConfigError(f"cannot read {base}: {e.strerror}"))
+        raise _fail(StorageError(f"cannot read --dir {base}: {e.strerror}; check --dir (and that the shared "
+                                 "filesystem is mounted on this node)"))
 
 
 @app.command()

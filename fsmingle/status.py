@@ -9,7 +9,7 @@ import time
 
 from .cleanup import generations, inspect
 from .config import validate_job_id
-from .errors import ConfigError, FsmingleError
+from .errors import ConfigError, FsmingleError, StorageError
 from .progress import WarnOnce
 from .store import PosixStore, check_owned_dir
 
@@ -127,7 +127,8 @@ def status_main(dir: str | None, job_id: str | None, as_json: bool, watch: bool,
                 stale_after: float = 30.0) -> int:
     """Run ``fsmingle status``; return the exit code (0: released / jobs listed, 1: otherwise).
 
-    Other codes: 3 (no or invalid ``dir``/job id), 4 (a job directory that is not yours).
+    Other codes: 3 (no ``dir``, an invalid or unknown job id), 4 (a job directory that is not
+    yours), 5 (``dir`` missing or not a directory).
     """
     import sys
 
@@ -138,7 +139,8 @@ def status_main(dir: str | None, job_id: str | None, as_json: bool, watch: bool,
         if not base:
             raise ConfigError("no rendezvous directory: pass --dir or set FSMINGLE_DIR")
         if not os.path.isdir(base):
-            raise ConfigError(f"--dir {base} does not exist or is not a directory")
+            raise StorageError(f"--dir {base} does not exist or is not a directory; check --dir (and that the "
+                               "shared filesystem is mounted on this node)")
         if job_id:
             validate_job_id(job_id)
             if not os.path.isdir(os.path.join(base, job_id)):

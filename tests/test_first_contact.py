@@ -275,3 +275,11 @@ def test_sigterm_after_the_release_says_too_late_and_exits_143():
     assert p.returncode == 143, p
     assert p.stderr == ("fsmingle: terminated (SIGTERM) after job j generation 3 was released with this participant "
                         "in it, before its command started; the others will not find it\n"), p.stderr
+
+
+@pytest.mark.parametrize("cmd", ["status", "clean"])
+def test_status_and_clean_on_a_missing_dir_are_exit_5_in_one_line(procs, tmp_path, cmd):
+    rc, out, err = procs.cli(cmd, "--dir", tmp_path / "typo")
+    assert rc == 5 and out == "", err
+    assert len(err.splitlines()) == 1 and err.startswith("fsmingle: error: ") and str(tmp_path / "typo") in err, err
+    assert "check --dir" in err, err
