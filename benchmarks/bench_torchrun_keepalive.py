@@ -126,16 +126,23 @@ def worker(idx: int, n_local: int, n_total: int, endpoint: str, a, conn) -> None
     for h in handlers:
         _count(h._fs_backend, "get_state", stats, "get_state")
         _count(h._fs_backend, "set_state", stats, "set_state")
-    # Keep-alives start as in a real join (after: the heartbeat file exists
-    # before the node enters the state; before: torch's timer), spread over
-    # one interval as agents finish a 1,024-way join at different moments.
-    for h in handlers:
-        time.sleep(a.interval / n_local)
-        h._start_heartbeats()
+    def start_keepalives() -> None:
+        # Spread over one interval, as agents finish a 1,024-way join at different moments.
+        for h in handlers:
+            time.sleep(a.interval / n_local)
+            h._start_heartbeats()
+
+    # Keep-alives start where a real join starts them: after, the heartbeat
+    # file exists before the node enters the state; before, torch's timer
+    # starts once the node has the completed round.
+    if a.impl == "after":
+        start_keepalives()
     conn.send([[h._this_node.addr, h._this_node.pid, h._this_node.local_id] for h in handlers])
     conn.recv()  # the completed round is on disk
     for h in handlers:
         h._state_holder.sync()  # what next_rendezvous leaves: the round's state
+    if a.impl == "before":
+        start_keepalives()
     round0 = handlers[0]._state_holder.state.round
     events = {"waiting": set(), "dropped": set(), "round_changed": set()}
     stop = threading.Event()
