@@ -227,6 +227,7 @@ def rendezvous(dir: str | None = None, job_id: str | None = None, **kwargs) -> R
         rank_order=v.rank_order or environ.get("FSMINGLE_RANK_ORDER") or "arrival",
         topology_key=v.topology_key or environ.get("FSMINGLE_TOPOLOGY_KEY") or "",
         nodelist=_nodelist(environ), want_members=want_members,
+        check_mesh=bool(v.check_mesh) or environ.get("FSMINGLE_CHECK_MESH", "") in ("1", "true", "yes"),
     )
     placement = p.run()
     return Rendezvous.from_placement(placement, s.job_id, dir=s.dir, members=p.released_members)

@@ -22,6 +22,7 @@ import logging
 
 from .channel import WIRE_VERSION, EventKind, hostport
 from .decision import Action, CoordinatorView, decide, order_members, placements
+from .mesh import mesh_probe
 from .errors import RecordError
 from .layout import RELEASE, claimed_ranks, gen_name, master_name, member_chunk_name, ranges, release_name
 from .liveness import Verdict
@@ -49,6 +50,7 @@ class Coordinator:
         self.explicit: dict[int, bool] = {}
         self.keys: dict[int, str] = {}
         self.want_members: set[int] = set()
+        self.probe_ports: dict[str, int] = {}  # instance -> port its neighbours probe (--check-mesh)
         self.final: list[Member] = []
         self.master_slot = 0
         self.master_port: int | None = None
@@ -112,7 +114,7 @@ class Coordinator:
             silent={r: self.hub.silent_for(c) for r, c in self.rank_conn.items()},
             lost=dict(self.lost), dead_claimers={**self.dead_claimers, **self.refused},
             preparing_for=None if self.preparing_since is None else now - self.preparing_since,
-            acked=frozenset(self.acked_ranks), stale_after=p.timing.stale_after, ack_timeout=p.timing.probe_timeout)
+            acked=frozenset(self.acked_ranks), stale_after=p.timing.stale_after, ack_timeout=p.timing.probe_timeout * (3 if p.check_mesh else 1))
         action, why = decide(view)
         if action is Action.PREPARE:
             self._prepare(now)
@@ -145,6 +147,9 @@ class Coordinator:
         elif t == "ack":
             r = self.conn_rank.get(conn)
             if r is not None and m.get("gen") == self.p.gen and self.preparing_since is not None:
+                if m.get("mesh_fail"):
+                    self.refused[r] = str(m["mesh_fail"])[:1000]
+                    return
                 if r == self.master_slot and self.master_slot != 0:
                     port = m.get("port")
                     if not isinstance(port, int) or isinstance(port, bool) or not 0 < port < 65536:
@@ -209,6 +214,9 @@ class Coordinator:
                 self.members[r] = Member(rank=r, instance=m["inst"], addr=m["addr"], host=m["host"])
                 self.explicit[r] = m.get("explicit") is True
                 self.keys[r] = str(m.get("key") or "")[:256]
+                pp = m.get("probe_port")
+                if isinstance(pp, int) and not isinstance(pp, bool) and 0 < pp < 65536:
+                    self.probe_ports[m["inst"]] = pp
                 if m.get("members") is True:
                     self.want_members.add(r)
                 self.arrived.setdefault(r, now)
@@ -288,12 +296,33 @@ class Coordinator:
         self.master_port = self.hub.port if self.master_slot == 0 else None
         self.preparing_since = now
         self.acked_ranks = set()
+        ring = self._ring() if p.check_mesh else {}
+        if p.check_mesh:
+            failure = mesh_probe(p, ring.get(p.instance, []))
+            if failure:
+                self.refused[0] = failure
         for r, conn in self.rank_conn.items():
             msg = {"t": "prepare", "gen": p.gen}
+            if p.check_mesh:
+                msg["mesh"] = ring.get(self.members[r].instance, [])
             if r == self.master_slot:
                 # This member becomes rank 0 of the world: it must hold the master port torch binds.
                 msg["hold_port"] = p.master_port_wanted or 0
             self.hub.send(conn, msg)
+
+    def _ring(self) -> dict[str, list]:
+        """Each member's ring neighbours in final rank order: instance -> [[rank, host, addr, port], ...]."""
+        p = self.p
+        n = len(self.final)
+        ports = {**self.probe_ports, p.instance: self.hub.port}
+        out: dict[str, list] = {}
+        for i, m in enumerate(self.final):
+            nb = []
+            for j in sorted({(i - 1) % n, (i + 1) % n} - {i}):
+                o = self.final[j]
+                nb.append([j, o.host.hostname, o.addr, ports.get(o.instance)])
+            out[m.instance] = nb
+        return out
 
     def _commit(self):
         p = self.p

@@ -27,6 +27,7 @@ from .decision import Placement
 from .errors import ConfigError, WorldSizeMismatchError
 from .layout import BEACON_RE, claimed_ranks, gen_name, master_dir, master_name
 from .liveness import Verdict
+from .mesh import mesh_probe
 from .records import Release, RecordError
 
 log = logging.getLogger("fsmingle")
@@ -48,6 +49,8 @@ class Member:
         self.waiting_since = now
         self.next_decision_check = now + p.timing.heartbeat_period
         self.next_claim_check = now + p.timing.stale_after
+        # --check-mesh: hold a port our ring neighbours probe at the release.
+        self.probe = p.transport.listen(p.addr, 0, 4) if p.check_mesh else None
 
     # -------------------------------------------------------------- loop plumbing
     def delay(self) -> float:
@@ -68,6 +71,9 @@ class Member:
         if self.link is not None:
             self.link.close()
             self.link = None
+        if self.probe is not None:
+            self.probe.close()
+            self.probe = None
 
     # -------------------------------------------------------------- the step
     def step(self) -> Placement | None:
@@ -155,7 +161,7 @@ class Member:
                        "inst": p.instance, "mode": p.mode, "size": p.size, "addr": p.addr,
                        "restart_count": p.restart_count, "slurm_job_id": p.slurm_job_id,
                        "explicit": p.want_rank is not None, "key": p.topology_key, "order": p.rank_order,
-                       "members": p.want_members,
+                       "members": p.want_members, "probe_port": self.probe.port if self.probe else None,
                        "host": dataclasses.asdict(p.me)})
             log.debug("job %s: connected to the master %s", p.job_id, where)
             return
@@ -188,7 +194,11 @@ class Member:
         elif t == "prepare":
             if m.get("gen") == p.gen and self.welcomed:
                 ack = {"t": "ack", "gen": p.gen}
-                if "hold_port" in m:
+                if isinstance(m.get("mesh"), list):
+                    failure = mesh_probe(p, m["mesh"])
+                    if failure:
+                        ack["mesh_fail"] = failure
+                if "hold_port" in m and "mesh_fail" not in ack:
                     # We become rank 0 of the world (--rank-order): hold the master port
                     # from now until exec, as rank 0 always does (close-on-exec).
                     want = m.get("hold_port") if isinstance(m.get("hold_port"), int) else 0
@@ -199,7 +209,7 @@ class Member:
                     except ConfigError as e:
                         ack["error"] = str(e)
                 self.link.send(ack)
-                self.acked = "error" not in ack
+                self.acked = "error" not in ack and "mesh_fail" not in ack
         elif t == "go":
             try:
                 pl = Placement.from_wire(m.get("placement") or {})

@@ -138,3 +138,17 @@ def choose_address(addr: str | None = None, iface: str | None = None, env: dict 
         if ip and st and st.isup and not ipaddress.ip_address(ip).is_loopback:
             return ip
     return "127.0.0.1"
+
+
+def interface_of(addr: str) -> str | None:
+    """Name of the local interface that has ``addr`` (e.g. ``eth0``); None if none has it."""
+    want = ipaddress.ip_address(addr.split("%")[0])
+    for name, addrs in psutil.net_if_addrs().items():
+        for a in addrs:
+            if a.family in (socket.AF_INET, socket.AF_INET6):
+                try:
+                    if ipaddress.ip_address(a.address.split("%")[0]) == want:
+                        return name
+                except ValueError:
+                    continue
+    return None

@@ -214,6 +214,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("topology_key", ("--topology-key",), str, "This node's place in the network for --rank-order key "
            "(rack, switch, NVLink domain); sorted naturally, hostname breaking ties.",
            env=("FSMINGLE_TOPOLOGY_KEY",), envvar="FSMINGLE_TOPOLOGY_KEY", metavar="KEY"),
+    Option("check_mesh", ("--check-mesh",), bool, "Before the release, every node proves it reaches its ring "
+           "neighbours (previous and next rank) on their announced addresses; a failure names both hosts and "
+           "voids the generation.", default=False, env=("FSMINGLE_CHECK_MESH",)),
     Option("quiet", ("--quiet", "-q"), bool, "Print only errors.", default=False, cli_only=True),
     Option("verbose", ("--verbose", "-v"), bool, "Also print protocol details (debug lines with timestamps).",
            default=False, cli_only=True),

@@ -110,6 +110,8 @@ class Participant(GenerationReader, OutsideWorld):
         topology_key (str): this node's key for ``rank_order="key"`` (rack, switch, NVLink domain).
         nodelist (tuple[str, ...]): expanded ``SLURM_JOB_NODELIST`` for ``rank_order="nodelist"``.
         want_members (bool): ask rank 0 for the whole member list at release (hostfiles).
+        check_mesh (bool): before the release every node proves it reaches its ring
+            neighbours (see :mod:`fsmingle.mesh`); rank 0's setting rules.
     """
 
     def __init__(
@@ -139,6 +141,7 @@ class Participant(GenerationReader, OutsideWorld):
         topology_key: str = "",
         nodelist: tuple[str, ...] = (),
         want_members: bool = False,
+        check_mesh: bool = False,
     ):
         self.store, self.job_id, self.mode, self.size = store, job_id, mode, size
         self.want_rank, self.addr, self.instance, self.me = rank, addr, instance, me
@@ -147,7 +150,7 @@ class Participant(GenerationReader, OutsideWorld):
         self.transport, self.on_progress, self.cleaner, self.version = transport, on_progress, cleaner, version
         self.rng = rng or random.Random()
         self.rank_order, self.topology_key, self.nodelist = rank_order, topology_key, tuple(nodelist)
-        self.want_members = want_members
+        self.want_members, self.check_mesh = want_members, check_mesh
         self.released_members: tuple = ()  # the world in rank order, when asked for (want_members) or rank 0
         self.started = clock.monotonic()
         self.deadline = self.started + timeout

@@ -223,3 +223,30 @@ def test_ipv6_only_hosts_run_torch_gloo(make_cluster, tmp_path):
         out, _ = p.communicate(timeout=120)
         assert p.returncode == 0, out
         assert f"SUM 3 {net}::10" in out, out
+
+
+def test_check_mesh_refuses_a_broken_path_between_members(make_cluster, tmp_path):
+    """--check-mesh: node1 reaches the master but not node2 (a blackhole route); nobody is released.
+
+    Without the check the world would be released and NCCL/gloo would hang at
+    init.  With it, the generation is voided naming both hosts, both addresses
+    and the interface; once the route is fixed, the world is released.
+    """
+    c = make_cluster(4)
+    d = f"{c.shared}/rdzv"
+    subprocess.run(["ip", "-n", c[1].netns, "route", "add", "blackhole", f"{c[2].ip}/32"], check=True)
+    logs = [tmp_path / f"mesh{r}" for r in range(4)]
+    procs = [_env_proc(c[r], d, "mesh", "--nnodes", 4, "--node-rank", r, "--check-mesh", log=logs[r], timeout=60,
+                       stale_after=8) for r in range(4)]
+    deadline = time.monotonic() + 30
+    while not any("cannot reach its ring neighbour" in rel.get("reason", "")
+                  for rel in _decisions(c, "mesh").values()):
+        assert time.monotonic() < deadline, [_text(lg, ".err") for lg in logs]
+        time.sleep(0.2)
+    assert all(rel["state"] == "restart" for rel in _decisions(c, "mesh").values())
+    reason = next(rel["reason"] for rel in _decisions(c, "mesh").values() if "ring neighbour" in rel["reason"])
+    assert f"{c[1].name} ({c[1].ip}, interface eth0)" in reason and c[2].name in reason and c[2].ip in reason, reason
+    subprocess.run(["ip", "-n", c[1].netns, "route", "del", "blackhole", f"{c[2].ip}/32"], check=True)
+    res = _results(list(zip(procs, logs)), 90)
+    assert len({(r["master_addr"], r["master_port"], r["generation"]) for r in res}) == 1, res
+    assert sorted(r["node_rank"] for r in res) == [0, 1, 2, 3] and res[0]["generation"] >= 2
