@@ -382,13 +382,19 @@ class Coordinator:
         unconnected = self._unconnected()
         if unconnected:
             parts.append(unconnected)
-        return "; ".join(parts) or f"all {p.size} {who} connected but the release did not complete"
+        first = min(self.arrived.values())
+        seen = sorted((t - first, r) for r, t in self.arrived.items() if r == 0 or r in self.rank_conn)
+        hosts = {0: p.me.hostname, **{r: m.host.hostname for r, m in self.members.items()}}
+        present = ", ".join(f"{r} ({hosts.get(r, '?')}) +{dt:.1f} s" for dt, r in seen[:16])
+        more = f" and {len(seen) - 16} more" if len(seen) > 16 else ""
+        parts.append(f"present ({len(seen)} of {p.size}, seconds after the first arrival): {present}{more}")
+        return "; ".join(parts)
 
     def _unconnected(self) -> str:
         """Ranks that claimed a place on the filesystem but never connected: the unreachable ones, named."""
         p = self.p
         who = "node ranks" if p.mode == "node" else "ranks"
-        unconnected = sorted(r for r in self.listed if r != 0 and r not in self.rank_conn)
+        unconnected = sorted(r for r in self.listed if r != 0 and r not in self.members)
         if not unconnected:
             return ""
         return (f"{who} {ranges(unconnected[:64])} claimed a place but never connected to the master at "

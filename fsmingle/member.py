@@ -184,7 +184,7 @@ class Member:
                 self._lost(f"the process on the master port is not rank 0 of generation {p.gen}")
                 return None
             self.welcomed = True
-            p.set_note(f"connected to the master {hostport(self.master.addr, self.master.master_port)}")
+            log.info("job %s: connected to the master %s", p.job_id, hostport(self.master.addr, self.master.master_port))
         elif t == "status":
             missing = [r for r in m.get("missing", []) if isinstance(r, int)]
             nmissing = m.get("nmissing", len(missing))
