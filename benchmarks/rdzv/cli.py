@@ -82,6 +82,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fsmingle-root", default=None,
                     help="checkout whose fsmingle package the fsmingle backend runs (default: the installed one, "
                          "i.e. this working tree); e.g. a `git worktree add --detach /tmp/v2 HEAD` to measure a commit")
+    ap.add_argument("--no-progress", action="store_true",
+                    help="call fsmingle.rendezvous without on_progress (the join is then detected by N-1 beacons, "
+                         "and --settle must cover the connections); the callback costs O(N) per update in v2")
     ap.add_argument("--out", default=os.path.join(REPO, "benchmarks", "results"))
     ap.add_argument("--workdir", default=None, help="scratch directory (default: a new temp dir)")
     ap.add_argument("--keep-logs", action="store_true")
@@ -115,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     sc = Scenario(settle=args.settle, strace_secs=args.strace_secs, strace_procs=args.strace_procs,
                   max_procs=args.max_procs, timeout=args.timeout, ready_timeout=args.ready_timeout,
                   keep_logs=args.keep_logs, v1_root=args.v1_root,
-                  fsmingle_root=args.fsmingle_root)
+                  fsmingle_root=args.fsmingle_root, progress=not args.no_progress)
 
     def log(msg: str) -> None:
         print(msg, flush=True)

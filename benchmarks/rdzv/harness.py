@@ -90,6 +90,7 @@ class Scenario:
     keep_logs: bool = False
     v1_root: str = "/tmp/v1"
     fsmingle_root: str | None = None
+    progress: bool = True
     extra: dict = field(default_factory=dict)
 
 
@@ -119,7 +120,7 @@ def run_once(sc: Scenario, backend: str, fs: str, n: int, rep: int, dirs_for: li
         "backend": backend, "nnodes": n, "job_id": job_id, "dirs": dirs,
         "addrs": [participant_addr(p) for p in range(n)], "rdzv_timeout": float(sc.timeout),
         "tcp_endpoint": f"127.0.0.1:{free_port()}" if backend == "torch-tcp" else None, "tcp_host": 0,
-        "groups": [g for g in groups],
+        "groups": [g for g in groups], "progress": sc.progress,
         "impl_root": sc.v1_root if backend == "fsmingle-v1" else sc.fsmingle_root if backend == "fsmingle" else None,
     }
     cfg_path = os.path.join(logdir, "config.json")
@@ -208,7 +209,8 @@ def run_once(sc: Scenario, backend: str, fs: str, n: int, rep: int, dirs_for: li
                 now = time.monotonic()
                 if now - last_check[0] > 1.0:  # the backing dir listing is O(N): not too often
                     last_check[0], last_check[1] = now, count_beacons(job_dir)
-                return False
+                # Without a progress callback: every early participant has a beacon (then settle).
+                return not sc.progress and last_check[1] >= n - 1
 
             pump(joined, sc.timeout, "rank 0 to see the N-1 early participants")
         else:

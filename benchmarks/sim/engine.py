@@ -157,7 +157,13 @@ def run(cfg: Config) -> dict:
                           "before": [dict(x) for x in counts]}
         if window and "after" not in window and c.t >= window["t_last"]:
             window["after"] = [dict(x) for x in counts]
-        wake(i, c.t + p.next_delay())
+        # Messages that arrived after this step's poll (their wake-up was absorbed by an earlier
+        # one) must wake it too.
+        nxt = c.t + p.next_delay()
+        for box in (getattr(p.hub, "inbox", None), getattr(getattr(p.role, "link", None), "inbox", None)):
+            if box:
+                nxt = min(nxt, max(c.t, min(t for t, _ in box)))
+        wake(i, nxt)
     wall = time.process_time() - wall0
     return _measure(cfg, n, counts, released, arrival, window, mds, steps, wall, rank0, parts)
 
