@@ -19,14 +19,13 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from benchmarks.rdzv.fsops import KINDS, OpCounter, fs_ops  # noqa: E402
-from benchmarks.sim.engine import Config, run  # noqa: E402
-
-from fsmingle import store as store_mod  # noqa: E402
-from fsmingle.channel import TcpTransport  # noqa: E402
-from fsmingle.hostinfo import this_process  # noqa: E402
-from fsmingle.protocol import Participant, Timing  # noqa: E402
-from fsmingle.store import open_job_dir  # noqa: E402
+from benchmarks.rdzv.fsops import KINDS, OpCounter, fs_ops
+from benchmarks.sim.engine import Config, run
+from fsmingle import store as store_mod
+from fsmingle.channel import TcpTransport
+from fsmingle.hostinfo import this_process
+from fsmingle.protocol import Participant, Timing
+from fsmingle.store import open_job_dir
 
 N = 4
 EXACT = ("mkdir", "link", "rename", "create", "unlink")
