@@ -53,6 +53,8 @@ class Rendezvous:
         member_hosts (tuple[str, ...]): members' hostnames in rank order (same condition).
         arrivals (tuple[float, ...]): seconds after the first arrival at which rank 0 saw each member.
         dir (str): the rendezvous directory.
+        iface (str): name of this host's interface that carries the address this participant
+            announced ("" when none does: ``--addr-not-local``); :meth:`env` hands it to NCCL and gloo.
     """
 
     master_addr: str
@@ -70,6 +72,7 @@ class Rendezvous:
     dir: str = ""
     member_hosts: tuple[str, ...] = ()
     arrivals: tuple[float, ...] = ()
+    iface: str = ""
 
     @classmethod
     def from_placement(cls, pl: Placement, job_id: str, dir: str = "", members: tuple = ()) -> Rendezvous:
@@ -119,8 +122,12 @@ class Rendezvous:
                      local_world_size=self.local_world_size)
         return d
 
-    def env(self) -> dict[str, str]:
+    def env(self, environ: dict | None = None) -> dict[str, str]:
         """Environment variables for the command: torch's names, torchrun's ``PET_*`` and fsmingle's own.
+
+        Args:
+            environ (dict | None): the command's environment before these are added
+                (default ``os.environ``): ``*_SOCKET_IFNAME`` set there are the user's and are left alone.
 
         Node mode: ``MASTER_ADDR``, ``MASTER_PORT``, ``NODE_RANK``, ``NNODES``,
         ``PET_MASTER_ADDR``, ``PET_MASTER_PORT``, ``PET_NODE_RANK``,
@@ -130,6 +137,13 @@ class Rendezvous:
         ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``,
         ``GROUP_RANK``/``NODE_RANK``, ``NNODES`` and the ``FSMINGLE_*`` ones
         (no ``PET_*``: there is no torchrun to read them).
+
+        Both modes: ``NCCL_SOCKET_IFNAME`` and ``GLOO_SOCKET_IFNAME`` = :attr:`iface`,
+        each unless ``environ`` already has it, so NCCL and gloo listen on the
+        interface of the address this node announced instead of guessing one
+        (gloo otherwise resolves the hostname, often to 127.0.1.1; NCCL takes the
+        first non-loopback interface, often docker0 or a management network:
+        NCCL issues 913, 1581).
         """
         e = {"MASTER_ADDR": self.master_addr, "MASTER_PORT": str(self.master_port),
              "NODE_RANK": str(self.node_rank), "NNODES": str(self.nnodes),
@@ -140,6 +154,11 @@ class Rendezvous:
         else:
             e.update(RANK=str(self.rank), WORLD_SIZE=str(self.world_size), LOCAL_RANK=str(self.local_rank),
                      LOCAL_WORLD_SIZE=str(self.local_world_size), GROUP_RANK=str(self.node_rank))
+        if self.iface:
+            environ = os.environ if environ is None else environ
+            for var in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"):
+                if not environ.get(var):
+                    e[var] = self.iface
         return e
 
 
@@ -181,6 +200,8 @@ def rendezvous(dir: str | None = None, job_id: str | None = None, **kwargs) -> R
         RankConflictError: the requested rank is held by a live process.
         RendezvousTimeoutError: incomplete after ``timeout`` seconds (names the missing ranks).
         CorruptStateError: the release record stayed unusable.
+        GpuPreflightError: ``gpus_per_node`` set and this node has fewer usable GPUs
+            (raised before the directory is touched; see :mod:`fsmingle.gpu`).
         UnsupportedFilesystemError: link() does not work in the directory (s3fs and other
             object-store mounts): no claim could be exclusive (see :mod:`fsmingle.fscheck`).
     """
@@ -206,6 +227,13 @@ def rendezvous(dir: str | None = None, job_id: str | None = None, **kwargs) -> R
                 rank=v.rank, env=env)
     environ = os.environ if env is None else env
     address = choose_address(v.addr, v.iface, env=environ)
+    gpus = v.gpus_per_node
+    if gpus is None and environ.get("FSMINGLE_GPUS_PER_NODE"):
+        gpus = options.get("gpus_per_node").parse(environ["FSMINGLE_GPUS_PER_NODE"], source="FSMINGLE_GPUS_PER_NODE")
+    if gpus:
+        from .gpu import require_gpus
+
+        require_gpus(gpus, env=dict(environ))  # before the job directory is touched: a node short of GPUs never joins
     port, timeout = v.port, v.timeout
     timing = replace(timing or Timing(), stale_after=v.stale_after, poll_max=v.poll_max,
                      poll_min=min((timing or Timing()).poll_min, v.poll_max))
@@ -230,7 +258,23 @@ def rendezvous(dir: str | None = None, job_id: str | None = None, **kwargs) -> R
         check_mesh=bool(v.check_mesh) or environ.get("FSMINGLE_CHECK_MESH", "") in ("1", "true", "yes"),
     )
     placement = p.run()
-    return Rendezvous.from_placement(placement, s.job_id, dir=s.dir, members=p.released_members)
+    r = Rendezvous.from_placement(placement, s.job_id, dir=s.dir, members=p.released_members)
+    return replace(r, iface=interface_of(address))
+
+
+def interface_of(address: str) -> str:
+    """Name of this host's interface that has ``address`` (``psutil.net_if_addrs``); "" if none has it.
+
+    ``127.0.0.0/8`` addresses other than those listed (all answer on ``lo``)
+    give "" too: exporting ``lo`` for them would be a guess.
+    """
+    import psutil
+
+    want = address.split("%", 1)[0]
+    for name, addrs in sorted(psutil.net_if_addrs().items()):
+        if any(a.address.split("%", 1)[0] == want for a in addrs if a.family.name in ("AF_INET", "AF_INET6")):
+            return name
+    return ""
 
 
 _API_OPTIONS = frozenset(o.name for o in options.OPTIONS if not o.cli_only)

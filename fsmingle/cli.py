@@ -97,8 +97,11 @@ def _after_release(r):
     return handler
 
 
-def _rendezvous(values) -> object:
-    """Run the rendezvous for ``run``/``env``; exits the process on failure (one line, documented code)."""
+def _rendezvous(values, want_members: bool = False) -> object:
+    """Run the rendezvous for ``run``/``env``; exits the process on failure (one line, documented code).
+
+    ``want_members``: ask rank 0 for the whole member list at release (``env --format hostfile|json``).
+    """
     from .api import rendezvous
     from .progress import Reporter, fmt_duration
     from .protocol import Timing
@@ -109,7 +112,8 @@ def _rendezvous(values) -> object:
     t0 = time.monotonic()
     try:
         # status_interval 10 s: a waiting non-coordinator refreshes the "who is missing" line that often.
-        r = rendezvous(values=values, timing=Timing(status_interval=10.0), on_progress=reporter)
+        r = rendezvous(values=values, timing=Timing(status_interval=10.0), on_progress=reporter,
+                       want_members=want_members)
     except FsmingleError as e:
         reporter.close()
         raise _fail(e)
@@ -195,18 +199,33 @@ def run(values, command: list[str]):
 
 _FORMAT_ARG = inspect.Parameter(
     "format", inspect.Parameter.KEYWORD_ONLY, annotation=str,
-    default=typer.Option("sh", "--format", help="sh (export lines for eval), json, or dotenv."))
+    default=typer.Option("sh", "--format", help="sh (export lines for eval), json (with every member: rank, host, "
+                         "address, arrival), dotenv, or hostfile (`host slots=N` per node in rank order, for "
+                         "deepspeed --hostfile and mpirun --hostfile)."))
+_SLOTS_ARG = inspect.Parameter(
+    "slots", inspect.Parameter.KEYWORD_ONLY, annotation=int | None,
+    default=typer.Option(None, "--slots", min=1, metavar="N",
+                         help="--format hostfile: slots per node [default: --gpus-per-node, else this node's "
+                              "GPU count, else 1]."))
 
 
 @app.command("env")
-@options.rendezvous_command(after=(_FORMAT_ARG,))
-def env_cmd(values, format: str):
-    """Wait for the world, then print the result: `eval "$(fsmingle env ...)"` or --format json."""
-    if format not in ("sh", "json", "dotenv"):
-        raise _fail(ConfigError(f"--format {format!r}: choose sh, json or dotenv"))
-    r = _rendezvous(values)
-    if format == "json":
-        typer.echo(json.dumps(r.as_dict(), sort_keys=True))
+@options.rendezvous_command(after=(_FORMAT_ARG, _SLOTS_ARG))
+def env_cmd(values, format: str, slots: int | None):
+    """Wait for the world, then print the result: `eval "$(fsmingle env ...)"`, --format json or hostfile."""
+    if format not in ("sh", "json", "dotenv", "hostfile"):
+        raise _fail(ConfigError(f"--format {format!r}: choose sh, json, dotenv or hostfile"))
+    if slots is not None and format != "hostfile":
+        raise _fail(ConfigError(f"--slots applies to --format hostfile only (got --format {format})"))
+    r = _rendezvous(values, want_members=format in ("json", "hostfile"))
+    if format == "hostfile":
+        from .hostfile import default_slots, hostfile
+
+        typer.echo(hostfile(r, slots or default_slots(values.gpus_per_node)), nl=False)
+    elif format == "json":
+        from .hostfile import members_json
+
+        typer.echo(json.dumps({**r.as_dict(), "members": members_json(r)}, sort_keys=True))
     else:
         prefix = "export " if format == "sh" else ""
         for k, v in sorted(r.env().items()):
@@ -221,6 +240,10 @@ def status(
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
     watch: bool = typer.Option(False, "--watch", help="Refresh every --interval seconds until Ctrl-C."),
     interval: float = typer.Option(2.0, "--interval", help="Seconds between refreshes with --watch."),
+    timeline: bool = typer.Option(False, "--timeline", help="Draw the released members' arrivals on a time axis "
+                                  "(who was slow)."),
+    plot: str | None = typer.Option(None, "--plot", metavar="FILE.png", help="Also draw the arrivals into a PNG "
+                                    "picture (needs matplotlib: pip install 'fsmingle[plot]')."),
 ):
     """Show jobs, generations and participants. Exit 0 if the (newest) generation is released, else 1.
 
@@ -230,7 +253,8 @@ def status(
     from .status import status_main
 
     _setup_logging(False, False)
-    raise typer.Exit(status_main(dir, job_id, as_json, watch, interval, stale_after=stale_after))
+    raise typer.Exit(status_main(dir, job_id, as_json, watch, interval, stale_after=stale_after, timeline=timeline,
+                                 plot=plot))
 
 
 @app.command()

@@ -20,6 +20,7 @@ __all__ = [
     "ConfigError",
     "CorruptStateError",
     "FsmingleError",
+    "GpuPreflightError",
     "RankConflictError",
     "RecordError",
     "RendezvousTimeoutError",
@@ -196,3 +197,22 @@ class WorldSizeMismatchError(ConfigError):
 
     exit_code = 11
     meaning: str = "participants disagree on the world size or mode (--nnodes / --world-size); the message names both values and hosts"
+
+
+class GpuPreflightError(FsmingleError, RuntimeError):
+    """``--gpus-per-node N``: this node has fewer than N usable GPUs (see :mod:`fsmingle.gpu`).
+
+    Raised before anything is written to the shared directory, so the node never joins.
+    The message says how many GPUs are usable, which ones were seen, how they were
+    probed (NVML or ``nvidia-smi -L``) and ``CUDA_VISIBLE_DEVICES``.
+
+    Attributes:
+        found (int): usable GPUs seen; wanted (int): N.
+    """
+
+    exit_code = 12
+    meaning: str = "--gpus-per-node: this node has fewer usable GPUs than asked; it did not join (the message lists what it saw)"
+
+    def __init__(self, message: str, found: int = 0, wanted: int = 0):
+        super().__init__(message)
+        self.found, self.wanted = found, wanted

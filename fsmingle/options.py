@@ -72,6 +72,10 @@ def _ip(v: str) -> str | None:
     return None
 
 
+def _count(v: int) -> str | None:
+    return None if v >= 0 else f"must be 0 or more, got {v}"
+
+
 def _rank_order(v: str) -> str | None:
     from .decision import RANK_ORDERS
 
@@ -217,6 +221,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("check_mesh", ("--check-mesh",), bool, "Before the release, every node proves it reaches its ring "
            "neighbours (previous and next rank) on their announced addresses; a failure names both hosts and "
            "voids the generation.", default=False, env=("FSMINGLE_CHECK_MESH",)),
+    Option("gpus_per_node", ("--gpus-per-node",), int, "Before joining, check that this node sees this many "
+           "usable GPUs (NVML, else nvidia-smi -L; CUDA_VISIBLE_DEVICES respected); a node short of them does not "
+           "join (exit 12).", env=("FSMINGLE_GPUS_PER_NODE",), envvar="FSMINGLE_GPUS_PER_NODE", check=_count,
+           default_text="no check", metavar="N"),
     Option("quiet", ("--quiet", "-q"), bool, "Print only errors.", default=False, cli_only=True),
     Option("verbose", ("--verbose", "-v"), bool, "Also print protocol details (debug lines with timestamps).",
            default=False, cli_only=True),

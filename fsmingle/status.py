@@ -67,8 +67,13 @@ def job_summary(base: str, job: str, stale_after: float = 30.0, warnings: WarnOn
     rel = None
     if info.release is not None:
         r = info.release
+        from .stragglers import members_of
+
+        world = members_of(store, r) if r.state == "released" else None
         rel = {"state": r.state, "master_addr": r.master_addr, "master_port": r.master_port, "reason": r.reason,
-               "members": [m.addr for m in r.members], "age_s": round(max(0.0, now - r.wall_time), 1)}
+               "members": [m["addr"] for m in world] if world else [m.addr for m in r.members],
+               # rank, host, addr, arrival (seconds after the first, rank 0's monotonic clock) per member
+               "world": world or [], "age_s": round(max(0.0, now - r.wall_time), 1)}
     size = info.beacons[0].size if info.beacons else (info.release.size if info.release else None)
     return {"job_id": job, "generation": g, "state": info.state, "size": size, "claimed": info.claims,
             "participants": parts, "release": rel, "generations": gens, "stale_after": stale_after}
@@ -78,7 +83,8 @@ def _state_word(s: dict) -> str:
     return {"restart": "voided"}.get(s["state"], s["state"])
 
 
-def _render(base: str, jobs: list[str], detail: bool, stale_after: float, warnings: WarnOnce):
+def _render(base: str, jobs: list[str], detail: bool, stale_after: float, warnings: WarnOnce,
+            timeline: bool = False):
     from rich.console import Group
     from rich.table import Table
     from rich.text import Text
@@ -120,15 +126,24 @@ def _render(base: str, jobs: list[str], detail: bool, stale_after: float, warnin
     if r and r["state"] == "released":
         parts.append(Text(f"released to {len(r['members'])} members: master {r['master_addr']}:{r['master_port']} "
                           f"({r['age_s']}s ago)"))
+        if r["world"]:
+            from .stragglers import table
+            from .stragglers import timeline as draw_timeline
+
+            parts.append(draw_timeline(r["world"]) if timeline else table(r["world"]))
     return Group(*parts), [s]
 
 
 def status_main(dir: str | None, job_id: str | None, as_json: bool, watch: bool, interval: float,
-                stale_after: float = 30.0) -> int:
+                stale_after: float = 30.0, timeline: bool = False, plot: str | None = None) -> int:
     """Run ``fsmingle status``; return the exit code (0: released / jobs listed, 1: otherwise).
 
-    Other codes: 3 (no ``dir``, an invalid or unknown job id), 4 (a job directory that is not
-    yours), 5 (``dir`` missing or not a directory).
+    ``timeline``: draw the released members' arrivals on a time axis instead of the arrival table.
+    ``plot``: also write them as a PNG picture there (:func:`fsmingle.stragglers.plot`).
+
+    Other codes: 3 (no ``dir``, an invalid or unknown job id, ``--timeline``/``--plot`` without
+    JOB_ID, ``--plot`` without matplotlib or of a job not released), 4 (a job directory that is not
+    yours), 5 (``dir`` missing or not a directory, ``--plot`` file not writable).
     """
     import sys
 
@@ -141,6 +156,8 @@ def status_main(dir: str | None, job_id: str | None, as_json: bool, watch: bool,
         if not os.path.isdir(base):
             raise StorageError(f"--dir {base} does not exist or is not a directory; check --dir (and that the "
                                "shared filesystem is mounted on this node)")
+        if (timeline or plot) and not job_id:
+            raise ConfigError(f"{'--timeline' if timeline else '--plot'} shows one job's arrivals: give its JOB_ID")
         if job_id:
             validate_job_id(job_id)
             if not os.path.isdir(os.path.join(base, job_id)):
@@ -157,7 +174,7 @@ def status_main(dir: str | None, job_id: str | None, as_json: bool, watch: bool,
     warnings = WarnOnce(log)
 
     def once() -> int:
-        renderable, summaries = _render(base, jobs, bool(job_id), stale_after, warnings)
+        renderable, summaries = _render(base, jobs, bool(job_id), stale_after, warnings, timeline=timeline)
         if as_json:
             print(json.dumps(summaries[0] if job_id else summaries, indent=2, sort_keys=True))
         else:
@@ -169,6 +186,19 @@ def status_main(dir: str | None, job_id: str | None, as_json: bool, watch: bool,
     if not watch:
         code = once()
         warnings.flush()
+        if plot:
+            s = job_summary(base, jobs[0], stale_after)
+            try:
+                if not (s["release"] and s["release"]["world"]):
+                    raise ConfigError(f"--plot: job {jobs[0]} generation {s['generation']} is not released "
+                                      "(no arrivals to draw yet)")
+                from .stragglers import plot as draw_plot
+
+                draw_plot(s["release"]["world"], plot, f"job {jobs[0]} generation {s['generation']}: arrivals")
+            except FsmingleError as e:
+                print(f"fsmingle: error: {e}", file=sys.stderr)
+                return e.exit_code
+            print(f"fsmingle: wrote {plot}", file=sys.stderr)
         return code
     code = 1
     try:

@@ -34,7 +34,7 @@ def test_every_option_is_a_cli_option_with_its_flags_and_default(command):
         assert p.default == o.default, o.name
         assert o.help.split(";")[0] in " ".join(p.help.split()), o.name
     assert {n for n, p in params.items() if p.param_type_name == "option"} - {o.name for o in options.OPTIONS} == (
-        {"format"} if command == "env" else set())
+        {"format", "slots"} if command == "env" else set())
 
 
 def test_the_python_api_takes_every_non_cli_option_as_a_keyword():
