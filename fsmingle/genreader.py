@@ -32,21 +32,24 @@ class GenerationReader:
     def store_path(self, name: str) -> str:
         return getattr(self.store, "path", lambda n: n)(name)
 
-    def read_release(self, g: int) -> Release | None | RecordError:
-        """Generation ``g``'s decision: the record, None if not visible, or the error that makes it unusable."""
-        name = release_name(g)
+    def _load(self, name: str, kind: type, consequence: str = "") -> object | None | RecordError:
+        """Read and decode one record: the record, None if not visible, or the error (named once)."""
         data = self.store.read(name)
         if data is None:
             return None
         try:
-            rel = decode(data, Release)
+            return decode(data, kind)
         except RecordError as e:
-            self.warn_once(name, str(e))
+            self.warn_once(name, f"{e}{consequence}")
             return e
-        if rel.job_id != self.job_id or rel.generation != g:
-            e = RecordError(f"it names job {rel.job_id!r} generation {rel.generation}")
-            self.warn_once(name, str(e))
-            return e
+
+    def read_release(self, g: int) -> Release | None | RecordError:
+        """Generation ``g``'s decision: the record, None if not visible, or the error that makes it unusable."""
+        name = release_name(g)
+        rel = self._load(name, Release)
+        if isinstance(rel, Release) and (rel.job_id != self.job_id or rel.generation != g):
+            rel = RecordError(f"it names job {rel.job_id!r} generation {rel.generation}")
+            self.warn_once(name, str(rel))
         return rel
 
     def with_members(self, rel: Release) -> Release | None | RecordError:
@@ -66,15 +69,8 @@ class GenerationReader:
             return e
 
     def read_beacon(self, name: str, instance: str) -> Beacon | None:
-        data = self.store.read(name)
-        if data is None:
-            return None
-        try:
-            b = decode(data, Beacon)
-        except RecordError as e:
-            self.warn_once(name, f"{e}; its writer counts as silent until it writes a valid beacon")
-            return None
-        if b.instance != instance or b.generation != self.gen or b.job_id != self.job_id:
+        b = self._load(name, Beacon, "; its writer counts as silent until it writes a valid beacon")
+        if not isinstance(b, Beacon) or b.instance != instance or b.generation != self.gen or b.job_id != self.job_id:
             return None
         return b
 
@@ -82,19 +78,20 @@ class GenerationReader:
         """Instance holding rank ``r`` (cached: claims are immutable); None if not readable."""
         if r in self.claims:
             return self.claims[r]
-        name = claim_name(self.gen, r)
-        data = self.store.read(name)
-        if data is None:
-            return None
-        try:
-            c = decode(data, Claim)
-        except RecordError as e:
-            self.warn_once(name, f"{e}; its rank is treated as held by a silent participant")
-            return None
-        if c.rank != r:
+        c = self._load(claim_name(self.gen, r), Claim, "; its rank is treated as held by a silent participant")
+        if not isinstance(c, Claim) or c.rank != r:
             return None
         self.claims[r] = c.instance
         return c.instance
+
+    def void_if_dead(self, r: int, now: float, what: str) -> bool:
+        """Judge rank ``r``'s holder from the filesystem; if dead, void the generation and regroup (True)."""
+        verdict, b = self.judge_holder(self.read_claim(r), now, key=f"?rank{r}")
+        if verdict is not Verdict.DEAD:
+            return False
+        self.void(f"rank {r} ({b.host.hostname if b else 'beacon unreadable'}) {what}")
+        self.rejoin()
+        return True
 
     def judge_holder(self, instance: str | None, now: float, key: str) -> tuple[Verdict, Beacon | None]:
         b = self.read_beacon(beacon_name(self.gen, instance), instance) if instance else None

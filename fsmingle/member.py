@@ -26,7 +26,6 @@ from .channel import WIRE_VERSION, Outcome, hostport
 from .decision import Placement
 from .errors import ConfigError, WorldSizeMismatchError
 from .layout import BEACON_RE, claimed_ranks, gen_name, master_dir, master_name
-from .liveness import Verdict
 from .mesh import mesh_probe
 from .records import Release, RecordError
 
@@ -116,13 +115,9 @@ class Member:
             # Rank 0 claimed but never published its endpoint (it died in
             # between)?  Rare: only then list the whole generation.
             self.next_claim_check = now + p.timing.heartbeat_period
-            if 0 in claimed_ranks(p.store.listdir(gen_name(p.gen))):
-                verdict, b = p.judge_holder(p.read_claim(0), now, key="?rank0")
-                if verdict is Verdict.DEAD:
-                    p.void(f"rank 0 ({b.host.hostname if b else 'beacon unreadable'}) claimed the master's place "
-                           "but is dead or stopped heartbeating")
-                    p.rejoin()
-                    return True
+            if 0 in claimed_ranks(p.store.listdir(gen_name(p.gen))) and p.void_if_dead(
+                    0, now, "claimed the master's place but is dead or stopped heartbeating"):
+                return True
         return False
 
     def _look(self, now: float) -> None:

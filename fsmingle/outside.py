@@ -80,14 +80,7 @@ class OutsideWorld:
         if now >= self.next_check:
             self.next_check = now + min(self.timing.heartbeat_period, 1.0)
             for r in claimed_ranks(self.store.listdir(gen_name(self.gen))):
-                if r >= self.size:
-                    continue
-                inst = self.read_claim(r)
-                verdict, b = self.judge_holder(inst, now, key=f"?rank{r}")
-                if verdict is Verdict.DEAD:
-                    self.void(f"rank {r} ({b.host.hostname if b else 'beacon unreadable'}) is dead or stopped "
-                              "heartbeating")
-                    self.rejoin()
+                if r < self.size and self.void_if_dead(r, now, "is dead or stopped heartbeating"):
                     return None
         return None
 
