@@ -1,0 +1,100 @@
+"""Who was slow: ``fsmingle status JOB`` shows each member's arrival; ``--timeline`` and ``--plot`` draw them.
+
+A real job: three ``fsmingle env`` processes started a second and a half apart
+(first-come ranks, so rank order is arrival order), then ``fsmingle status``
+as a user would run it afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+CLEAR = ("FSMINGLE_DIR", "FSMINGLE_JOB_ID", "FSMINGLE_RANK_ORDER", "FSMINGLE_GPUS_PER_NODE", "SLURM_JOB_ID",
+         "SLURM_NNODES", "SLURM_NODEID")
+STAGGER = 1.5  # seconds between starts
+
+
+def _fsmingle(*args, env=None, **kw):
+    return subprocess.run([sys.executable, "-m", "fsmingle", *args], env=env, capture_output=True, text=True,
+                          timeout=120, check=False, cwd=REPO, **kw)
+
+
+@pytest.fixture(scope="module")
+def released(tmp_path_factory):
+    """A job released to three members that arrived STAGGER seconds apart: (rdzv dir, env)."""
+    rdzv = tmp_path_factory.mktemp("slow") / "rdzv"
+    rdzv.mkdir(mode=0o700)
+    env = {k: v for k, v in os.environ.items() if k not in CLEAR}
+    procs = []
+    for _ in range(3):
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "fsmingle", "env", "--dir", str(rdzv), "--job-id", "slow", "--nnodes", "3",
+             "--timeout", "60"], env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        time.sleep(STAGGER)
+    for p in procs:
+        _, err = p.communicate(timeout=90)
+        assert p.returncode == 0, err
+    return rdzv, env
+
+
+def test_status_lists_each_members_arrival_host_and_address(released):
+    rdzv, env = released
+    cp = _fsmingle("status", "--dir", str(rdzv), "slow", "--json", env=env)
+    assert cp.returncode == 0, cp.stderr
+    world = json.loads(cp.stdout)["release"]["world"]
+    assert [m["rank"] for m in world] == [0, 1, 2]
+    arrivals = [m["arrival"] for m in world]
+    assert arrivals[0] == 0.0 and arrivals[0] < arrivals[1] < arrivals[2], arrivals  # rank order = arrival order
+    assert all(m["host"] and m["addr"] for m in world)
+    table = _fsmingle("status", "--dir", str(rdzv), "slow", env=env)
+    assert table.returncode == 0, table.stderr
+    assert "arrivals (seconds after the first" in table.stdout
+    for m in world:
+        assert f"+{m['arrival']:.2f} s" in table.stdout
+
+
+def test_timeline_draws_the_slowest_last(released):
+    rdzv, env = released
+    cp = _fsmingle("status", "--dir", str(rdzv), "slow", "--timeline", env={**env, "COLUMNS": "120"})
+    assert cp.returncode == 0, cp.stderr
+    rows = [line for line in cp.stdout.splitlines() if "●" in line]
+    assert len(rows) == 3, cp.stdout
+    # first arrival at the axis start, later ones further right, the last at the end
+    positions = [line.index("●") for line in rows]
+    assert positions[0] < positions[1] < positions[2], cp.stdout
+    assert "─" not in rows[0].split("●")[0] and "─" in rows[2]
+
+
+def test_plot_writes_a_png(released, tmp_path):
+    rdzv, env = released
+    png = tmp_path / "arrivals.png"
+    cp = _fsmingle("status", "--dir", str(rdzv), "slow", "--plot", str(png), env=env)
+    assert cp.returncode == 0, cp.stderr
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert f"wrote {png}" in cp.stderr
+
+
+def test_plot_errors_are_one_clear_line(released, tmp_path):
+    rdzv, env = released
+    cp = _fsmingle("status", "--dir", str(rdzv), "slow", "--plot", str(tmp_path / "a.svg"), env=env)
+    assert cp.returncode == 3 and "ending in .png" in cp.stderr, cp.stderr
+    cp = _fsmingle("status", "--dir", str(rdzv), "--plot", str(tmp_path / "a.png"), env=env)
+    assert cp.returncode == 3 and "give its JOB_ID" in cp.stderr, cp.stderr
+    # matplotlib missing: a stub that fails to import stands first on the path
+    stub = tmp_path / "nompl" / "matplotlib"
+    stub.mkdir(parents=True)
+    (stub / "__init__.py").write_text("raise ImportError('not installed here')\n")
+    cp = _fsmingle("status", "--dir", str(rdzv), "slow", "--plot", str(tmp_path / "a.png"),
+                   env={**env, "PYTHONPATH": f"{stub.parent}{os.pathsep}{REPO}"})
+    assert cp.returncode == 3, cp.stderr
+    assert cp.stderr.strip().splitlines()[-1] == ("fsmingle: error: --plot needs matplotlib, which is not "
+                                                  "installed: pip install 'fsmingle[plot]'")
+    assert not (tmp_path / "a.png").exists()
