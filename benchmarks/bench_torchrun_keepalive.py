@@ -167,6 +167,8 @@ def worker(idx: int, n_local: int, n_total: int, endpoint: str, a, conn) -> None
     conn.recv()  # measure from here (the state's heartbeat times were just refreshed)
     for h in handlers:
         h._state_holder._last_sync_time = -1  # torch's 1 s cache: read the refreshed state next
+        if hasattr(h, "_beats"):
+            h._beats.max_gap = 0.0  # count beat gaps from here, not during start-up
     base = {"hb": _hb(handlers), **stats}
     if a.impl == "before":
         threading.Thread(target=start_keepalives, daemon=True).start()
