@@ -65,8 +65,7 @@ class Coordinator:
         self.next_judge = now + p.timing.heartbeat_period
         self.next_status = now + 1.0
         self.status_dirty = True
-        # Publish the endpoint where members look for it (a listing of master/).
-        p.store.publish(master_name(p.gen, p.instance), encode(p.beacon()))
+        self.published = False  # the endpoint in master/ (retried by step() after an ENOENT)
         p.set_present((0,))
 
     # -------------------------------------------------------------- loop plumbing
@@ -92,6 +91,10 @@ class Coordinator:
     def step(self):
         p = self.p
         now = p.clock.monotonic()
+        if not self.published:
+            # Publish the endpoint where members look for it (a listing of master/).
+            p.store.publish(master_name(p.gen, p.instance), encode(p.beacon()))
+            self.published = True
         p.heartbeat_if_due(now)
         events, self.inbox = self.inbox + self.hub.poll(0), []
         for ev in events:
@@ -337,11 +340,13 @@ class Coordinator:
             # decision itself stays one exclusive create at any world size.
             p.store.publish(member_chunk_name(p.gen, p.instance, k), chunk)
         if not p.store.create(release_name(p.gen), header):
-            # Only rank 0 writes "released": what is there is somebody's void.
+            # EEXIST: our own release if the first reply was lost (a retransmitted
+            # link(), nfs(5)) -- read it back; anything else is somebody's void.
             got = p.read_release(p.gen)
-            why = got.reason if isinstance(got, Release) else "a decision record this node cannot read yet"
-            self._end(f"voided by another participant before the release: {why}", write=False)
-            return None
+            if not (isinstance(got, Release) and got.state == "released" and got.writer == p.instance):
+                why = got.reason if isinstance(got, Release) else "a decision record this node cannot read yet"
+                self._end(f"voided by another participant before the release: {why}", write=False)
+                return None
         mine = {m.instance: pl for m, pl in zip(rel.members, placements(list(rel.members), rel.mode,
                                                                          rel.master_port, rel.generation))}
         for r, conn in self.rank_conn.items():

@@ -67,8 +67,8 @@ def decide(v: CoordinatorView) -> tuple[Action, str]:
         if quiet >= v.stale_after:
             return Action.VOID, f"rank {r} was silent on its connection for {quiet:.0f} s (no answer is no proof of life)"
     if v.preparing_for is not None:
-        missing = sorted(v.connected - v.acked)
-        if not missing and len(v.connected) == v.size - 1:
+        missing = sorted(set(range(1, v.size)) - v.acked)
+        if not missing:
             return Action.COMMIT, ""
         if v.preparing_for >= v.ack_timeout:
             return Action.VOID, (f"rank {missing[0]} did not acknowledge the release within {v.ack_timeout:g} s "

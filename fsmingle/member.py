@@ -85,13 +85,14 @@ class Member:
             if now >= self.next_look:
                 self._look(now)
             return None
-        # Connected: the beacon heartbeat is only for status and cleaners.
-        p.heartbeat_if_due(now, period=p.timing.stale_after / 2)
+        # Connected: the channel first (a failing filesystem must not starve it),
+        # then the beacon heartbeat, which is only for status and cleaners.
         msgs, self.inbox = self.inbox + self.link.poll(0), []
         for m in msgs:
             done = self._on_message(m)
             if done is not None or p.role is not self:
                 return done
+        p.heartbeat_if_due(now, period=p.timing.stale_after / 2)
         if self.link.lost:
             return self._lost(self.link.why)
         quiet = self.link.silent_for()

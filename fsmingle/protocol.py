@@ -200,9 +200,11 @@ class Participant(GenerationReader, OutsideWorld):
 
     def heartbeat_if_due(self, now: float, period: float | None = None) -> None:
         if now >= self.next_hb:
+            # Due time first: a failing write (ENOENT from a lying cache) must
+            # not be retried at every step against the metadata server.
+            self.next_hb = now + (period or self.timing.heartbeat_period)
             self.heartbeat += 1
             self.publish_beacon()
-            self.next_hb = now + (period or self.timing.heartbeat_period)
 
     def void(self, reason: str) -> bool:
         """Create this generation's restart decision; False if a decision already existed."""
@@ -291,6 +293,8 @@ class Participant(GenerationReader, OutsideWorld):
     def next_delay(self) -> float:
         """Seconds to wait before the next :meth:`step` (backoff with jitter)."""
         base = self.role.delay() if (self.state is State.WAIT and self.role is not None) else self.delay
+        if self._enoent_since is not None:
+            base = max(base, self.delay)  # retrying after a (cached) ENOENT: back off, never spin
         d = base * (1 + self.timing.jitter * (2 * self.rng.random() - 1))
         self.delay = min(self.timing.poll_max, self.delay * self.timing.backoff)
         return max(0.0, min(d, self.deadline - self.clock.monotonic()))

@@ -187,9 +187,8 @@ def test_order_members_keeps_one_hosts_members_together():
     assert sorted(m.instance for m in out) == sorted(m.instance for m in slots.values())
 
 
-@pytest.mark.xfail(strict=True, raises=IndexError, reason="bug 8 (latent): decide() indexes an empty list")
 def test_bug_preparing_with_a_member_gone_from_connected_voids():
-    # decision.py, decide(): preparing, past the ack timeout, every *connected* member acked but
+    # Bug 8 (latent, fixed). decision.py, decide(): preparing, past the ack timeout, every *connected* member acked but
     # fewer than size-1 connected (a member vanished from `connected` without a `lost` entry):
     # `missing[0]` of an empty list raises IndexError instead of voiding.  The coordinator never
     # builds such a view today (a lost connection always lands in `lost` first), but decide() is

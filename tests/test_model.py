@@ -331,9 +331,9 @@ class World:
             store.disarm()
         self._note_left(q, gen_before)
         delay = p.next_delay()
-        if delay == 0 and p._enoent_since is not None and not KNOWN_BUGS:
-            # bug 7: a member retrying after ENOENT asks for no delay at all (a busy loop of failing
-            # heartbeats for as long as the cache lies); step it at the poll rate instead, and count it.
+        if delay == 0 and p._enoent_since is not None:
+            # bug 7 (fixed): a member retrying after ENOENT asked for no delay at all (a busy loop of
+            # failing heartbeats for as long as the cache lies); should it recur, count it.
             self.spins += 1
             delay = self.timing.poll_min
         q.wake = self.fs.now + delay
@@ -777,8 +777,7 @@ class RendezvousMachine(RuleBasedStateMachine):
     def spurious_enoent(self, h, i, secs):
         """A node's lookups of a name that exists (a generation, master/, a claim, a release) fail for a while."""
         host = self._host(h)
-        names = sorted([d for d in self.w.fs.dirs if d and self.w.fs.dir_exists(d)
-                        and (KNOWN_BUGS or not d.endswith("/master"))]  # bug 6: rank 0 stuck without a role
+        names = sorted([d for d in self.w.fs.dirs if d and self.w.fs.dir_exists(d)]
                        + [n for n in self.w.fs.present_files() if not fakefs.basename(n).startswith(".")])
         if host is not None and names:
             n = names[i % len(names)]
@@ -790,7 +789,7 @@ class RendezvousMachine(RuleBasedStateMachine):
         """The k-th next exclusive create on a node takes effect, but its reply is lost (EEXIST on retry)."""
         host = self._host(h)
         if host is not None:
-            only_claims = claims_only or not KNOWN_BUGS  # bug 5: a lost reply on release.json
+            only_claims = claims_only
             host.store.arm_lost_reply(k, _is_claim if only_claims else None)
 
     @rule(h=st.integers(0, 7))
@@ -986,8 +985,6 @@ def test_gluster_negative_cache_hides_a_generation_looked_up_too_early():
     assert took <= GLUSTER_NEG + w.bound()
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="bug 7: a connected member's failing heartbeat starves its channel; rank 0 voids")
 def test_generation_dir_enoent_on_a_waiting_member_is_confirmed_not_acted_on():
     # An ENOENT on a directory that exists (a spurious one, for 20 s) while a member waits
     # connected: it must keep its place (no void, no rejoin) and be released with the others.
@@ -1103,13 +1100,12 @@ def test_participants_disagreeing_on_size_get_a_clear_error(first):
 
 
 # ---------------------------------------------------------------------------------------------
-# Known protocol bugs found by the model (strict xfail: they start passing when fixed; then also
-# drop the matching KNOWN_BUGS guard in the machine).  Bug 4 of v1 (a torn O_EXCL release) and
-# the link=False scenarios are gone: PosixStore no longer falls back to O_EXCL (1f6f377).
+# Protocol bugs the model found in v2 (5-7), fixed: each scenario now passes as a regression test,
+# and the machine generates their situations (no KNOWN_BUGS guard left for them).  Bug 4 of v1 (a
+# torn O_EXCL release) and the link=False scenarios are gone: PosixStore no longer falls back to
+# O_EXCL (1f6f377).
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="bug 5: a lost reply on release.json makes rank 0 abandon its own release")
 def test_bug_lost_reply_on_release_record():
     # coordinator.py, Coordinator._commit: store.create(release.json) took effect but returned
     # False (lost link() reply).  Rank 0 reads the record back, finds its *own* "released"
@@ -1126,8 +1122,6 @@ def test_bug_lost_reply_on_release_record():
     assert all(q.status == "done" for q in (a, b))
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="bug 6: ENOENT on master/ leaves rank 0 in WAIT without a role")
 def test_bug_master_dir_enoent_leaves_rank0_without_a_role():
     # protocol.py, Participant._hold sets state WAIT, then Coordinator.__init__ publishes the
     # endpoint in master/; an ENOENT there (a lookup of gen-N/master cached as absent, or a
@@ -1146,8 +1140,6 @@ def test_bug_master_dir_enoent_leaves_rank0_without_a_role():
     w.run_to_completion()
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="bug 7: retrying after ENOENT a waiting member busy-loops (zero delay)")
 def test_bug_enoent_retry_does_not_spin():
     # protocol.py, Participant.heartbeat_if_due bumps next_hb only after publish_beacon()
     # succeeded, and next_delay() takes the role's delay in WAIT, ignoring the backoff that
