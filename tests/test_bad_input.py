@@ -227,7 +227,7 @@ CASES = [
     Case("stale-after-0", lambda c: args(c, stale=0), 3, ("stale", "positive")),
     Case("poll-max-not-below-stale-after", lambda c: args(c, "--poll-max", 2, stale=4), 3,
          ("--poll-max 2", "--stale-after 4", "at most --stale-after/4 = 1 s")),
-    Case("format-bad", lambda c: args(c, fmt="xml"), 3, ("--format", "choose sh, json or dotenv")),
+    Case("format-bad", lambda c: args(c, fmt="xml"), 3, ("--format", "choose sh, json, dotenv or hostfile")),
     # ---- the command line itself
     Case("misspelt-option", lambda c: args(c, "--nnode", 2, nnodes=None), 2, ("No such option", "--nnodes")),
     Case("run-without-command", lambda c: args(c, cmd="run"), 2, ("Missing argument", "COMMAND")),
