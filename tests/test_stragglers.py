@@ -98,3 +98,37 @@ def test_plot_errors_are_one_clear_line(released, tmp_path):
     assert cp.stderr.strip().splitlines()[-1] == ("fsmingle: error: --plot needs matplotlib, which is not "
                                                   "installed: pip install 'fsmingle[plot]'")
     assert not (tmp_path / "a.png").exists()
+
+
+def test_a_big_world_is_read_from_its_member_chunks(tmp_path):
+    """Over MEMBERS_PER_CHUNK members, release.json names chunk files; status reads the members from them."""
+    from fsmingle.layout import gen_name, member_chunk_name, release_name
+    from fsmingle.records import (
+        MEMBERS_PER_CHUNK,
+        HostId,
+        Member,
+        Release,
+        encode_release,
+    )
+
+    n = MEMBERS_PER_CHUNK + 5
+    writer = "ab" * 8
+    members = tuple(Member(k, f"{k:016x}", f"10.1.{k // 250}.{k % 250 + 1}",
+                           HostId(f"node{k}", "boot", "pid:[1]", 1000 + k, 1.0), arrival=k / 100)
+                    for k in range(n))
+    rel = Release("big", 1, "released", "node", n, "10.1.0.1", 29500, members, writer, wall_time=time.time())
+    header, chunks = encode_release(rel)
+    assert len(chunks) == 2
+    job = tmp_path / "rdzv" / "big"
+    (job / gen_name(1)).mkdir(parents=True)
+    os.chmod(tmp_path / "rdzv", 0o700)
+    os.chmod(job, 0o700)
+    for k, c in enumerate(chunks):
+        (job / member_chunk_name(1, writer, k)).write_bytes(c)
+    (job / release_name(1)).write_bytes(header)
+    env = {k: v for k, v in os.environ.items() if k not in CLEAR}
+    cp = _fsmingle("status", "--dir", str(tmp_path / "rdzv"), "big", "--json", env=env)
+    assert cp.returncode == 0, cp.stderr
+    world = json.loads(cp.stdout)["release"]["world"]
+    assert len(world) == n and world[-1] == {"rank": n - 1, "host": f"node{n - 1}", "addr": members[-1].addr,
+                                             "arrival": round((n - 1) / 100, 3)}
