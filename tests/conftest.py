@@ -1,4 +1,11 @@
-"""Shared pytest setup: keep torchrun/torch temp files inside each test's tmp dir."""
+"""Shared pytest setup and the fixtures every scenario uses.
+
+* ``procs``: the one way to start participants (:class:`helpers.Procs`), here or
+  on a network-namespace host (``procs.env(..., host=cluster[k])``); whatever a
+  test leaves running is killed at teardown.
+* ``d``: a rendezvous directory (``--dir``), made 0700 the way users make it once.
+* cluster fixtures (``make_cluster``, ``cluster``, ``make_slurm``...) from ``conftest_cluster``.
+"""
 
 import os
 import sys
@@ -12,5 +19,21 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 @pytest.fixture
 def repo_root() -> str:
     return REPO
+
+
+@pytest.fixture
+def procs(tmp_path):
+    from helpers import Procs
+
+    p = Procs(tmp_path / "logs")
+    yield p
+    p.cleanup()
+
+
+@pytest.fixture
+def d(tmp_path):
+    path = tmp_path / "rdv"
+    path.mkdir(mode=0o700)  # --dir must exist: fsmingle never creates it (a typo fails at once)
+    return path
 
 from conftest_cluster import *  # noqa: F401,F403,E402  (cluster fixtures: make_cluster, cluster, make_slurm, ...)

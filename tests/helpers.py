@@ -193,7 +193,11 @@ class Procs:
         self._n = 0
 
     def spawn(self, argv: Sequence[str], name: str | None = None, env: dict | None = None,
-              prefix: Sequence[str] = (), cwd: str | None = None) -> Proc:
+              prefix: Sequence[str] = (), cwd: str | None = None, host=None) -> Proc:
+        """Start ``prefix + argv``: here, or on ``host`` (a :class:`cluster.Host`: its netns, hostname, mounts)."""
+        if host is not None:
+            argv, prefix, cwd = host.wrap([*prefix, *argv], cwd=cwd or REPO), (), None
+            env = host.env(env)
         self._n += 1
         p = Proc(argv, self.logdir, name or f"p{self._n}", env=env, preexec_user=prefix, cwd=cwd)
         self.all.append(p)
@@ -201,11 +205,14 @@ class Procs:
 
     def env(self, d, job: str, *args, timeout: float = 30, stale_after: float | None = 3,
             addr: str | None = "127.0.0.1", extra_env: dict | None = None, name: str | None = None,
-            prefix: Sequence[str] = (), cmd: str = "env", fmt: str | None = "json", python: bool = False) -> Proc:
+            prefix: Sequence[str] = (), cmd: str = "env", fmt: str | None = "json", python: bool = False,
+            host=None) -> Proc:
         """Spawn ``fsmingle env --format json --dir d --job-id job ARGS`` (or ``run`` with ``cmd='run'``).
 
         ``prefix`` is prepended to the argv (``unshare ...``, ``setpriv ...``);
         ``args`` are appended (for ``run``: options, then ``--``, then the command).
+        ``host``: run it on that network-namespace host (pass ``addr=None`` to let it choose).
+        The one way the tests start a participant, here or on a cluster host.
         """
         argv = FSMINGLE + [cmd, "--dir", str(d), "--job-id", job, "--timeout", str(timeout)]
         if stale_after is not None:
@@ -215,7 +222,7 @@ class Procs:
         if fmt is not None and cmd == "env":
             argv += ["--format", fmt]
         argv += [str(a) for a in args]
-        return self.spawn(argv, name=name, env=clean_env(extra_env), prefix=prefix)
+        return self.spawn(argv, name=name, env=clean_env(extra_env), prefix=prefix, host=host)
 
     def cli(self, *args, env: dict | None = None, prefix: Sequence[str] = (), timeout: float = 30,
             name: str | None = None) -> tuple[int, str, str]:

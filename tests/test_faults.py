@@ -21,7 +21,6 @@ from pathlib import Path
 import pytest
 
 from helpers import (
-    Procs,
     assert_one_world,
     beacon_of,
     claim_of,
@@ -36,19 +35,6 @@ from helpers import (
 )
 
 JOB = "faults"
-
-
-@pytest.fixture
-def procs(tmp_path):
-    p = Procs(tmp_path / "logs")
-    yield p
-    p.cleanup()
-
-
-@pytest.fixture
-def d(tmp_path):
-    (tmp_path / "rdv").mkdir(mode=0o700)  # --dir must exist: fsmingle never creates it (a typo fails fast)
-    return tmp_path / "rdv"
 
 
 needs_unshare = pytest.mark.skipif(
@@ -204,7 +190,6 @@ def test_master_dies_before_release(procs, d, where):
     else:
         old0.signal(signal.SIGKILL)
     old0.wait(5)
-    t0 = time.monotonic()
     # the last missing rank arrives first: it completes generation 1 and must refuse to release it
     r2 = _run_printing_env(procs, d, "--nnodes", 3, "--node-rank", 2, timeout=40, stale_after=stale, name="r2")
     wait_for(lambda: release_of(d, JOB, 1), 15, "generation 1 to be decided")
@@ -293,7 +278,7 @@ def test_duplicate_explicit_rank_fails_with_exit_6(procs, d, holder_where):
     # the holder was not disturbed: the world completes with it as rank 0
     r1 = procs.env(d, JOB, "--nnodes", 2, "--node-rank", 1, timeout=40, stale_after=3, name="r1")
     res = results([a, r1], timeout=40)
-    w = assert_one_world(res, 2, generation=1)
+    assert_one_world(res, 2, generation=1)
     assert release_of(d, JOB, 1)["members"][0]["instance"] == claim_of(d, JOB, 1, 0)["instance"]
 
 
@@ -378,7 +363,7 @@ def test_liveness_never_uses_file_times(procs, d):
     finally:
         stop.set()
         th.join(5)
-    w = assert_one_world(res, 3, generation=1)
+    assert_one_world(res, 3, generation=1)
     for p in ps:
         assert "voided" not in p.stderr(), p.stderr()
 

@@ -9,7 +9,6 @@ that is not alive and reachable *now*, and every failure names what is missing.
 from __future__ import annotations
 
 import json
-import os
 import random
 import subprocess
 import sys
@@ -18,53 +17,25 @@ from pathlib import Path
 
 import pytest
 
+from helpers import results, wait_for
+
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
-REPO = Path(__file__).resolve().parents[1]
-_ENV = {k: None for k in ("FSMINGLE_DIR", "FSMINGLE_JOB_ID", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME",
-                          "PET_NNODES", "PET_NODE_RANK", "SLURM_JOB_ID", "SLURM_NNODES", "SLURM_NODEID")}
-_ENV["PYTHONUNBUFFERED"] = "1"
 
 
-def _env_proc(host, d: str, job: str, *args, timeout: float = 60, stale_after: float = 4, log: Path):
-    argv = ["timeout", "-k", "5", str(timeout + 30), sys.executable, "-m", "fsmingle", "env", "--dir", d,
-            "--job-id", job, "--format", "json", "--timeout", str(timeout), "--stale-after", str(stale_after),
-            "--poll-max", str(min(0.28, stale_after / 4)), *map(str, args)]
-    out = open(log.with_suffix(".out"), "w")
-    err = open(log.with_suffix(".err"), "w")
-    try:
-        return host.popen(argv, env=_ENV, cwd=REPO, stdout=out, stderr=err)
-    finally:
-        out.close()
-        err.close()
+def _env(procs, host, job: str, *args, timeout: float = 60, stale_after: float = 4, name: str = ""):
+    """``fsmingle env`` on ``host`` as a user would run it there (the address is its own choice)."""
+    return procs.env(f"{host.cluster.shared}/rdzv", job, *args, timeout=timeout, stale_after=stale_after,
+                     addr=None, host=host, name=name or None)
 
 
-def _text(log: Path, kind: str) -> str:
-    try:
-        return log.with_suffix(kind).read_text()
-    except FileNotFoundError:
-        return ""
+def _wait_text(p, needle: str, timeout: float) -> None:
+    wait_for(lambda: needle in p.stderr(), timeout, f"{needle!r} from {p.name}")
 
 
-def _wait_text(log: Path, needle: str, timeout: float) -> None:
-    end = time.monotonic() + timeout
-    while needle not in _text(log, ".err"):
-        if time.monotonic() > end:
-            raise AssertionError(f"no {needle!r} in {log} within {timeout:g} s:\n{_text(log, '.err')}")
-        time.sleep(0.1)
-
-
-def _results(procs_logs, timeout: float) -> list[dict]:
-    out = []
-    for p, log in procs_logs:
-        try:
-            rc = p.wait(timeout)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            raise AssertionError(f"{log.name} did not finish:\n{_text(log, '.err')}")
-        assert rc == 0, f"{log.name} exited {rc}:\n{_text(log, '.err')}"
-        out.append(json.loads(_text(log, ".out")))
-    return out
+def _one_world(res: list[dict]) -> dict:
+    assert len({(r["master_addr"], r["master_port"], r["generation"]) for r in res}) == 1, res
+    return res[0]
 
 
 def _decisions(cluster, job: str) -> dict[int, dict]:
@@ -86,7 +57,7 @@ def _claim_instance(cluster, job: str, g: int, rank: int) -> str | None:
         return None
 
 
-def test_partitioned_member_is_never_released(make_cluster, tmp_path):
+def test_partitioned_member_is_never_released(make_cluster, procs):
     """Node rank 1's link goes down (no RST, no answer) while its filesystem stays reachable.
 
     v1 released ranks 0 and 2 with rank 1 in the world.  v2: rank 1 cannot
@@ -94,31 +65,28 @@ def test_partitioned_member_is_never_released(make_cluster, tmp_path):
     while rank 1 is cut off; once its link is back, all four are released.
     """
     c = make_cluster(4)
-    d = f"{c.shared}/rdzv"
-    logs = [tmp_path / f"r{r}" for r in range(4)]
-    procs = [_env_proc(c[r], d, "part", "--nnodes", 4, "--node-rank", r, log=logs[r]) for r in range(3)]
-    _wait_text(logs[1], "connected to the master", 30)
+    ps = [_env(procs, c[r], "part", "--nnodes", 4, "--node-rank", r, name=f"r{r}") for r in range(3)]
+    _wait_text(ps[1], "connected to the master", 30)
     victim = _claim_instance(c, "part", 1, 1)
     assert victim
     c[1].link_down()
     try:
-        procs.append(_env_proc(c[3], d, "part", "--nnodes", 4, "--node-rank", 3, log=logs[3]))
+        ps.append(_env(procs, c[3], "part", "--nnodes", 4, "--node-rank", 3, name="r3"))
         time.sleep(4 * 2 + 4)  # two stale_after periods and more: nobody may be released meanwhile
         for g, rel in _decisions(c, "part").items():
             assert rel["state"] == "restart", f"generation {g} released while rank 1 was cut off: {rel}"
-        assert all(p.poll() is None for p in procs), [(_text(lg, ".err")) for lg in logs]
+        assert all(p.poll() is None for p in ps), [p.stderr() for p in ps]
         reasons = " | ".join(rel["reason"] for rel in _decisions(c, "part").values())
         assert "did not acknowledge" in reasons or "silent" in reasons or "lost" in reasons, reasons
     finally:
         c[1].link_up()
-    res = _results(list(zip(procs, logs)), 60)
-    assert len({(r["master_addr"], r["master_port"], r["generation"]) for r in res}) == 1, res
+    res = results(ps, timeout=60)
     assert sorted(r["node_rank"] for r in res) == [0, 1, 2, 3]
-    assert res[0]["generation"] >= 2
+    assert _one_world(res)["generation"] >= 2
     assert res[0]["master_addr"] == c[0].ip
 
 
-def test_ipv6_only_hosts_complete(make_cluster, tmp_path):
+def test_ipv6_only_hosts_complete(make_cluster, procs):
     """Hosts with only IPv6 addresses (ULA ``fd42::/64``): v1 never completed (its master port bound AF_INET only)."""
     c = make_cluster(3)
     net = f"fd42:{random.randrange(1 << 16):x}:{random.randrange(1 << 16):x}:1"
@@ -128,17 +96,15 @@ def test_ipv6_only_hosts_complete(make_cluster, tmp_path):
         a = f"{net}::{k + 10}"
         subprocess.run(["ip", "-n", h.netns, "-6", "addr", "add", f"{a}/64", "dev", "eth0", "nodad"], check=True)
         addrs.append(a)
-    d = f"{c.shared}/rdzv"
-    logs = [tmp_path / f"v6-{r}" for r in range(3)]
-    procs = [_env_proc(c[r], d, "v6", "--nnodes", 3, log=logs[r]) for r in range(3)]
-    res = _results(list(zip(procs, logs)), 90)
-    assert len({(r["master_addr"], r["master_port"], r["generation"]) for r in res}) == 1, res
+    ps = [_env(procs, c[r], "v6", "--nnodes", 3) for r in range(3)]
+    res = results(ps, timeout=90)
+    w = _one_world(res)
     assert sorted(r["node_rank"] for r in res) == [0, 1, 2]
-    assert res[0]["master_addr"] in addrs and ":" in res[0]["master_addr"]
-    assert res[0]["generation"] == 1, [_text(lg, ".err") for lg in logs]
+    assert w["master_addr"] in addrs and ":" in w["master_addr"]
+    assert w["generation"] == 1, [p.stderr() for p in ps]
 
 
-def test_master_address_that_does_not_answer_is_never_released(make_cluster, tmp_path):
+def test_master_address_that_does_not_answer_is_never_released(make_cluster, procs):
     """Rank 0 announces an address nobody can reach (``--addr`` of another host, accepted on purpose).
 
     v1 released both nodes with that MASTER_ADDR when rank 0 itself completed
@@ -146,23 +112,21 @@ def test_master_address_that_does_not_answer_is_never_released(make_cluster, tmp
     nobody is released; the member's timeout says it could not reach the master.
     """
     c = make_cluster(2)
-    d = f"{c.shared}/rdzv"
     bogus = "10.255.255.1"  # in no namespace: connects time out (no route -> no answer)
-    l0, l1 = tmp_path / "m0", tmp_path / "m1"
-    p1 = _env_proc(c[1], d, "bogus", "--nnodes", 2, "--node-rank", 1, timeout=12, log=l1)
+    p1 = _env(procs, c[1], "bogus", "--nnodes", 2, "--node-rank", 1, timeout=12)
     time.sleep(1)
-    p0 = _env_proc(c[0], d, "bogus", "--nnodes", 2, "--node-rank", 0, "--addr", bogus, "--addr-not-local",
-                   timeout=12, log=l0)
-    assert p0.wait(60) == 7, _text(l0, ".err")
-    assert p1.wait(60) == 7, _text(l1, ".err")
-    err1 = _text(l1, ".err")
+    p0 = _env(procs, c[0], "bogus", "--nnodes", 2, "--node-rank", 0, "--addr", bogus, "--addr-not-local",
+              timeout=12)
+    assert p0.wait(60) == 7, p0.stderr()
+    assert p1.wait(60) == 7, p1.stderr()
+    err1 = p1.stderr()
     assert f"cannot reach the master {bogus}:" in err1 and "--iface/--addr" in err1, err1
-    err0 = _text(l0, ".err")
+    err0 = p0.stderr()
     assert "node ranks 1 claimed a place but never connected to the master" in err0, err0
     assert all(rel["state"] == "restart" for rel in _decisions(c, "bogus").values())
 
 
-def test_negative_cache_like_glusterfs_reruns(make_cluster, tmp_path):
+def test_negative_cache_like_glusterfs_reruns(make_cluster, procs):
     """4 hosts whose views cache "absent" answers for 60 s (bindfs negative_timeout, as GlusterFS nl-cache).
 
     v1 took a looked-up-too-early generation directory for "gone", left a
@@ -172,22 +136,17 @@ def test_negative_cache_like_glusterfs_reruns(make_cluster, tmp_path):
     within seconds (release goes over the connections, not through the caches).
     """
     c = make_cluster(4, cache_timeout=60.0)
-    d = f"{c.shared}/rdzv"
     gens = []
     for run in range(5):
-        logs = [tmp_path / f"run{run}-{k}" for k in range(4)]
         t0 = time.monotonic()
-        procs = [_env_proc(c[k], d, "neg", "--nnodes", 4, log=logs[k], timeout=60, stale_after=8)
-                 for k in range(4)]
-        res = _results(list(zip(procs, logs)), 90)
+        ps = [_env(procs, c[k], "neg", "--nnodes", 4, timeout=60, stale_after=8) for k in range(4)]
+        res = results(ps, timeout=90)
         took = time.monotonic() - t0
-        assert len({(r["master_addr"], r["master_port"], r["generation"]) for r in res}) == 1, res
+        w = _one_world(res)
         assert sorted(r["node_rank"] for r in res) == [0, 1, 2, 3]
-        assert took < 30, f"run {run} took {took:.1f} s: {[_text(lg, '.err') for lg in logs]}"
-        gens.append(res[0]["generation"])
+        assert took < 30, f"run {run} took {took:.1f} s: {[p.stderr() for p in ps]}"
+        gens.append(w["generation"])
     assert gens == sorted(set(gens)), gens  # each re-run a new generation
-    if os.environ.get("FSMINGLE_DEBUG_TESTS"):
-        print(gens)
 
 
 _V6_TRAIN = r'''
@@ -201,7 +160,7 @@ dist.destroy_process_group()
 '''
 
 
-def test_ipv6_only_hosts_run_torch_gloo(make_cluster, tmp_path):
+def test_ipv6_only_hosts_run_torch_gloo(make_cluster, procs, tmp_path):
     """torch 2.13 accepts a bare IPv6 literal as MASTER_ADDR (TCPStore and gloo): per-rank mode over IPv6 only."""
     pytest.importorskip("torch")
     c = make_cluster(2)
@@ -212,20 +171,15 @@ def test_ipv6_only_hosts_run_torch_gloo(make_cluster, tmp_path):
                        check=True)
     script = tmp_path / "v6.py"
     script.write_text(_V6_TRAIN)
-    procs = []
-    for k, h in enumerate(c):
-        argv = ["timeout", "-k", "5", "90", sys.executable, "-m", "fsmingle", "run", "--dir", f"{c.shared}/rdzv",
-                "--job-id", "v6torch", "--world-size", "2", "--rank", str(k), "--timeout", "60", "--",
-                sys.executable, str(script)]
-        procs.append(h.popen(argv, env={**_ENV, "GLOO_SOCKET_IFNAME": "eth0"}, cwd=REPO, stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True))
-    for p in procs:
-        out, _ = p.communicate(timeout=120)
-        assert p.returncode == 0, out
-        assert f"SUM 3 {net}::10" in out, out
+    ps = [procs.env(f"{c.shared}/rdzv", "v6torch", "--world-size", 2, "--rank", k, "--", sys.executable, script,
+                    cmd="run", timeout=60, stale_after=None, addr=None, host=h, prefix=["timeout", "-k", "5", "90"],
+                    extra_env={"GLOO_SOCKET_IFNAME": "eth0"}) for k, h in enumerate(c)]
+    for p in ps:
+        assert p.wait(120) == 0, p.stderr()
+        assert f"SUM 3 {net}::10" in p.stdout(), p.stdout() + p.stderr()
 
 
-def test_check_mesh_refuses_a_broken_path_between_members(make_cluster, tmp_path):
+def test_check_mesh_refuses_a_broken_path_between_members(make_cluster, procs):
     """--check-mesh: node1 reaches the master but not node2 (a blackhole route); nobody is released.
 
     Without the check the world would be released and NCCL/gloo would hang at
@@ -233,20 +187,14 @@ def test_check_mesh_refuses_a_broken_path_between_members(make_cluster, tmp_path
     and the interface; once the route is fixed, the world is released.
     """
     c = make_cluster(4)
-    d = f"{c.shared}/rdzv"
     subprocess.run(["ip", "-n", c[1].netns, "route", "add", "blackhole", f"{c[2].ip}/32"], check=True)
-    logs = [tmp_path / f"mesh{r}" for r in range(4)]
-    procs = [_env_proc(c[r], d, "mesh", "--nnodes", 4, "--node-rank", r, "--check-mesh", log=logs[r], timeout=60,
-                       stale_after=8) for r in range(4)]
-    deadline = time.monotonic() + 30
-    while not any("cannot reach its ring neighbour" in rel.get("reason", "")
-                  for rel in _decisions(c, "mesh").values()):
-        assert time.monotonic() < deadline, [_text(lg, ".err") for lg in logs]
-        time.sleep(0.2)
+    ps = [_env(procs, c[r], "mesh", "--nnodes", 4, "--node-rank", r, "--check-mesh", timeout=60, stale_after=8)
+          for r in range(4)]
+    wait_for(lambda: any("cannot reach its ring neighbour" in rel.get("reason", "")
+                         for rel in _decisions(c, "mesh").values()), 30, "the mesh check to void generation 1")
     assert all(rel["state"] == "restart" for rel in _decisions(c, "mesh").values())
     reason = next(rel["reason"] for rel in _decisions(c, "mesh").values() if "ring neighbour" in rel["reason"])
     assert f"{c[1].name} ({c[1].ip}, interface eth0)" in reason and c[2].name in reason and c[2].ip in reason, reason
     subprocess.run(["ip", "-n", c[1].netns, "route", "del", "blackhole", f"{c[2].ip}/32"], check=True)
-    res = _results(list(zip(procs, logs)), 90)
-    assert len({(r["master_addr"], r["master_port"], r["generation"]) for r in res}) == 1, res
-    assert sorted(r["node_rank"] for r in res) == [0, 1, 2, 3] and res[0]["generation"] >= 2
+    res = results(ps, timeout=90)
+    assert sorted(r["node_rank"] for r in res) == [0, 1, 2, 3] and _one_world(res)["generation"] >= 2

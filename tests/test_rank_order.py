@@ -7,11 +7,7 @@ out in the requested order -- with MASTER_ADDR on whichever host became rank 0.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
@@ -19,26 +15,17 @@ from fsmingle.decision import expand_nodelist, natural_key
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
-REPO = Path(__file__).resolve().parents[1]
 NAMES = ["node10", "node2", "gpu7", "node1"]
-ENV = {k: None for k in ("FSMINGLE_DIR", "FSMINGLE_JOB_ID", "FSMINGLE_RANK_ORDER", "FSMINGLE_TOPOLOGY_KEY",
-                         "SLURM_JOB_NODELIST", "SLURM_NODELIST", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")}
 
 
-def _run_world(c, job: str, per_host_args, env_of=lambda h: {}) -> dict[str, dict]:
-    procs = []
+def _run_world(procs, c, job: str, per_host_args, env_of=lambda h: {}) -> dict[str, dict]:
+    ps = {}
     for k in (2, 0, 3, 1):  # scrambled arrival
         h = c[k]
-        argv = ["timeout", "-k", "5", "60", sys.executable, "-m", "fsmingle", "env", "--dir", f"{c.shared}/rdzv",
-                "--job-id", job, "--nnodes", "4", "--format", "json", "--timeout", "40", *per_host_args(h)]
-        procs.append((h, h.popen(argv, env={**ENV, **env_of(h)}, cwd=REPO, stdout=subprocess.PIPE,
-                                 stderr=subprocess.PIPE, text=True)))
+        ps[h.name] = procs.env(f"{c.shared}/rdzv", job, "--nnodes", 4, *per_host_args(h), timeout=40,
+                               stale_after=None, addr=None, host=h, extra_env=env_of(h), name=h.name)
         time.sleep(0.3)
-    out = {}
-    for h, p in procs:
-        so, se = p.communicate(timeout=90)
-        assert p.returncode == 0, se
-        out[h.name] = json.loads(so)
+    out = {name: p.result(timeout=90) for name, p in ps.items()}
     assert len({(r["master_addr"], r["master_port"], r["generation"]) for r in out.values()}) == 1, out
     return out
 
@@ -50,26 +37,26 @@ def _check(c, out: dict, expected_order: list[str]) -> None:
     assert out[expected_order[0]]["master_addr"] == ip[expected_order[0]], "MASTER_ADDR must be rank 0's host"
 
 
-def test_rank_order_host_is_natural_hostname_order(make_cluster):
+def test_rank_order_host_is_natural_hostname_order(make_cluster, procs):
     c = make_cluster(4, host_names=NAMES)
-    out = _run_world(c, "by-host", lambda h: ["--rank-order", "host"])
+    out = _run_world(procs, c, "by-host", lambda h: ["--rank-order", "host"])
     _check(c, out, sorted(NAMES, key=natural_key))  # gpu7, node1, node2, node10
 
 
-def test_rank_order_key_sorts_by_topology_key_then_hostname(make_cluster):
+def test_rank_order_key_sorts_by_topology_key_then_hostname(make_cluster, procs):
     c = make_cluster(4, host_names=NAMES)
     keys = {"node10": "rack1/sw2", "node2": "rack2/sw1", "gpu7": "rack2/sw1", "node1": "rack10/sw1"}
-    out = _run_world(c, "by-key", lambda h: [], env_of=lambda h: {"FSMINGLE_RANK_ORDER": "key",
+    out = _run_world(procs, c, "by-key", lambda h: [], env_of=lambda h: {"FSMINGLE_RANK_ORDER": "key",
                                                                    "FSMINGLE_TOPOLOGY_KEY": keys[h.name]})
     _check(c, out, ["node10", "gpu7", "node2", "node1"])  # rack1 < rack2 (gpu7 < node2) < rack10
 
 
-def test_rank_order_nodelist_follows_slurm_order_and_explicit_ranks_win(make_cluster):
+def test_rank_order_nodelist_follows_slurm_order_and_explicit_ranks_win(make_cluster, procs):
     c = make_cluster(4, host_names=NAMES)
     nodelist = "node[2,10],gpu7,node1"
     assert expand_nodelist(nodelist) == ["node2", "node10", "gpu7", "node1"]
     # node1 insists on node rank 3: explicit ranks win; the others follow the nodelist
-    out = _run_world(c, "by-list", lambda h: ["--rank-order", "nodelist"] + (["--node-rank", "3"]
+    out = _run_world(procs, c, "by-list", lambda h: ["--rank-order", "nodelist"] + (["--node-rank", "3"]
                                                                              if h.name == "node1" else []),
                      env_of=lambda h: {"SLURM_JOB_NODELIST": nodelist})
     _check(c, out, ["node2", "node10", "gpu7", "node1"])
