@@ -213,6 +213,8 @@ def main(argv: list[str] | None = None) -> int:
                     stopped = f"stopped after N={n}: it took {dt:.0f}s > budget {args.budget:.0f}s"
                     notes.append(f"{b}/{f}: {stopped}")
     except KeyboardInterrupt:
+        if rows and not rows[-1]["runs"] and "status" not in rows[-1]:
+            rows[-1]["status"] = "not run: interrupted (SIGINT)"
         notes.append("interrupted")
         exit_code = 130
     finally:

@@ -58,10 +58,11 @@ def main(argv: list[str] | None = None) -> int:
               f"| {f(r['entries_per_participant_mean'], 0)} ({r['entries_rank0']}) "
               f"| {f(r.get('waiter_fs_ops_per_s_mean'), 3)} | {r['mds_peak_ops_per_s']} | {f(r['mds_busy_s'])} "
               f"| {f(r['sim_cpu_s'], 1)} |", flush=True)
-    if a.json:
-        cmd = " ".join(shlex.quote(x) for x in ["python", "-m", "benchmarks.sim", *(argv if argv is not None else sys.argv[1:])])
-        with open(a.json, "w") as fh:
-            json.dump({"command": cmd, "results": out}, fh, indent=1, default=str)
+        if a.json:  # after every size: a long run that is cut off keeps what it finished
+            cmd = " ".join(shlex.quote(x) for x in
+                           ["python", "-m", "benchmarks.sim", *(argv if argv is not None else sys.argv[1:])])
+            with open(a.json, "w") as fh:
+                json.dump({"command": cmd, "results": out}, fh, indent=1, default=str)
     return 0 if ok else 1
 
 
