@@ -77,3 +77,19 @@ def test_an_address_no_interface_has_exports_nothing(tmp_path):
                         env=env, capture_output=True, text=True, timeout=60, check=False, cwd=REPO)
     assert cp.returncode == 0, cp.stderr
     assert _env_of(cp.stdout)["GLOO_SOCKET_IFNAME"] == "lo"
+
+
+@pytest.mark.root
+@pytest.mark.slow
+@pytest.mark.torch
+def test_gloo_training_works_where_hostnames_resolve_to_loopback(make_cluster):
+    """The failure the export prevents: hostnames map to 127.0.1.1 (Debian's /etc/hosts), so gloo on
+    its own advertises loopback and ``connectFullMesh`` fails.  Nobody sets GLOO_SOCKET_IFNAME here:
+    fsmingle's export alone makes DDP train across the hosts."""
+    pytest.importorskip("torch")
+    from test_cross_host import _check_training, _node_run  # torch-only helpers; imported when torch is there
+
+    c = make_cluster(2, hosts_file="loopback")
+    recs, texts = _node_run(c, "ifname-gloo", 2, node_rank=[0, 1], env=CLEAR)
+    _check_training(recs, 4)
+    assert {r["MASTER_ADDR"] for r in recs} == {c[0].ip}
