@@ -217,11 +217,15 @@ def env_cmd(values, format: str, slots: int | None):
         raise _fail(ConfigError(f"--format {format!r}: choose sh, json, dotenv or hostfile"))
     if slots is not None and format != "hostfile":
         raise _fail(ConfigError(f"--slots applies to --format hostfile only (got --format {format})"))
+    if format == "hostfile" and slots is None:
+        from .hostfile import default_slots
+
+        slots = default_slots(values.gpus_per_node)  # before joining: nvidia-smi may take seconds
     r = _rendezvous(values, want_members=format in ("json", "hostfile"))
     if format == "hostfile":
-        from .hostfile import default_slots, hostfile
+        from .hostfile import hostfile
 
-        typer.echo(hostfile(r, slots or default_slots(values.gpus_per_node)), nl=False)
+        typer.echo(hostfile(r, slots), nl=False)
     elif format == "json":
         from .hostfile import members_json
 
