@@ -67,7 +67,7 @@ def load_impl(impl: str, before_rev: str):
     mod.__package__ = "fsmingle"  # its relative imports resolve to this tree's fsmingle modules
     sys.modules[name] = mod
     # Our own repository's code at a revision the caller names: trusted.
-    exec(compile(src, f"{before_rev}:fsmingle/torchrun_backend.py", "exec"), mod.__dict__)  # noqa: S102
+    exec(compile(src, f"{before_rev}:fsmingle/torchrun_backend.py", "exec"), mod.__dict__)
     # It had its own copy of the schema version, since bumped in records.py
     # (the duplication the package removed): write what this tree reads.
     from fsmingle.records import SCHEMA_VERSION
@@ -80,8 +80,15 @@ def _params(endpoint: str, n: int, a):
     from torch.distributed.elastic.rendezvous import RendezvousParameters
 
     return RendezvousParameters(
-        backend="fsmingle", endpoint=endpoint, run_id=RUN_ID, min_nodes=n, max_nodes=n, addr="127.0.0.1",
-        keep_alive_interval=a.interval, keep_alive_max_attempt=a.max_attempt, join_timeout=600,
+        backend="fsmingle",
+        endpoint=endpoint,
+        run_id=RUN_ID,
+        min_nodes=n,
+        max_nodes=n,
+        addr="127.0.0.1",
+        keep_alive_interval=a.interval,
+        keep_alive_max_attempt=a.max_attempt,
+        join_timeout=600,
     )
 
 
@@ -126,6 +133,7 @@ def worker(idx: int, n_local: int, n_total: int, endpoint: str, a, conn) -> None
     for h in handlers:
         _count(h._fs_backend, "get_state", stats, "get_state")
         _count(h._fs_backend, "set_state", stats, "set_state")
+
     def start_keepalives() -> None:
         # Spread over one interval, as agents finish a 1,024-way join at different moments.
         for h in handlers:
@@ -152,7 +160,7 @@ def worker(idx: int, n_local: int, n_total: int, endpoint: str, a, conn) -> None
             i += 1
             try:
                 w = h.num_nodes_waiting()
-            except Exception as e:  # noqa: BLE001  # counted, the run goes on
+            except Exception as e:  # counted, the run goes on
                 events.setdefault("errors", set()).add(f"{type(e).__name__}: {e}")
                 continue
             st = h._state_holder.state
@@ -187,8 +195,14 @@ def worker(idx: int, n_local: int, n_total: int, endpoint: str, a, conn) -> None
     scans = sum(getattr(getattr(h._fs_backend, "view", None), "scans", 0) for h in handlers)
     conn.send(
         {
-            **stats, "hb_writes": hb, "max_beat_gap": gaps[-1], "hb_reads": reads, "scans": scans, "keepalive_failed": warn.keepalive_failed,
-            **{k: len(v) for k, v in events.items() if k != "errors"}, "errors": sorted(events.get("errors", ()))[:5],
+            **stats,
+            "hb_writes": hb,
+            "max_beat_gap": gaps[-1],
+            "hb_reads": reads,
+            "scans": scans,
+            "keepalive_failed": warn.keepalive_failed,
+            **{k: len(v) for k, v in events.items() if k != "errors"},
+            "errors": sorted(events.get("errors", ()))[:5],
         }
     )
     os._exit(0)  # torch timers and daemon threads: no slow interpreter teardown
@@ -276,13 +290,20 @@ def run(a) -> dict:
     # The observer needs liveness_s of its own watching before a verdict counts.
     judged = [s for s in samples if s["t"] > liveness + 2 * a.interval]
     result = {
-        "impl": a.impl, "agents": a.agents, "procs": a.procs, "duration_s": round(elapsed, 1),
-        "keep_alive_interval_s": a.interval, "keep_alive_max_attempt": a.max_attempt, "poll_s": a.poll,
-        "cas_writes": v_end - v0, "cas_writes_per_s": round((v_end - v0) / elapsed, 2),
+        "impl": a.impl,
+        "agents": a.agents,
+        "procs": a.procs,
+        "duration_s": round(elapsed, 1),
+        "keep_alive_interval_s": a.interval,
+        "keep_alive_max_attempt": a.max_attempt,
+        "poll_s": a.poll,
+        "cas_writes": v_end - v0,
+        "cas_writes_per_s": round((v_end - v0) / elapsed, 2),
         "cas_lost_per_s": round(tot["cas_lost"] / elapsed, 2),
         "hb_writes_per_s": round(tot["hb_writes"] / elapsed, 1),
         "max_beat_gap_s": round(max(r["max_beat_gap"] for r in reports), 2),
-        "hb_reads_per_s": round(tot["hb_reads"] / elapsed, 1), "scans": tot["scans"],
+        "hb_reads_per_s": round(tot["hb_reads"] / elapsed, 1),
+        "scans": tot["scans"],
         "get_state_per_s": round(tot["get_state"] / elapsed, 1),
         "needed_keepalives_per_s": round(a.agents / a.interval, 1),
         "keepalive_failed": tot["keepalive_failed"],
@@ -332,8 +353,12 @@ def ceiling(a) -> dict:
     size = max(p.stat().st_size for p in (base / "rdzv" / RUN_ID).glob("state-*.json"))
     shutil.rmtree(base, ignore_errors=True)
     return {
-        "impl": a.impl, "mode": "ceiling", "agents": a.agents, "duration_s": round(elapsed, 1),
-        "state_bytes": size, "cas_writes_per_s": round(writes / elapsed, 1),
+        "impl": a.impl,
+        "mode": "ceiling",
+        "agents": a.agents,
+        "duration_s": round(elapsed, 1),
+        "state_bytes": size,
+        "cas_writes_per_s": round(writes / elapsed, 1),
         "needed_keepalives_per_s": round(a.agents / a.interval, 1),
     }
 

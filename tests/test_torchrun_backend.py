@@ -59,10 +59,22 @@ TRAIN = REPO / "examples" / "train_ddp.py"
 KILL_AFTER_S = 10
 
 _LAUNCH_VARS = (
-    "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
-    "ROLE_WORLD_SIZE", "NODE_RANK", "NNODES", "MASTER_ADDR", "MASTER_PORT",
-    "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS",
-    "TORCHELASTIC_USE_AGENT_STORE", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE",
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "ROLE_RANK",
+    "ROLE_WORLD_SIZE",
+    "NODE_RANK",
+    "NNODES",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RUN_ID",
+    "TORCHELASTIC_RESTART_COUNT",
+    "TORCHELASTIC_MAX_RESTARTS",
+    "TORCHELASTIC_USE_AGENT_STORE",
+    "TORCH_DISABLE_SHARE_RDZV_TCP_STORE",
 )
 
 
@@ -264,7 +276,7 @@ def test_concurrent_compare_and_set_loses_no_update(tmp_path):
                     if ok:
                         break
                     data, token = data2, token2
-        except Exception as e:  # noqa: BLE001  # pragma: no cover - reported below
+        except Exception as e:  # pragma: no cover - reported below
             errors.append(e)
 
     threads = [threading.Thread(target=worker) for _ in range(n_threads)]
@@ -460,7 +472,7 @@ def _rendezvous_threads(tmp_path, n=2, min_nodes=None, **conf):
     def go(i):
         try:
             infos[i] = handlers[i].next_rendezvous()
-        except Exception as e:  # noqa: BLE001  # pragma: no cover - reported below
+        except Exception as e:  # pragma: no cover - reported below
             errors.append(e)
 
     threads = [threading.Thread(target=go, args=(i,)) for i in range(n)]
@@ -600,7 +612,7 @@ def test_torch_private_check_names_a_moved_member(monkeypatch):
 # real torchrun processes
 # --------------------------------------------------------------------------
 
-ELASTIC_WORKER = r'''
+ELASTIC_WORKER = r"""
 import datetime, gc, json, os, sys, time
 import torch, torch.distributed as dist
 out, target = sys.argv[1], int(sys.argv[2])
@@ -622,9 +634,9 @@ if ws < target:
 gc.collect()
 dist.barrier()
 dist.destroy_process_group()
-'''
+"""
 
-CRASH_ONCE = r'''
+CRASH_ONCE = r"""
 import os, runpy, sys, time
 out = sys.argv[1]
 with open(os.path.join(out, "start-%d.json" % os.getpid()), "w") as f:
@@ -640,7 +652,7 @@ if os.environ["GROUP_RANK"] == "1":
         sys.exit(3)
 sys.argv = [sys.argv[2]] + sys.argv[3:]
 runpy.run_path(sys.argv[0], run_name="__main__")
-'''
+"""
 
 
 def _env(tmp_path: Path) -> dict:
@@ -657,22 +669,50 @@ def _env(tmp_path: Path) -> dict:
 class Node:
     """One ``torchrun`` (one "node") under ``timeout -k``."""
 
-    def __init__(self, tmp_path: Path, name: str, args: list[str], secs: int, endpoint: Path, run_id: str,
-                 nnodes: str, nproc: int = 1, conf: str = "", extra: list[str] | None = None):
+    def __init__(
+        self,
+        tmp_path: Path,
+        name: str,
+        args: list[str],
+        secs: int,
+        endpoint: Path,
+        run_id: str,
+        nnodes: str,
+        nproc: int = 1,
+        conf: str = "",
+        extra: list[str] | None = None,
+    ):
         self.log = tmp_path / f"{name}.log"
         rdzv_conf = "addr=127.0.0.1,join_timeout=120" + ("," + conf if conf else "")
         cmd = [
-            "timeout", "-k", str(KILL_AFTER_S), str(secs),
-            sys.executable, "-m", "torch.distributed.run",
-            "--rdzv-backend", "fsmingle", "--rdzv-endpoint", str(endpoint), "--rdzv-id", run_id,
-            "--nnodes", nnodes, "--nproc-per-node", str(nproc), "--rdzv-conf", rdzv_conf,
-            "--monitor-interval", "0.5",
+            "timeout",
+            "-k",
+            str(KILL_AFTER_S),
+            str(secs),
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--rdzv-backend",
+            "fsmingle",
+            "--rdzv-endpoint",
+            str(endpoint),
+            "--rdzv-id",
+            run_id,
+            "--nnodes",
+            nnodes,
+            "--nproc-per-node",
+            str(nproc),
+            "--rdzv-conf",
+            rdzv_conf,
+            "--monitor-interval",
+            "0.5",
             *(extra or []),
             *args,
         ]
-        self._f = open(self.log, "wb")  # noqa: SIM115  # closed in wait()
-        self.proc = subprocess.Popen(cmd, stdout=self._f, stderr=subprocess.STDOUT, env=_env(tmp_path),
-                                     cwd=str(tmp_path))
+        self._f = open(self.log, "wb")  # closed in wait()
+        self.proc = subprocess.Popen(
+            cmd, stdout=self._f, stderr=subprocess.STDOUT, env=_env(tmp_path), cwd=str(tmp_path)
+        )
 
     def wait(self, timeout: float) -> int:
         try:
@@ -687,7 +727,7 @@ class Node:
 def _finish(nodes: list[Node], timeout: float) -> list[int]:
     rcs = [n.wait(timeout) for n in nodes]
     if any(rcs):
-        tails = "\n".join(f"--- {n.log.name} rc={rc}\n{n.text()[-4000:]}" for n, rc in zip(nodes, rcs))
+        tails = "\n".join(f"--- {n.log.name} rc={rc}\n{n.text()[-4000:]}" for n, rc in zip(nodes, rcs, strict=True))
         pytest.fail(f"torchrun exit codes {rcs}\n{tails}")
     return rcs
 
@@ -770,8 +810,10 @@ def test_torchrun_rerun_same_id(tmp_path):
     for k in range(runs):
         out = tmp_path / f"out{k}"
         out.mkdir()
-        nodes = [Node(tmp_path, f"run{k}-node{i}", [str(script), str(out), "2"], 200, endpoint, "exp42", "2")
-                 for i in range(2)]
+        nodes = [
+            Node(tmp_path, f"run{k}-node{i}", [str(script), str(out), "2"], 200, endpoint, "exp42", "2")
+            for i in range(2)
+        ]
         t0 = time.monotonic()
         _finish(nodes, 220)
         recs = [json.loads(p.read_text()) for p in out.glob("w-*.json")]

@@ -63,7 +63,14 @@ HANDLER_ATTRIBUTES = {
 
 # _RendezvousState fields (codec) and RendezvousSettings fields (handler, backend)
 STATE_FIELDS = (
-    "round", "complete", "deadline", "closed", "participants", "wait_list", "redundancy_list", "last_heartbeats",
+    "round",
+    "complete",
+    "deadline",
+    "closed",
+    "participants",
+    "wait_list",
+    "redundancy_list",
+    "last_heartbeats",
 )
 SETTINGS_FIELDS = ("run_id", "timeout", "keep_alive_interval", "keep_alive_max_attempt")
 

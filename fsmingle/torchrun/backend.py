@@ -191,7 +191,9 @@ class FsRendezvousBackend(RendezvousBackend):
         if self._pinned is None:
             self._pinned = rec.epoch
         n = self._node
-        if n is not None and (n in rec.state.participants or n in rec.state.wait_list or n in rec.state.redundancy_list):
+        if n is not None and (
+            n in rec.state.participants or n in rec.state.wait_list or n in rec.state.redundancy_list
+        ):
             self._member_epoch = rec.epoch
 
     # -- reading ----------------------------------------------------------------
@@ -348,14 +350,15 @@ class FsRendezvousBackend(RendezvousBackend):
             else:
                 return None
             data = encode_state_record(self._run_id, version, epoch, new_state)
-            try:
-                # link() of a complete, fsynced temporary onto the name: atomic
-                # and exclusive on NFS (every version), Lustre and GPFS; a link
-                # count of 2 proves success when a retransmitted NFS link()
-                # reports EEXIST (PosixStore.create).  One writer per version.
-                won = self._store.create(state_name(version), data)
-            except (OSError, StorageError) as e:
-                raise RendezvousConnectionError(f"cannot write the rendezvous state in {self._where()}: {e}") from e
+            # Pruning frees old names: a writer that stalled between peek()
+            # and create() while KEEP_VERSIONS newer versions were written
+            # would re-create a pruned version and "win" a write nobody reads
+            # (seen under load).  So its base must exist just before, and a
+            # version KEEP_VERSIONS above it must not exist just after.
+            won = (version == 1 or self._read(state_name(version - 1)) is not None) and self._create(version, data)
+            if won and self._recreated(version):
+                self._store.remove(state_name(version))  # it was due for pruning anyway
+                won = False
             if won:
                 rec = StateRecord(version, epoch, new_state)
                 self._known = version
@@ -372,14 +375,30 @@ class FsRendezvousBackend(RendezvousBackend):
                 if cur is not None and cur.version >= version:
                     break
                 if time.monotonic() > deadline:
-                    raise RendezvousConnectionError(
-                        f"{self._where(state_name(version))} exists but stays unreadable"
-                    )
+                    raise RendezvousConnectionError(f"{self._where(state_name(version))} exists but stays unreadable")
                 sleep_jitter(0.05)
             if self._hidden(cur):
                 return None
             self._note(cur)
             return pickle.dumps(self.fold(cur.state)), cur.version, False
+
+    def _create(self, version: int, data: bytes) -> bool:
+        try:
+            # link() of a complete, fsynced temporary onto the name: atomic
+            # and exclusive on NFS (every version), Lustre and GPFS; a link
+            # count of 2 proves success when a retransmitted NFS link()
+            # reports EEXIST (PosixStore.create).  One writer per version.
+            return self._store.create(state_name(version), data)
+        except (OSError, StorageError) as e:
+            raise RendezvousConnectionError(f"cannot write the rendezvous state in {self._where()}: {e}") from e
+
+    def _recreated(self, version: int) -> bool:
+        # Version N is pruned by the writer of N + KEEP_VERSIONS, so if that
+        # one exists, N had been pruned (or is about to be): a name we just
+        # created then is a re-creation.  By name first (listings may lag on
+        # NFS), then the listing (that version may be pruned in turn).
+        above = version + KEEP_VERSIONS
+        return self._read(state_name(above)) is not None or (self._listed_max() or 0) >= above
 
     def _prune(self, version: int) -> None:
         # The writer of N removes N-KEEP; every KEEP-th writer sweeps leftovers

@@ -130,7 +130,7 @@ def unpickle_state(data: bytes) -> RendezvousState:
     """
     try:
         obj = _StateUnpickler(io.BytesIO(data)).load()
-    except Exception as e:  # noqa: BLE001  # pickle raises many types on garbage
+    except Exception as e:  # pickle raises many types on garbage
         raise RendezvousStateError(f"the rendezvous state to store is not a pickled _RendezvousState ({e})") from None
     if not isinstance(obj, RendezvousState):
         raise RendezvousStateError(f"the rendezvous state to store is a {type(obj).__name__}, not a _RendezvousState")

@@ -38,14 +38,27 @@ class ConfKey:
 
 
 TORCH_KEYS: tuple[ConfKey, ...] = (
-    ConfKey("join_timeout", None, 600, 1, "the rendezvous must complete within this time, else `RendezvousTimeoutError`"),
+    ConfKey(
+        "join_timeout", None, 600, 1, "the rendezvous must complete within this time, else `RendezvousTimeoutError`"
+    ),
     ConfKey("last_call_timeout", None, 30, 1, "once `MIN` nodes joined, wait this much longer for more (up to `MAX`)"),
-    ConfKey("close_timeout", None, 30, 1, "time to write \"closed\" at shutdown"),
-    ConfKey("heartbeat_timeout", None, 5, 1, "time one write of the shared state for torch's keep-alive fallback "
-            "may take (torch spells it `heartbeat_timeout`)"),
+    ConfKey("close_timeout", None, 30, 1, 'time to write "closed" at shutdown'),
+    ConfKey(
+        "heartbeat_timeout",
+        None,
+        5,
+        1,
+        "time one write of the shared state for torch's keep-alive fallback "
+        "may take (torch spells it `heartbeat_timeout`)",
+    ),
     ConfKey("keep_alive_interval", 5, 5, 1, "seconds between a node's heartbeat-file writes"),
-    ConfKey("keep_alive_max_attempt", 3, 3, 1, "a node whose heartbeat counter has not grown for "
-            "`interval × attempts` (15 s) on the observer's clock is dead"),
+    ConfKey(
+        "keep_alive_max_attempt",
+        3,
+        3,
+        1,
+        "a node whose heartbeat counter has not grown for `interval × attempts` (15 s) on the observer's clock is dead",
+    ),
     ConfKey("read_timeout", 60, 60, 1, "how long agents wait for rank 0's store address; also the TCPStore timeout"),
 )
 _OPTION_KEYS = {o.conf_key for o in options.OPTIONS if o.conf_key}

@@ -7,29 +7,6 @@ torchrun finds it through the entry point ``fsmingle =
 
 from __future__ import annotations
 
-
-# The entry point comes first, before torch is imported: importing
-# torch.distributed.elastic.rendezvous loads every ``torchrun.handlers`` entry
-# point, so if this module is what first imports torch, torch's registry finds
-# this module half-initialised.  ``handler`` and ``_create`` exist by then, and
-# ``_create`` looks ``create_rdzv_handler`` up only when torchrun calls it.
-def handler():
-    """Entry point of group ``torchrun.handlers``: returns the handler creator.
-
-    torch's registry calls ``handler()`` once and registers the result under
-    the entry point's name, ``fsmingle``.
-
-    Returns:
-        Callable[[RendezvousParameters], RendezvousHandler]: calls
-        :func:`create_rdzv_handler`.
-    """
-    return _create
-
-
-def _create(params):
-    return create_rdzv_handler(params)
-
-
 import ipaddress
 import logging
 import os
@@ -65,6 +42,26 @@ from .storeaddr import StoreAddressBoard
 __all__ = ["FsRendezvousHandler", "create_rdzv_handler", "handler"]
 
 log = logging.getLogger("fsmingle.torchrun")
+
+
+# torch's registry imports this module while torch's rendezvous package is
+# still being imported; the package __init__ makes sure that happens before
+# any module of this package is half-initialised.
+def handler():
+    """Entry point of group ``torchrun.handlers``: returns the handler creator.
+
+    torch's registry calls ``handler()`` once and registers the result under
+    the entry point's name, ``fsmingle``.
+
+    Returns:
+        Callable[[RendezvousParameters], RendezvousHandler]: calls
+        :func:`create_rdzv_handler`.
+    """
+    return _create
+
+
+def _create(params):
+    return create_rdzv_handler(params)
 
 
 class _GuardedCloseOp:
@@ -232,7 +229,9 @@ class FsRendezvousHandler(DynamicRendezvousHandler):
                 log.warning(
                     "rendezvous '%s' is closed but %d member(s) of that run are still alive (%s); waiting "
                     "for them to exit or to miss their heartbeats before starting a new run",
-                    self._settings.run_id, len(live), ", ".join(map(repr, live)),
+                    self._settings.run_id,
+                    len(live),
+                    ", ".join(map(repr, live)),
                 )
                 warned = True
             sleep_jitter(1.0)
@@ -252,9 +251,7 @@ class FsRendezvousHandler(DynamicRendezvousHandler):
         timeout = timedelta(seconds=self._read_timeout)
         if rank == 0:
             server = self._new_server()
-            self._board.publish(
-                StoreAddress(epoch, rnd, self._this_node, self._this_node.addr, server.port)
-            )
+            self._board.publish(StoreAddress(epoch, rnd, self._this_node, self._this_node.addr, server.port))
             base = server
         else:
             a = self._board.wait(epoch, rnd, leader, self._read_timeout)
@@ -327,7 +324,10 @@ class FsRendezvousHandler(DynamicRendezvousHandler):
         except (RendezvousError, KeyError) as ex:
             log.warning(
                 "node %s failed to shut down the rendezvous '%s': %s: %s",
-                self._this_node, self._settings.run_id, type(ex).__name__, ex,
+                self._this_node,
+                self._settings.run_id,
+                type(ex).__name__,
+                ex,
             )
             return False
         finally:
@@ -364,7 +364,9 @@ def create_rdzv_handler(params: RendezvousParameters) -> FsRendezvousHandler:
     """
     endpoint = (params.endpoint or "").strip()
     if not endpoint:
-        raise ConfigError("--rdzv-endpoint is required: a directory on the filesystem all nodes share, e.g. /shared/rdzv")
+        raise ConfigError(
+            "--rdzv-endpoint is required: a directory on the filesystem all nodes share, e.g. /shared/rdzv"
+        )
     if not os.path.isabs(endpoint):
         raise ConfigError(
             f"--rdzv-endpoint {endpoint!r} is not an absolute path; the fsmingle backend takes a directory "

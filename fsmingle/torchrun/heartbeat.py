@@ -164,7 +164,7 @@ class HeartbeatWriter:
         while not self._stop.wait(self._interval / 2):
             try:
                 self._view.scan_if_due()
-            except Exception as e:  # noqa: BLE001  # a failing scan must never end the scanning
+            except Exception as e:  # a failing scan must never end the scanning
                 log.warning("heartbeat scan failed: %s: %s", type(e).__name__, e)
 
     def stop(self, remove: bool = True) -> None:
