@@ -293,6 +293,40 @@ def test_concurrent_compare_and_set_loses_no_update(tmp_path):
     assert files[-1] == codec.state_name(token)
 
 
+def test_stalled_writer_cannot_recreate_a_pruned_version(tmp_path):
+    """A writer that read version N, stalled while 31 more were written, then writes: no lost 'win'."""
+    be = _backend(tmp_path)
+    run_dir = tmp_path / "rdzv" / "job1"
+    _, tok, _ = be.set_state(_b(_state(0)))
+    stale = be.peek()  # what the stalled writer read (version 1)
+    kept = {}
+    for r in range(1, 32):
+        _, tok, ok = be.set_state(_b(_state(r)), tok)
+        assert ok
+        if tok == 15:
+            kept[15] = (run_dir / codec.state_name(15)).read_bytes()
+    assert tok == 32 and not (run_dir / codec.state_name(16)).exists()  # pruned by the writer of 32
+
+    def write_from(rec):
+        w = _backend(tmp_path)
+        real_peek = w.peek
+        calls = iter([rec])
+        w.peek = lambda: next(calls, None) or real_peek()  # the stall: peek() answered before the others wrote
+        return w.set_state(_b(_state(99)), rec.version)
+
+    # Its base is gone too: refused before writing.
+    data, token, ok = write_from(stale)
+    assert not ok and token == tok and pickle.loads(data).round == 31
+    assert not (run_dir / codec.state_name(2)).exists()
+    # Writers prune out of order: 16 is gone while 15 is still there.  The
+    # name is free, so the create succeeds; it is taken back and reported lost.
+    (run_dir / codec.state_name(15)).write_bytes(kept[15])
+    data, token, ok = write_from(codec.decode_state_record(kept[15], "job1", 15))
+    assert not ok and token == tok and pickle.loads(data).round == 31
+    assert not (run_dir / codec.state_name(16)).exists()
+    assert _backend(tmp_path).peek().version == tok
+
+
 def test_reader_survives_pruning_and_stale_listing(tmp_path):
     be = _backend(tmp_path)
     _, tok, _ = be.set_state(_b(_state(0)))
