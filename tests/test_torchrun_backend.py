@@ -628,6 +628,14 @@ def test_dead_agent_is_dropped_after_the_heartbeat_timeout(tmp_path):
 # --------------------------------------------------------------------------
 
 
+def test_docs_table_is_the_declared_conf_keys():
+    from fsmingle.torchrun import conf
+
+    assert conf.markdown_table() in (REPO / "docs" / "torchrun-backend.md").read_text(), (
+        "regenerate the --rdzv-conf table in docs/torchrun-backend.md from fsmingle.torchrun.conf.markdown_table()"
+    )
+
+
 def test_torch_private_names_exist():
     assert _torch_private.missing() == [], "torch moved names fsmingle/torchrun/_torch_private.py lists"
 

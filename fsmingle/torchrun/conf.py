@@ -48,8 +48,8 @@ TORCH_KEYS: tuple[ConfKey, ...] = (
         None,
         5,
         1,
-        "time one write of the shared state for torch's keep-alive fallback "
-        "may take (torch spells it `heartbeat_timeout`)",
+        "torch's time limit for one keep-alive write of the shared state; accepted, but unused here: "
+        "keep-alives are heartbeat files",
     ),
     ConfKey("keep_alive_interval", 5, 5, 1, "seconds between a node's heartbeat-file writes"),
     ConfKey(
