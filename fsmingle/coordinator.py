@@ -224,7 +224,7 @@ class Coordinator:
                     self.want_members.add(r)
                 self.arrived.setdefault(r, now)
                 self.lost.pop(r, None)
-                self.hub.send(conn, {"t": "welcome", "inst": p.instance, "gen": p.gen})
+                self.hub.send(conn, {"t": "welcome", "inst": p.instance, "gen": p.gen, **self._status()})
                 self.status_dirty = True
             elif holder is not None:
                 self._reject(conn, f"rank {r} of generation {p.gen} is held by instance {holder}, not {m['inst']}")
@@ -280,10 +280,14 @@ class Coordinator:
         p.set_present(tuple(present))
         self.next_status = now + p.timing.status_interval
         self.status_dirty = False
-        msg = {"t": "status", "present": len(present), "missing": missing[:64], "nmissing": len(missing),
-               "unconnected": sorted(r for r in self.listed if r in missing)[:64]}
+        msg = {"t": "status", **self._status()}
         for conn in self.conn_rank:
             self.hub.send(conn, msg)
+
+    def _status(self) -> dict:
+        """Who is present and missing, for members' progress lines and timeout messages."""
+        missing = [r for r in range(1, self.p.size) if r not in self.rank_conn]
+        return {"present": self.p.size - len(missing), "missing": missing[:64], "nmissing": len(missing)}
 
     def _prepare(self, now: float) -> None:
         p = self.p
@@ -335,6 +339,7 @@ class Coordinator:
             master_addr=master.addr, master_port=self.master_port, members=tuple(self.final), writer=p.instance,
             wall_time=p.clock.time())
         header, chunks = encode_release(rel)
+        p.prepare_next()  # re-runs then find their generation made before anyone looks it up
         for k, chunk in enumerate(chunks):
             # Inert until release.json names its digest: written first, so the
             # decision itself stays one exclusive create at any world size.
@@ -380,6 +385,7 @@ class Coordinator:
         missing = [r for r in range(1, p.size) if r not in self.rank_conn]
         p.missing_hint = missing
         absent = [r for r in missing if r not in self.listed]
+        absent = [r for r in absent if r not in p.ever_present] or absent  # the never-seen ones are the news
         parts = []
         if absent:
             parts.append(f"missing {who} {ranges(absent)} ({len(absent)} of {p.size})" if len(absent) <= 64

@@ -181,12 +181,9 @@ class Member:
                 return None
             self.welcomed = True
             log.info("job %s: connected to the master %s", p.job_id, hostport(self.master.addr, self.master.master_port))
+            self._on_status(m)
         elif t == "status":
-            missing = [r for r in m.get("missing", []) if isinstance(r, int)]
-            nmissing = m.get("nmissing", len(missing))
-            p.missing_hint = missing
-            if isinstance(nmissing, int) and nmissing == len(missing):
-                p.set_present(tuple(r for r in range(p.size) if r not in missing))
+            self._on_status(m)
         elif t == "prepare":
             if m.get("gen") == p.gen and self.welcomed:
                 ack = {"t": "ack", "gen": p.gen}
@@ -228,6 +225,14 @@ class Member:
                 raise (WorldSizeMismatchError if "expects a world" in why else ConfigError)(why)
             self._lost(f"rank 0 rejected this participant: {why}")
         return None
+
+    def _on_status(self, m: dict) -> None:
+        p = self.p
+        missing = [r for r in m.get("missing", []) if isinstance(r, int) and not isinstance(r, bool)]
+        nmissing = m.get("nmissing", len(missing))
+        p.missing_hint = missing
+        if isinstance(nmissing, int) and nmissing == len(missing):
+            p.set_present(tuple(r for r in range(p.size) if r not in missing))
 
     def missing_description(self) -> str | None:
         """What kept the world from completing, as this member knows it (for the timeout message)."""

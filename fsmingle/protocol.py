@@ -166,7 +166,10 @@ class Participant(GenerationReader, OutsideWorld):
         self.delay = timing.poll_min
         self.note = ""
         self.present: tuple[int, ...] | None = None
-        self.missing_hint: list[int] | None = None  # last "who is missing" known (from rank 0 or a listing)
+        self.missing_hint: list[int] | None = None
+        # Ranks seen present in any generation of this attempt: at a timeout, ranks that never
+        # showed up are the news; ranks that came and left (a voided generation) are not.
+        self.ever_present: set[int] = set()  # last "who is missing" known (from rank 0 or a listing)
         self._last_progress: tuple | None = None
         self._warned: dict[str, int] = {}
         self._grace = False
@@ -206,11 +209,27 @@ class Participant(GenerationReader, OutsideWorld):
             self.heartbeat += 1
             self.publish_beacon()
 
+    def prepare_next(self) -> None:
+        """Create the next generation's directories *before* deciding this one.
+
+        Whoever learns of the decision then finds the next generation already
+        there, so nobody's first lookup of its name can precede its creation --
+        on GlusterFS with ``nl-cache`` a lookup that raced a creation keeps the
+        name "absent" on that client for 60 s even after ``mkdir`` said EEXIST
+        (measured in ``tests/test_realfs.py``).  A courtesy: failures are ignored.
+        """
+        try:
+            self.store.mkdir(gen_name(self.gen + 1))
+            self.store.mkdir(master_dir(self.gen + 1))
+        except (OSError, FsmingleError) as e:
+            log.debug("could not prepare generation %d: %s", self.gen + 1, e)
+
     def void(self, reason: str) -> bool:
         """Create this generation's restart decision; False if a decision already existed."""
         rel = Release(job_id=self.job_id, generation=self.gen, state="restart", mode=self.mode, size=self.size,
                       master_addr=None, master_port=None, members=(), writer=self.instance, reason=reason[:1000],
                       wall_time=self.clock.time())
+        self.prepare_next()
         created = self.store.create(release_name(self.gen), encode(rel))
         if created:
             log.warning("job %s generation %d voided: %s", self.job_id, self.gen, reason)
@@ -227,6 +246,7 @@ class Participant(GenerationReader, OutsideWorld):
                                   self.state.value, self.note))
 
     def set_present(self, present: tuple[int, ...]) -> None:
+        self.ever_present.update(present)
         if present != self.present:
             self.present = present
             self.missing_hint = [r for r in range(self.size) if r not in present]
@@ -512,6 +532,7 @@ class Participant(GenerationReader, OutsideWorld):
                 why = (f"generation {self.gen} has a decision this node could not read within "
                        f"{self.timing.stale_after:g} s (filesystem caches?)")
             elif missing:
+                missing = [r for r in missing if r not in self.ever_present] or missing
                 why = (f"missing {who} {ranges(missing)} ({len(missing)} of {self.size})" if len(missing) <= 64
                        else f"{len(missing)} of {self.size} {who} missing")
             else:
