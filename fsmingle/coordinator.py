@@ -62,10 +62,13 @@ class Coordinator:
         self.arrived: dict[int, float] = {0: now}
         self.next_scan = now
         self.scan_gap = p.timing.poll_min
+        self.scan_quiet = p.timing.scan_interval
+        self.last_listing_size = -1
         self.next_judge = now + p.timing.heartbeat_period
         self.next_status = now + 1.0
         self.status_dirty = True
         self.published = False  # the endpoint in master/ (retried by step() after an ENOENT)
+        self.next_endpoint = now
         p.set_present((0,))
 
     # -------------------------------------------------------------- loop plumbing
@@ -91,10 +94,11 @@ class Coordinator:
     def step(self):
         p = self.p
         now = p.clock.monotonic()
-        if not self.published:
-            # Publish the endpoint where members look for it (a listing of master/).
+        if not self.published or now >= self.next_endpoint:
+            # Publish the endpoint where members look for it (a listing of master/), and
+            # again every heartbeat period: a record spoiled by a broken writer heals.
             p.store.publish(master_name(p.gen, p.instance), encode(p.beacon()))
-            self.published = True
+            self.published, self.next_endpoint = True, now + p.timing.heartbeat_period
         p.heartbeat_if_due(now)
         events, self.inbox = self.inbox + self.hub.poll(0), []
         for ev in events:
@@ -117,7 +121,7 @@ class Coordinator:
             silent={r: self.hub.silent_for(c) for r, c in self.rank_conn.items()},
             lost=dict(self.lost), dead_claimers={**self.dead_claimers, **self.refused},
             preparing_for=None if self.preparing_since is None else now - self.preparing_since,
-            acked=frozenset(self.acked_ranks), stale_after=p.timing.stale_after, ack_timeout=p.timing.probe_timeout * (3 if p.check_mesh else 1))
+            acked=frozenset(self.acked_ranks), stale_after=p.timing.stale_after, ack_timeout=self._ack_timeout())
         action, why = decide(view)
         if action is Action.PREPARE:
             self._prepare(now)
@@ -239,7 +243,12 @@ class Coordinator:
         """
         p = self.p
         names = p.store.listdir(gen_name(p.gen))
-        self.next_scan = now + p.timing.scan_interval
+        # Rescan every scan_interval while claims keep arriving; once a listing brings
+        # nothing new, back off to 8x (the listing is O(N) entries for the metadata server).
+        changed = len(names) != self.last_listing_size
+        self.last_listing_size = len(names)
+        self.scan_quiet = p.timing.scan_interval if changed else min(8 * p.timing.scan_interval, self.scan_quiet * 2)
+        self.next_scan = now + self.scan_quiet
         self.scan_gap = min(p.timing.scan_interval, self.scan_gap * 2)
         if RELEASE in names:
             # Listed first, read second: never a speculative lookup of the name.
@@ -283,6 +292,13 @@ class Coordinator:
         msg = {"t": "status", **self._status()}
         for conn in self.conn_rank:
             self.hub.send(conn, msg)
+
+    def _ack_timeout(self) -> float:
+        """Seconds each member has to acknowledge: a loaded host must not void a healthy world, a
+        partitioned one must not hold it long (``probe_timeout``, at least ``stale_after`` / 6; x3 with
+        ``--check-mesh``, whose probes come first)."""
+        t = max(self.p.timing.probe_timeout, self.p.timing.stale_after / 6)
+        return t * (3 if self.p.check_mesh else 1)
 
     def _status(self) -> dict:
         """Who is present and missing, for members' progress lines and timeout messages."""

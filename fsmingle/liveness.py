@@ -36,6 +36,7 @@ class _Seen:
     counter: int
     changed_at: float
     missing_since: float | None = None
+    looked_at: float = 0.0  # when the observer last read this beacon
 
 
 class Judge:
@@ -75,12 +76,17 @@ class Judge:
             return Verdict.DEAD  # a beacon of the run Slurm requeued away (same job, earlier incarnation)
         direct = self.local_alive(self.me, beacon.host)
         if s is None:
-            s = self.seen[key] = _Seen(beacon.heartbeat, now)
+            s = self.seen[key] = _Seen(beacon.heartbeat, now, looked_at=now)
         s.missing_since = None
         changed = False
         if beacon.heartbeat != s.counter:
-            changed = s.counter != -1  # appearing after being unreadable is not a heartbeat
+            # A change proves life only within the last stale_after: after a long gap
+            # between two looks (the observer stalled, or its reads kept failing) the
+            # holder may have beaten once and died since.  Appearing after being
+            # unreadable is not a heartbeat either.  Otherwise: a new window starts.
+            changed = s.counter != -1 and now - s.looked_at < self.stale_after
             s.counter, s.changed_at = beacon.heartbeat, now
+        s.looked_at = now
         if direct is not None:
             return Verdict.ALIVE if direct else Verdict.DEAD
         if now - s.changed_at >= self.stale_after:

