@@ -42,7 +42,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import random
-from typing import Callable
+from collections.abc import Callable
 
 from .decision import Placement
 from .errors import (
@@ -52,6 +52,7 @@ from .errors import (
     RecordError,
     RendezvousTimeoutError,
 )
+from .genreader import GenerationReader
 from .layout import (
     GEN_RE,
     MAX_GENERATION,
@@ -63,7 +64,6 @@ from .layout import (
     ranges,
     release_name,
 )
-from .genreader import GenerationReader
 from .liveness import Judge
 from .outside import OutsideWorld
 from .records import Beacon, Claim, HostId, Release, encode
@@ -74,6 +74,7 @@ from .timing import Clock, SystemClock, Timing
 log = logging.getLogger("fsmingle")
 
 SPREAD_ABOVE = 32  # free ranks above which first-come claimers spread by instance hash
+BLIND_GUESSES = 3  # hash-drawn claim attempts before a first-come joiner lists a big generation
 
 # Re-exported for callers of v1 (cleanup, status, tests).
 from .layout import CLAIM_RE, RELEASE  # noqa: E402,F401
@@ -394,6 +395,15 @@ class Participant(GenerationReader, OutsideWorld):
             self.contest_holder = self.read_claim(r)
             self.set_note(f"rank {r} is already claimed in generation {self.gen}; checking whether its holder is alive")
             return self._step_contesting()
+        if self.size > SPREAD_ABOVE:
+            # Big worlds: first a few guesses drawn from our instance hash, without
+            # listing the generation (a listing is O(N) entries for every joiner, O(N^2)
+            # in all).  Only after BLIND_GUESSES collisions -- a mostly full world --
+            # list it and take a free rank.
+            for i in range(BLIND_GUESSES):
+                r = int(hashlib.sha1(f"{self.instance}:{i}".encode()).hexdigest(), 16) % self.size
+                if self._claim_one(r):
+                    return self._hold(r)
         taken = set(claimed_ranks(self.store.listdir(gen_name(self.gen))))
         free = [r for r in range(self.size) if r not in taken]
         rest = [r for r in free if r != 0]
@@ -405,23 +415,29 @@ class Participant(GenerationReader, OutsideWorld):
         k = int(hashlib.sha1(self.instance.encode()).hexdigest(), 16) % len(rest) if len(rest) > SPREAD_ABOVE else 0
         order = ([0] if 0 in free else []) + rest[k:] + rest[:k]
         for r in order:
-            if r == 0:
-                try:
-                    self._ensure_hub()
-                except ConfigError:
-                    # --port busy on this host: most likely a first-come peer on
-                    # this node is about to take rank 0 with it; try another rank.
-                    if self.size == 1:
-                        raise
-                    continue
-            if self._try_claim(r):
+            if self._claim_one(r):
                 return self._hold(r)
-            if r == 0 and self.hub is not None:
-                self.hub.close()
-                self.hub = None
         self.state = State.WORLD_FULL
         self.set_note(f"all {self.size} ranks of generation {self.gen} are claimed; watching their holders")
         return None
+
+    def _claim_one(self, r: int) -> bool:
+        """Try to claim rank ``r`` first-come; rank 0 opens the master port first."""
+        if r == 0:
+            try:
+                self._ensure_hub()
+            except ConfigError:
+                # --port busy on this host: most likely a first-come peer on
+                # this node is about to take rank 0 with it; try another rank.
+                if self.size == 1:
+                    raise
+                return False
+        if self._try_claim(r):
+            return True
+        if r == 0 and self.hub is not None:
+            self.hub.close()
+            self.hub = None
+        return False
 
     def _try_claim(self, r: int) -> bool:
         if self.store.create(claim_name(self.gen, r), encode(Claim(r, self.instance))):
