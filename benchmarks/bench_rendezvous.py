@@ -4,6 +4,7 @@
 The code lives in the package :mod:`benchmarks.rdzv` (harness, backends, fsops, report, cli);
 this file only makes the historical path keep working.  See benchmarks/README.md.
 """
+
 import os
 import sys
 

@@ -198,9 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     loss = torch.zeros((), device=device)
     for step in range(args.steps):
         x = torch.randn(args.batch_size, IN_FEATURES, generator=data_gen)
-        y = torch.tanh(x @ w_true) + 0.01 * torch.randn(
-            args.batch_size, OUT_FEATURES, generator=data_gen
-        )
+        y = torch.tanh(x @ w_true) + 0.01 * torch.randn(args.batch_size, OUT_FEATURES, generator=data_gen)
         x, y = x.to(device), y.to(device)
         optimizer.zero_grad(set_to_none=True)
         loss = loss_fn(ddp_model(x), y)
@@ -210,9 +208,7 @@ def main(argv: list[str] | None = None) -> int:
             first_loss = loss.detach().clone()
 
     # Loss averaged over ranks, first and last step.
-    losses = torch.stack(
-        [first_loss if first_loss is not None else loss.detach(), loss.detach()]
-    ).to(device)
+    losses = torch.stack([first_loss if first_loss is not None else loss.detach(), loss.detach()]).to(device)
     dist.all_reduce(losses, op=dist.ReduceOp.SUM)
     losses /= world_size
     first_mean, final_mean = (float(v) for v in losses.cpu())
@@ -227,8 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     all_digests = [torch.zeros_like(digest) for _ in range(world_size)]
     dist.all_gather(all_sums, sums)
     dist.all_gather(all_digests, digest)
-    gathered = [f"{float(s.item()):.17g}:{bytes(t.cpu().tolist()).hex()[:16]}"
-                for s, t in zip(all_sums, all_digests)]
+    gathered = [f"{float(s.item()):.17g}:{bytes(t.cpu().tolist()).hex()[:16]}" for s, t in zip(all_sums, all_digests)]
     ranks_agree = all(c == checksum for c in gathered)
 
     host = socket.gethostname()

@@ -11,7 +11,8 @@ and the :class:`FsmingleError` family in :mod:`fsmingle.errors`.
 
 __version__ = "0.1.0"
 
-from .errors import (  # noqa: E402
+from .api import Rendezvous, rendezvous
+from .errors import (
     ConfigError,
     CorruptStateError,
     FsmingleError,
@@ -21,13 +22,23 @@ from .errors import (  # noqa: E402
     StorageError,
     UnsafeDirectoryError,
 )
-from .api import Rendezvous, rendezvous  # noqa: E402
-from .protocol import Progress, Timing  # noqa: E402
+from .protocol import Progress, Timing
 
 __all__ = [
-    "__version__", "rendezvous", "Rendezvous", "Timing", "Progress", "init_process_group",
-    "FsmingleError", "ConfigError", "CorruptStateError", "RankConflictError", "RecordError",
-    "RendezvousTimeoutError", "StorageError", "UnsafeDirectoryError",
+    "__version__",
+    "rendezvous",
+    "Rendezvous",
+    "Timing",
+    "Progress",
+    "init_process_group",
+    "FsmingleError",
+    "ConfigError",
+    "CorruptStateError",
+    "RankConflictError",
+    "RecordError",
+    "RendezvousTimeoutError",
+    "StorageError",
+    "UnsafeDirectoryError",
 ]
 
 
@@ -61,6 +72,11 @@ def init_process_group(backend: str | None = None, **kwargs):
 
     r = rendezvous(**rdzv_kwargs)
     os.environ.update(r.env())
-    dist.init_process_group(backend=backend, init_method="env://", rank=r.rank if r.rank is not None else r.node_rank,
-                            world_size=r.world_size if r.world_size is not None else r.nnodes, **kwargs)
+    dist.init_process_group(
+        backend=backend,
+        init_method="env://",
+        rank=r.rank if r.rank is not None else r.node_rank,
+        world_size=r.world_size if r.world_size is not None else r.nnodes,
+        **kwargs,
+    )
     return r

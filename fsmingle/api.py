@@ -84,21 +84,45 @@ class Rendezvous:
             members (tuple[tuple[str, str, float], ...]): (hostname, address, arrival offset in seconds)
                 of every member in rank order, when known (rank 0 always; others when they asked).
         """
-        world = dict(members=tuple(m[1] for m in members), member_hosts=tuple(m[0] for m in members),
-                     arrivals=tuple(float(m[2]) for m in members), dir=dir)
+        world = dict(
+            members=tuple(m[1] for m in members),
+            member_hosts=tuple(m[0] for m in members),
+            arrivals=tuple(float(m[2]) for m in members),
+            dir=dir,
+        )
         if pl.mode == "node":
             return cls(pl.master_addr, pl.master_port, pl.rank, pl.size, job_id, pl.generation, "node", **world)
-        return cls(pl.master_addr, pl.master_port, pl.node_rank, pl.nnodes, job_id, pl.generation, "rank",
-                   rank=pl.rank, world_size=pl.size, local_rank=pl.local_rank,
-                   local_world_size=pl.local_world_size, **world)
+        return cls(
+            pl.master_addr,
+            pl.master_port,
+            pl.node_rank,
+            pl.nnodes,
+            job_id,
+            pl.generation,
+            "rank",
+            rank=pl.rank,
+            world_size=pl.size,
+            local_rank=pl.local_rank,
+            local_world_size=pl.local_world_size,
+            **world,
+        )
 
     @classmethod
     def from_release(cls, rel: Release, rank: int, dir: str = "") -> Rendezvous:
         """Build the result for the member at ``rank`` of a released record."""
         addrs = tuple(m.addr for m in rel.members)
         if rel.mode == "node":
-            return cls(rel.master_addr, rel.master_port, rank, rel.size, rel.job_id, rel.generation,
-                       "node", members=addrs, dir=dir)
+            return cls(
+                rel.master_addr,
+                rel.master_port,
+                rank,
+                rel.size,
+                rel.job_id,
+                rel.generation,
+                "node",
+                members=addrs,
+                dir=dir,
+            )
 
         def host_key(m):
             return (m.host.boot_id, m.host.hostname, m.addr)
@@ -109,17 +133,40 @@ class Rendezvous:
                 hosts.append(host_key(m))
         mine = host_key(rel.members[rank])
         same = [m.rank for m in rel.members if host_key(m) == mine]
-        return cls(rel.master_addr, rel.master_port, hosts.index(mine), len(hosts), rel.job_id, rel.generation,
-                   "rank", rank=rank, world_size=rel.size, local_rank=same.index(rank),
-                   local_world_size=len(same), members=addrs, dir=dir)
+        return cls(
+            rel.master_addr,
+            rel.master_port,
+            hosts.index(mine),
+            len(hosts),
+            rel.job_id,
+            rel.generation,
+            "rank",
+            rank=rank,
+            world_size=rel.size,
+            local_rank=same.index(rank),
+            local_world_size=len(same),
+            members=addrs,
+            dir=dir,
+        )
 
     def as_dict(self) -> dict:
         """JSON-ready dict (``fsmingle env --format json``); per-rank fields only in per-rank mode."""
-        d = {"master_addr": self.master_addr, "master_port": self.master_port, "node_rank": self.node_rank,
-             "nnodes": self.nnodes, "job_id": self.job_id, "generation": self.generation, "mode": self.mode}
+        d = {
+            "master_addr": self.master_addr,
+            "master_port": self.master_port,
+            "node_rank": self.node_rank,
+            "nnodes": self.nnodes,
+            "job_id": self.job_id,
+            "generation": self.generation,
+            "mode": self.mode,
+        }
         if self.mode == "rank":
-            d.update(rank=self.rank, world_size=self.world_size, local_rank=self.local_rank,
-                     local_world_size=self.local_world_size)
+            d.update(
+                rank=self.rank,
+                world_size=self.world_size,
+                local_rank=self.local_rank,
+                local_world_size=self.local_world_size,
+            )
         return d
 
     def env(self, environ: dict | None = None) -> dict[str, str]:
@@ -145,15 +192,29 @@ class Rendezvous:
         first non-loopback interface, often docker0 or a management network:
         NCCL issues 913, 1581).
         """
-        e = {"MASTER_ADDR": self.master_addr, "MASTER_PORT": str(self.master_port),
-             "NODE_RANK": str(self.node_rank), "NNODES": str(self.nnodes),
-             "FSMINGLE_JOB_ID": self.job_id, "FSMINGLE_GENERATION": str(self.generation)}
+        e = {
+            "MASTER_ADDR": self.master_addr,
+            "MASTER_PORT": str(self.master_port),
+            "NODE_RANK": str(self.node_rank),
+            "NNODES": str(self.nnodes),
+            "FSMINGLE_JOB_ID": self.job_id,
+            "FSMINGLE_GENERATION": str(self.generation),
+        }
         if self.mode == "node":
-            e.update(PET_MASTER_ADDR=self.master_addr, PET_MASTER_PORT=str(self.master_port),
-                     PET_NODE_RANK=str(self.node_rank), PET_NNODES=str(self.nnodes))
+            e.update(
+                PET_MASTER_ADDR=self.master_addr,
+                PET_MASTER_PORT=str(self.master_port),
+                PET_NODE_RANK=str(self.node_rank),
+                PET_NNODES=str(self.nnodes),
+            )
         else:
-            e.update(RANK=str(self.rank), WORLD_SIZE=str(self.world_size), LOCAL_RANK=str(self.local_rank),
-                     LOCAL_WORLD_SIZE=str(self.local_world_size), GROUP_RANK=str(self.node_rank))
+            e.update(
+                RANK=str(self.rank),
+                WORLD_SIZE=str(self.world_size),
+                LOCAL_RANK=str(self.local_rank),
+                LOCAL_WORLD_SIZE=str(self.local_world_size),
+                GROUP_RANK=str(self.node_rank),
+            )
         if self.iface:
             environ = os.environ if environ is None else environ
             for var in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"):
@@ -165,45 +226,45 @@ class Rendezvous:
 def rendezvous(dir: str | None = None, job_id: str | None = None, **kwargs) -> Rendezvous:
     """Block until the world is complete; return the master and this participant's place in it.
 
-    Node mode (``nnodes``/``node_rank``): one participant per node, e.g. before
-    ``torchrun``.  Per-rank mode (``world_size``/``rank``): one per process,
-    e.g. before ``init_process_group(init_method="env://")``.  Unset values
-    come from the scheduler's environment (see :mod:`fsmingle.config`); an
-    unset rank means first-come assignment (rank 0 included).
+        Node mode (``nnodes``/``node_rank``): one participant per node, e.g. before
+        ``torchrun``.  Per-rank mode (``world_size``/``rank``): one per process,
+        e.g. before ``init_process_group(init_method="env://")``.  Unset values
+        come from the scheduler's environment (see :mod:`fsmingle.config`); an
+        unset rank means first-come assignment (rank 0 included).
 
-    The option keywords are the rows of :data:`fsmingle.options.OPTIONS`
-    (the signature is generated from it; None = unset):
+        The option keywords are the rows of :data:`fsmingle.options.OPTIONS`
+        (the signature is generated from it; None = unset):
 
-{OPTION_DOCS}
+    {OPTION_DOCS}
 
-    Other keywords:
-        values (fsmingle.options.Values | None): all options in one object
-            (what the CLI passes); then no option keyword may be given.
-        timing (Timing | None): all polling settings; ``stale_after`` and
-            ``poll_max``, when given, override its fields.
-        on_progress (Callable[[Progress], None] | None): progress callback.
-        env (dict | None): environment to read fallbacks from (default ``os.environ``).
+        Other keywords:
+            values (fsmingle.options.Values | None): all options in one object
+                (what the CLI passes); then no option keyword may be given.
+            timing (Timing | None): all polling settings; ``stale_after`` and
+                ``poll_max``, when given, override its fields.
+            on_progress (Callable[[Progress], None] | None): progress callback.
+            env (dict | None): environment to read fallbacks from (default ``os.environ``).
 
-    Returns:
-        Rendezvous: frozen; ``.env()`` gives the variables to export.
+        Returns:
+            Rendezvous: frozen; ``.env()`` gives the variables to export.
 
-    Raises:
-        TypeError: an unknown keyword, or ``values`` together with option keywords.
-        ConfigError: invalid or missing parameters (the message names the flag),
-            ``poll_max`` above ``stale_after``/4, an ``addr`` that is not this
-            host's (without ``addr_not_local``), an unknown interface, a busy
-            ``port``, or participants that disagree on the world size.
-        UnsafeDirectoryError: the directory is not safely ours.
-        StorageError: the directory is missing (it is never created here: a
-            missing ``dir`` on one node is usually a typo or a missing mount),
-            not writable, read-only or full.
-        RankConflictError: the requested rank is held by a live process.
-        RendezvousTimeoutError: incomplete after ``timeout`` seconds (names the missing ranks).
-        CorruptStateError: the release record stayed unusable.
-        GpuPreflightError: ``gpus_per_node`` set and this node has fewer usable GPUs
-            (raised before the directory is touched; see :mod:`fsmingle.gpu`).
-        UnsupportedFilesystemError: link() does not work in the directory (s3fs and other
-            object-store mounts): no claim could be exclusive (see :mod:`fsmingle.fscheck`).
+        Raises:
+            TypeError: an unknown keyword, or ``values`` together with option keywords.
+            ConfigError: invalid or missing parameters (the message names the flag),
+                ``poll_max`` above ``stale_after``/4, an ``addr`` that is not this
+                host's (without ``addr_not_local``), an unknown interface, a busy
+                ``port``, or participants that disagree on the world size.
+            UnsafeDirectoryError: the directory is not safely ours.
+            StorageError: the directory is missing (it is never created here: a
+                missing ``dir`` on one node is usually a typo or a missing mount),
+                not writable, read-only or full.
+            RankConflictError: the requested rank is held by a live process.
+            RendezvousTimeoutError: incomplete after ``timeout`` seconds (names the missing ranks).
+            CorruptStateError: the release record stayed unusable.
+            GpuPreflightError: ``gpus_per_node`` set and this node has fewer usable GPUs
+                (raised before the directory is touched; see :mod:`fsmingle.gpu`).
+            UnsupportedFilesystemError: link() does not work in the directory (s3fs and other
+                object-store mounts): no claim could be exclusive (see :mod:`fsmingle.fscheck`).
     """
     timing: Timing | None = kwargs.pop("timing", None)
     want_members: bool = bool(kwargs.pop("want_members", False))
@@ -219,12 +280,23 @@ def rendezvous(dir: str | None = None, job_id: str | None = None, **kwargs) -> R
         raise TypeError("rendezvous(): pass either values= or option keywords, not both")
     if timing is not None:
         # Unset stale_after/poll_max keep the caller's Timing; set ones override it.
-        values = replace(values, stale_after=values.stale_after if values.stale_after is not None
-                         else timing.stale_after, poll_max=values.poll_max if values.poll_max is not None
-                         else min(timing.poll_max, (values.stale_after or timing.stale_after) / 4))
+        values = replace(
+            values,
+            stale_after=values.stale_after if values.stale_after is not None else timing.stale_after,
+            poll_max=values.poll_max
+            if values.poll_max is not None
+            else min(timing.poll_max, (values.stale_after or timing.stale_after) / 4),
+        )
     v = options.validate(values)
-    s = resolve(dir=v.dir, job_id=v.job_id, nnodes=v.nnodes, node_rank=v.node_rank, world_size=v.world_size,
-                rank=v.rank, env=env)
+    s = resolve(
+        dir=v.dir,
+        job_id=v.job_id,
+        nnodes=v.nnodes,
+        node_rank=v.node_rank,
+        world_size=v.world_size,
+        rank=v.rank,
+        env=env,
+    )
     environ = os.environ if env is None else env
     address = choose_address(v.addr, v.iface, env=environ)
     gpus = v.gpus_per_node
@@ -235,26 +307,65 @@ def rendezvous(dir: str | None = None, job_id: str | None = None, **kwargs) -> R
 
         require_gpus(gpus, env=dict(environ))  # before the job directory is touched: a node short of GPUs never joins
     port, timeout = v.port, v.timeout
-    timing = replace(timing or Timing(), stale_after=v.stale_after, poll_max=v.poll_max,
-                     poll_min=min((timing or Timing()).poll_min, v.poll_max))
-    log.debug("options: %s", ", ".join(f"{o.flag} {getattr(v, o.name)}" for o in options.OPTIONS
-                                       if not o.cli_only and getattr(v, o.name) not in (None, False)))
-    log.debug("resolved: dir %s, job %s, %s mode, size %d, rank %s, address %s, restart count %d",
-              s.dir, s.job_id, s.mode, s.size, "first-come" if s.rank is None else s.rank, address, s.restart_count)
-    log.debug("timing: poll %g..%g s, heartbeat every %g s, stale after %g s, timeout %g s", timing.poll_min,
-              timing.poll_max, timing.heartbeat_period, timing.stale_after, timeout)
+    timing = replace(
+        timing or Timing(),
+        stale_after=v.stale_after,
+        poll_max=v.poll_max,
+        poll_min=min((timing or Timing()).poll_min, v.poll_max),
+    )
+    log.debug(
+        "options: %s",
+        ", ".join(
+            f"{o.flag} {getattr(v, o.name)}"
+            for o in options.OPTIONS
+            if not o.cli_only and getattr(v, o.name) not in (None, False)
+        ),
+    )
+    log.debug(
+        "resolved: dir %s, job %s, %s mode, size %d, rank %s, address %s, restart count %d",
+        s.dir,
+        s.job_id,
+        s.mode,
+        s.size,
+        "first-come" if s.rank is None else s.rank,
+        address,
+        s.restart_count,
+    )
+    log.debug(
+        "timing: poll %g..%g s, heartbeat every %g s, stale after %g s, timeout %g s",
+        timing.poll_min,
+        timing.poll_max,
+        timing.heartbeat_period,
+        timing.stale_after,
+        timeout,
+    )
     store = open_job_dir(s.dir, s.job_id, create_base=False)
     require_claimable(store.root)  # before any claim: no exclusive create here -> UnsupportedFilesystemError (exit 10)
     log.debug("job directory %s", store.root)
     p = Participant(
-        store, job_id=s.job_id, mode=s.mode, size=s.size, rank=s.rank, addr=address,
-        instance=secrets.token_hex(8), me=this_process(), timeout=timeout, timing=timing, master_port=port,
-        restart_count=s.restart_count, slurm_job_id=s.slurm_job_id, clock=SystemClock(),
-        local_alive=local_process_alive, transport=TcpTransport(ping_interval=timing.ping_interval),
-        on_progress=on_progress, cleaner=locked_cleaner(store, timing.stale_after), version=__version__,
+        store,
+        job_id=s.job_id,
+        mode=s.mode,
+        size=s.size,
+        rank=s.rank,
+        addr=address,
+        instance=secrets.token_hex(8),
+        me=this_process(),
+        timeout=timeout,
+        timing=timing,
+        master_port=port,
+        restart_count=s.restart_count,
+        slurm_job_id=s.slurm_job_id,
+        clock=SystemClock(),
+        local_alive=local_process_alive,
+        transport=TcpTransport(ping_interval=timing.ping_interval),
+        on_progress=on_progress,
+        cleaner=locked_cleaner(store, timing.stale_after),
+        version=__version__,
         rank_order=v.rank_order or environ.get("FSMINGLE_RANK_ORDER") or "arrival",
         topology_key=v.topology_key or environ.get("FSMINGLE_TOPOLOGY_KEY") or "",
-        nodelist=_nodelist(environ), want_members=want_members,
+        nodelist=_nodelist(environ),
+        want_members=want_members,
         check_mesh=bool(v.check_mesh) or environ.get("FSMINGLE_CHECK_MESH", "") in ("1", "true", "yes"),
     )
     placement = p.run()
@@ -286,9 +397,14 @@ def _nodelist(env) -> tuple[str, ...]:
     try:
         return tuple(expand_nodelist(spec)) if spec else ()
     except ValueError as e:
-        log.warning("cannot expand SLURM_JOB_NODELIST=%r (%s); --rank-order nodelist falls back to host order",
-                    spec, e)
+        log.warning("cannot expand SLURM_JOB_NODELIST=%r (%s); --rank-order nodelist falls back to host order", spec, e)
         return ()
-rendezvous.__signature__ = options.api_signature(extra=tuple(  # type: ignore[attr-defined]
-    inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=None) for n in ("values", "timing", "on_progress", "env")))
+
+
+rendezvous.__signature__ = options.api_signature(
+    extra=tuple(  # type: ignore[attr-defined]
+        inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=None)
+        for n in ("values", "timing", "on_progress", "env")
+    )
+)
 rendezvous.__doc__ = rendezvous.__doc__.replace("{OPTION_DOCS}", options.api_docs())

@@ -34,8 +34,8 @@ import resource
 import selectors
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from .errors import ConfigError, StorageError
 
@@ -216,8 +216,15 @@ class Hub(_Endpoint):
         ConfigError: the port is in use on this host, or cannot be bound.
     """
 
-    def __init__(self, addr: str, port: int, *, clock: Callable[[], float] = time.monotonic,
-                 ping_interval: float = 1.0, backlog: int = 128):
+    def __init__(
+        self,
+        addr: str,
+        port: int,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        ping_interval: float = 1.0,
+        backlog: int = 128,
+    ):
         super().__init__(clock, ping_interval)
         fam = _family(addr)
         self._lsock = socket.socket(fam, socket.SOCK_STREAM)
@@ -233,9 +240,12 @@ class Hub(_Endpoint):
         except OSError as e:
             self._lsock.close()
             if e.errno == errno.EADDRINUSE:
-                raise ConfigError(f"--port {port} is already in use on this host; choose another --port or omit it") from None
-            raise ConfigError(f"cannot bind port {port} ({'IPv6' if fam == socket.AF_INET6 else 'IPv4'}): "
-                              f"{e.strerror}") from None
+                raise ConfigError(
+                    f"--port {port} is already in use on this host; choose another --port or omit it"
+                ) from None
+            raise ConfigError(
+                f"cannot bind port {port} ({'IPv6' if fam == socket.AF_INET6 else 'IPv4'}): {e.strerror}"
+            ) from None
         self._lsock.listen(min(max(backlog, 16), socket.SOMAXCONN))
         self._lsock.setblocking(False)
         self.port: int = self._lsock.getsockname()[1]
@@ -420,7 +430,7 @@ class TcpTransport(Transport):
             s = socket.create_connection((addr, port), timeout=timeout)
         except ConnectionRefusedError:
             return Outcome.REFUSED, None, f"{_hostport(addr, port)} refused the connection (nothing listens there)"
-        except (socket.timeout, TimeoutError):
+        except TimeoutError:
             return Outcome.UNREACHABLE, None, f"no answer from {_hostport(addr, port)} within {timeout:g} s"
         except OSError as e:
             if e.errno in (errno.EMFILE, errno.ENFILE):

@@ -125,8 +125,9 @@ def inspect(store: Store, g: int, stale_after: float = 0.0, clock=time, warnings
     return GenerationInfo(g, state, rel, list(beacons.values()), alive, claims)
 
 
-def clean_job(store: Store, *, keep_decided: int = 1, stale_after: float = 0.0, dry_run: bool = False,
-              below: int | None = None) -> list[tuple[int, str]]:
+def clean_job(
+    store: Store, *, keep_decided: int = 1, stale_after: float = 0.0, dry_run: bool = False, below: int | None = None
+) -> list[tuple[int, str]]:
     """Retire stale generations of one job directory.
 
     Removes decided generations (released or voided) except the newest

@@ -66,8 +66,7 @@ def _setup_logging(quiet: bool, verbose: bool) -> None:
     level = logging.ERROR if quiet else logging.DEBUG if verbose else logging.INFO
     logger = logging.getLogger("fsmingle")
     logger.setLevel(level)
-    fmt = ("fsmingle %(asctime)s.%(msecs)03d %(name)s %(levelname)s: %(message)s" if verbose
-           else "fsmingle: %(message)s")
+    fmt = "fsmingle %(asctime)s.%(msecs)03d %(name)s %(levelname)s: %(message)s" if verbose else "fsmingle: %(message)s"
     for h in logger.handlers:
         h.setFormatter(logging.Formatter(fmt, "%H:%M:%S"))
     if not logger.handlers:
@@ -89,8 +88,10 @@ def _on_sigterm(signum, frame):
 
 def _after_release(r):
     def handler(signum, frame):
-        sys.stderr.write(f"fsmingle: terminated (SIGTERM) after job {r.job_id} generation {r.generation} was released "
-                         "with this participant in it, before its command started; the others will not find it\n")
+        sys.stderr.write(
+            f"fsmingle: terminated (SIGTERM) after job {r.job_id} generation {r.generation} was released "
+            "with this participant in it, before its command started; the others will not find it\n"
+        )
         sys.stderr.flush()
         os._exit(TERMINATED_AFTER_RELEASE)  # no unwinding: nothing is left to withdraw
 
@@ -112,15 +113,17 @@ def _rendezvous(values, want_members: bool = False) -> object:
     t0 = time.monotonic()
     try:
         # status_interval 10 s: a waiting non-coordinator refreshes the "who is missing" line that often.
-        r = rendezvous(values=values, timing=Timing(status_interval=10.0), on_progress=reporter,
-                       want_members=want_members)
+        r = rendezvous(
+            values=values, timing=Timing(status_interval=10.0), on_progress=reporter, want_members=want_members
+        )
     except FsmingleError as e:
         reporter.close()
         raise _fail(e)
     except Terminated:
         reporter.close()
-        typer.echo("fsmingle: terminated (SIGTERM) while waiting; this participant withdrew from the rendezvous",
-                   err=True)
+        typer.echo(
+            "fsmingle: terminated (SIGTERM) while waiting; this participant withdrew from the rendezvous", err=True
+        )
         raise typer.Exit(INTERRUPTED)
     except KeyboardInterrupt:
         reporter.close()
@@ -134,10 +137,20 @@ def _rendezvous(values, want_members: bool = False) -> object:
     signal.signal(signal.SIGTERM, _after_release(r))
     reporter.close()
     elapsed = time.monotonic() - t0
-    where = (f"node rank {r.node_rank}/{r.nnodes}" if r.mode == "node"
-             else f"rank {r.rank}/{r.world_size} (local {r.local_rank}/{r.local_world_size}, node {r.node_rank}/{r.nnodes})")
-    log.info("%s released: master %s:%d, %s, generation %d, after %s", r.job_id, r.master_addr, r.master_port,
-             where, r.generation, fmt_duration(elapsed) if elapsed >= 1 else f"{elapsed * 1000:.0f}ms")
+    where = (
+        f"node rank {r.node_rank}/{r.nnodes}"
+        if r.mode == "node"
+        else f"rank {r.rank}/{r.world_size} (local {r.local_rank}/{r.local_world_size}, node {r.node_rank}/{r.nnodes})"
+    )
+    log.info(
+        "%s released: master %s:%d, %s, generation %d, after %s",
+        r.job_id,
+        r.master_addr,
+        r.master_port,
+        where,
+        r.generation,
+        fmt_duration(elapsed) if elapsed >= 1 else f"{elapsed * 1000:.0f}ms",
+    )
     return r
 
 
@@ -162,10 +175,17 @@ class RunCommand(typer.core.TyperCommand):
 
 
 _COMMAND_ARG = inspect.Parameter(
-    "command", inspect.Parameter.KEYWORD_ONLY, annotation=list[str],
-    default=typer.Argument(..., metavar="COMMAND [ARGS]...", show_default=False,
-                           help="The command to exec once released, e.g. torchrun --nproc-per-node 4 train.py. "
-                                "Put -- before it: everything after -- is the command's own."))
+    "command",
+    inspect.Parameter.KEYWORD_ONLY,
+    annotation=list[str],
+    default=typer.Argument(
+        ...,
+        metavar="COMMAND [ARGS]...",
+        show_default=False,
+        help="The command to exec once released, e.g. torchrun --nproc-per-node 4 train.py. "
+        "Put -- before it: everything after -- is the command's own.",
+    ),
+)
 
 
 RUN_HELP = f"""Wait for the world, then exec COMMAND with MASTER_ADDR, MASTER_PORT, NODE_RANK, NNODES and PET_* set.
@@ -198,15 +218,29 @@ def run(values, command: list[str]):
 
 
 _FORMAT_ARG = inspect.Parameter(
-    "format", inspect.Parameter.KEYWORD_ONLY, annotation=str,
-    default=typer.Option("sh", "--format", help="sh (export lines for eval), json (with every member: rank, host, "
-                         "address, arrival), dotenv, or hostfile (`host slots=N` per node in rank order, for "
-                         "deepspeed --hostfile and mpirun --hostfile)."))
+    "format",
+    inspect.Parameter.KEYWORD_ONLY,
+    annotation=str,
+    default=typer.Option(
+        "sh",
+        "--format",
+        help="sh (export lines for eval), json (with every member: rank, host, "
+        "address, arrival), dotenv, or hostfile (`host slots=N` per node in rank order, for "
+        "deepspeed --hostfile and mpirun --hostfile).",
+    ),
+)
 _SLOTS_ARG = inspect.Parameter(
-    "slots", inspect.Parameter.KEYWORD_ONLY, annotation=int | None,
-    default=typer.Option(None, "--slots", min=1, metavar="N",
-                         help="--format hostfile: slots per node [default: --gpus-per-node, else this node's "
-                              "GPU count, else 1]."))
+    "slots",
+    inspect.Parameter.KEYWORD_ONLY,
+    annotation=int | None,
+    default=typer.Option(
+        None,
+        "--slots",
+        min=1,
+        metavar="N",
+        help="--format hostfile: slots per node [default: --gpus-per-node, else this node's GPU count, else 1].",
+    ),
+)
 
 
 @app.command("env")
@@ -244,10 +278,15 @@ def status(
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
     watch: bool = typer.Option(False, "--watch", help="Refresh every --interval seconds until Ctrl-C."),
     interval: float = typer.Option(2.0, "--interval", help="Seconds between refreshes with --watch."),
-    timeline: bool = typer.Option(False, "--timeline", help="Draw the released members' arrivals on a time axis "
-                                  "(who was slow)."),
-    plot: str | None = typer.Option(None, "--plot", metavar="FILE.png", help="Also draw the arrivals into a PNG "
-                                    "picture (needs matplotlib: pip install 'fsmingle[plot]')."),
+    timeline: bool = typer.Option(
+        False, "--timeline", help="Draw the released members' arrivals on a time axis (who was slow)."
+    ),
+    plot: str | None = typer.Option(
+        None,
+        "--plot",
+        metavar="FILE.png",
+        help="Also draw the arrivals into a PNG picture (needs matplotlib: pip install 'fsmingle[plot]').",
+    ),
 ):
     """Show jobs, generations and participants. Exit 0 if the (newest) generation is released, else 1.
 
@@ -257,8 +296,9 @@ def status(
     from .status import status_main
 
     _setup_logging(False, False)
-    raise typer.Exit(status_main(dir, job_id, as_json, watch, interval, stale_after=stale_after, timeline=timeline,
-                                 plot=plot))
+    raise typer.Exit(
+        status_main(dir, job_id, as_json, watch, interval, stale_after=stale_after, timeline=timeline, plot=plot)
+    )
 
 
 @app.command()
@@ -266,8 +306,12 @@ def clean(
     job_id: str | None = typer.Argument(None, help="Job to clean; omit to clean every job of yours under --dir."),
     dir: str | None = options.typer_option(options.get("dir")),
     dry_run: bool = typer.Option(False, "--dry-run", help="Only say what would be removed."),
-    stale_after: float = typer.Option(0.0, "--stale-after", help="Watch remote heartbeats this many seconds to "
-                                      "judge them dead (0: a generation with remote participants is kept)."),
+    stale_after: float = typer.Option(
+        0.0,
+        "--stale-after",
+        help="Watch remote heartbeats this many seconds to "
+        "judge them dead (0: a generation with remote participants is kept).",
+    ),
 ):
     """Remove stale generations: old decided ones and those whose participants are all dead.
 
@@ -283,8 +327,11 @@ def clean(
     try:
         if not base:
             raise ConfigError("no rendezvous directory: pass --dir or set FSMINGLE_DIR")
-        jobs = [validate_job_id(job_id)] if job_id else sorted(
-            n for n in os.listdir(base) if not n.startswith(".") and os.path.isdir(os.path.join(base, n)))
+        jobs = (
+            [validate_job_id(job_id)]
+            if job_id
+            else sorted(n for n in os.listdir(base) if not n.startswith(".") and os.path.isdir(os.path.join(base, n)))
+        )
         for j in jobs:
             path = os.path.join(base, j)
             if not os.path.isdir(path):
@@ -301,8 +348,12 @@ def clean(
     except FsmingleError as e:
         raise _fail(e)
     except OSError as e:
-        raise _fail(StorageError(f"cannot read --dir {base}: {e.strerror}; check --dir (and that the shared "
-                                 "filesystem is mounted on this node)"))
+        raise _fail(
+            StorageError(
+                f"cannot read --dir {base}: {e.strerror}; check --dir (and that the shared "
+                "filesystem is mounted on this node)"
+            )
+        )
 
 
 @app.command()
@@ -325,8 +376,11 @@ def _version_callback(value: bool):
 
 
 @app.callback()
-def _root(version: bool = typer.Option(False, "--version", callback=_version_callback, is_eager=True,
-                                       help="Print the version and exit.")):
+def _root(
+    version: bool = typer.Option(
+        False, "--version", callback=_version_callback, is_eager=True, help="Print the version and exit."
+    ),
+):
     """Rendezvous for multi-node PyTorch through a shared directory."""
 
 
@@ -371,8 +425,12 @@ def main(argv: list[str] | None = None, prog_name: str | None = None) -> None:
 
 @app.command("check")
 def check_cmd(
-    dir: str | None = typer.Option(None, "--dir", envvar="FSMINGLE_DIR", help="Directory to examine (the --dir of run/env)."),
-    peers: int = typer.Option(1, "--peers", help="Run on this many nodes at once to prove cross-node exclusivity and measure visibility."),
+    dir: str | None = typer.Option(
+        None, "--dir", envvar="FSMINGLE_DIR", help="Directory to examine (the --dir of run/env)."
+    ),
+    peers: int = typer.Option(
+        1, "--peers", help="Run on this many nodes at once to prove cross-node exclusivity and measure visibility."
+    ),
     timeout: float = typer.Option(120.0, "--timeout", help="Seconds to wait for the other peers."),
     session: str = typer.Option("default", "--session", help="Scratch rendezvous name in DIR, the same on every peer."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON for scripts instead of a table."),

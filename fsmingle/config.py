@@ -128,7 +128,9 @@ def resolve(
     job_id = validate_job_id(job_id or "")
     array = source == "SLURM_ARRAY_JOB_ID" and env.get("SLURM_ARRAY_TASK_COUNT")
     if (world_size is not None or rank is not None) and (nnodes is not None or node_rank is not None):
-        raise ConfigError("give either --nnodes/--node-rank (node mode) or --world-size/--rank (per-rank mode), not both")
+        raise ConfigError(
+            "give either --nnodes/--node-rank (node mode) or --world-size/--rank (per-rank mode), not both"
+        )
     mode = "rank" if (world_size is not None or rank is not None) else "node"
     if mode == "node" and nnodes is None:
         ntasks, nn = _int_env(env, "SLURM_NTASKS"), _int_env(env, "SLURM_NNODES")
@@ -170,6 +172,12 @@ def resolve(
     if rank is not None and not 0 <= rank < size:
         flag = "--rank" if mode == "rank" else "--node-rank"
         raise ConfigError(f"{flag} is {rank} but must be in 0..{size - 1} for a world of {size}")
-    return Settings(dir=dir, job_id=job_id, mode=mode, size=size, rank=rank,
-                    restart_count=_int_env(env, "SLURM_RESTART_COUNT") or 0,
-                    slurm_job_id=str(env.get("SLURM_JOB_ID", ""))[:64])
+    return Settings(
+        dir=dir,
+        job_id=job_id,
+        mode=mode,
+        size=size,
+        rank=rank,
+        restart_count=_int_env(env, "SLURM_RESTART_COUNT") or 0,
+        slurm_job_id=str(env.get("SLURM_JOB_ID", ""))[:64],
+    )

@@ -22,10 +22,10 @@ import logging
 
 from .channel import WIRE_VERSION, EventKind, hostport
 from .decision import Action, CoordinatorView, decide, order_members, placements
-from .mesh import mesh_probe
 from .errors import RecordError
 from .layout import RELEASE, claimed_ranks, gen_name, master_name, member_chunk_name, ranges, release_name
 from .liveness import Verdict
+from .mesh import mesh_probe
 from .records import Member, Release, encode, encode_release, hostid_from_dict, instance_id, validate_addr
 
 log = logging.getLogger("fsmingle")
@@ -117,11 +117,16 @@ class Coordinator:
         if now >= self.next_status or (self.status_dirty and now >= self.next_status - p.timing.status_interval + 1.0):
             self._push_status(now)
         view = CoordinatorView(
-            size=p.size, connected=frozenset(self.rank_conn),
+            size=p.size,
+            connected=frozenset(self.rank_conn),
             silent={r: self.hub.silent_for(c) for r, c in self.rank_conn.items()},
-            lost=dict(self.lost), dead_claimers={**self.dead_claimers, **self.refused},
+            lost=dict(self.lost),
+            dead_claimers={**self.dead_claimers, **self.refused},
             preparing_for=None if self.preparing_since is None else now - self.preparing_since,
-            acked=frozenset(self.acked_ranks), stale_after=p.timing.stale_after, ack_timeout=self._ack_timeout())
+            acked=frozenset(self.acked_ranks),
+            stale_after=p.timing.stale_after,
+            ack_timeout=self._ack_timeout(),
+        )
         action, why = decide(view)
         if action is Action.PREPARE:
             self._prepare(now)
@@ -170,25 +175,33 @@ class Coordinator:
     def _on_hello(self, conn: int, m: dict, now: float) -> None:
         p = self.p
         if m.get("v") != WIRE_VERSION:
-            self._reject(conn, f"this master speaks fsmingle wire protocol {WIRE_VERSION}, you sent {m.get('v')!r}; "
-                               "run the same fsmingle version on every node", fatal=True)
+            self._reject(
+                conn,
+                f"this master speaks fsmingle wire protocol {WIRE_VERSION}, you sent {m.get('v')!r}; "
+                "run the same fsmingle version on every node",
+                fatal=True,
+            )
             return
         host = m.get("host") if isinstance(m.get("host"), dict) else {}
         who = f"{host.get('hostname', '?')} ({m.get('addr')})"
         if m.get("size") != p.size or m.get("mode") != p.mode:
             # The member fails (exit 11) with this message; rank 0 keeps its
             # place and waits for members that agree with it.
-            msg = (f"rank 0 on {p.me.hostname} ({p.addr}) expects a world of {p.size} ({p.mode} mode) but "
-                   f"{who} expects {m.get('size')} ({m.get('mode')} mode); give every participant the same "
-                   "--nnodes (or --world-size)")
+            msg = (
+                f"rank 0 on {p.me.hostname} ({p.addr}) expects a world of {p.size} ({p.mode} mode) but "
+                f"{who} expects {m.get('size')} ({m.get('mode')} mode); give every participant the same "
+                "--nnodes (or --world-size)"
+            )
             log.error("job %s: %s", p.job_id, msg)
             self._reject(conn, msg, fatal=True)
             return
         rc = m.get("restart_count")
         if isinstance(rc, int) and rc > p.restart_count and m.get("slurm_job_id") == p.slurm_job_id:
             # We are the leftover of a run Slurm requeued away: give the place up.
-            why = (f"rank 0 on {p.me.hostname} belongs to an earlier run of this job "
-                   f"(SLURM_RESTART_COUNT {p.restart_count} < {rc})")
+            why = (
+                f"rank 0 on {p.me.hostname} belongs to an earlier run of this job "
+                f"(SLURM_RESTART_COUNT {p.restart_count} < {rc})"
+            )
             self._reject(conn, why)
             self._end(why, write=True)
             return
@@ -200,8 +213,12 @@ class Coordinator:
             self._reject(conn, f"rank {r!r} is not a free member rank of this world")
             return
         try:
-            m = dict(m, inst=instance_id(m.get("inst")), addr=validate_addr(str(m.get("addr"))),
-                     host=hostid_from_dict(m.get("host")))
+            m = dict(
+                m,
+                inst=instance_id(m.get("inst")),
+                addr=validate_addr(str(m.get("addr"))),
+                host=hostid_from_dict(m.get("host")),
+            )
         except RecordError as e:
             self._reject(conn, f"malformed hello: {e}")
             return
@@ -233,8 +250,9 @@ class Coordinator:
             elif holder is not None:
                 self._reject(conn, f"rank {r} of generation {p.gen} is held by instance {holder}, not {m['inst']}")
             elif now - since >= p.timing.stale_after:
-                self._reject(conn, f"rank {r}'s claim did not show in generation {p.gen} within "
-                                   f"{p.timing.stale_after:g} s")
+                self._reject(
+                    conn, f"rank {r}'s claim did not show in generation {p.gen} within {p.timing.stale_after:g} s"
+                )
 
     def _scan(self, now: float) -> bool:
         """List the generation: decisions by others, new claims, claimers that died before connecting.
@@ -257,8 +275,10 @@ class Coordinator:
                 self._end(f"voided by another participant: {rel.reason}", write=False)
                 return True
             if isinstance(rel, RecordError):
-                self._end("its decision record is unusable (see the warning above); regrouping in the "
-                          "next generation", write=False)
+                self._end(
+                    "its decision record is unusable (see the warning above); regrouping in the next generation",
+                    write=False,
+                )
                 return True
         listed = [r for r in claimed_ranks(names) if r < p.size]
         self.listed = set(listed)
@@ -273,8 +293,9 @@ class Coordinator:
                 verdict, b = p.judge_holder(p.claims.get(r), now, key=f"?rank{r}")
                 if verdict is Verdict.DEAD:
                     host = b.host.hostname if b else "beacon unreadable"
-                    self.dead_claimers[r] = (f"({host}) claimed its rank but died or stopped heartbeating before "
-                                             "connecting to the master")
+                    self.dead_claimers[r] = (
+                        f"({host}) claimed its rank but died or stopped heartbeating before connecting to the master"
+                    )
         return False
 
     # -------------------------------------------------------------- actions
@@ -284,9 +305,7 @@ class Coordinator:
 
     def _push_status(self, now: float) -> None:
         p = self.p
-        present = sorted({0, *self.rank_conn})
-        missing = [r for r in range(p.size) if r not in self.rank_conn and r != 0]
-        p.set_present(tuple(present))
+        p.set_present(tuple(sorted({0, *self.rank_conn})))
         self.next_status = now + p.timing.status_interval
         self.status_dirty = False
         msg = {"t": "status", **self._status()}
@@ -309,8 +328,12 @@ class Coordinator:
         p = self.p
         first = min(self.arrived.values())
         slots = {0: Member(rank=0, instance=p.instance, addr=p.addr, host=p.me, arrival=self.arrived[0] - first)}
-        slots.update({r: dataclasses.replace(self.members[r], arrival=round(self.arrived[r] - first, 3))
-                      for r in range(1, p.size)})
+        slots.update(
+            {
+                r: dataclasses.replace(self.members[r], arrival=round(self.arrived[r] - first, 3))
+                for r in range(1, p.size)
+            }
+        )
         explicit = {r for r in range(1, p.size) if self.explicit.get(r)} | ({0} if p.want_rank is not None else set())
         keys = {**self.keys, 0: p.topology_key}
         # Final ranks: explicit ones stay, first-come ones follow --rank-order.
@@ -351,9 +374,17 @@ class Coordinator:
         p = self.p
         master = self.final[0]
         rel = self.prepared = Release(
-            job_id=p.job_id, generation=p.gen, state="released", mode=p.mode, size=p.size,
-            master_addr=master.addr, master_port=self.master_port, members=tuple(self.final), writer=p.instance,
-            wall_time=p.clock.time())
+            job_id=p.job_id,
+            generation=p.gen,
+            state="released",
+            mode=p.mode,
+            size=p.size,
+            master_addr=master.addr,
+            master_port=self.master_port,
+            members=tuple(self.final),
+            writer=p.instance,
+            wall_time=p.clock.time(),
+        )
         header, chunks = encode_release(rel)
         p.prepare_next()  # re-runs then find their generation made before anyone looks it up
         for k, chunk in enumerate(chunks):
@@ -368,16 +399,23 @@ class Coordinator:
                 why = got.reason if isinstance(got, Release) else "a decision record this node cannot read yet"
                 self._end(f"voided by another participant before the release: {why}", write=False)
                 return None
-        mine = {m.instance: pl for m, pl in zip(rel.members, placements(list(rel.members), rel.mode,
-                                                                         rel.master_port, rel.generation))}
+        mine = {
+            m.instance: pl
+            for m, pl in zip(rel.members, placements(list(rel.members), rel.mode, rel.master_port, rel.generation))
+        }
         for r, conn in self.rank_conn.items():
             msg = {"t": "go", "placement": mine[self.members[r].instance].as_wire()}
             if r in self.want_members:
                 msg["members"] = [[m.host.hostname, m.addr, m.arrival] for m in rel.members]
             self.hub.send(conn, msg)
         slow = sorted(rel.members, key=lambda m: -m.arrival)[:3]
-        log.info("job %s generation %d released to %d; slowest: %s", p.job_id, p.gen, p.size,
-                 ", ".join(f"{m.host.hostname} (rank {m.rank}) +{m.arrival:.1f} s" for m in slow))
+        log.info(
+            "job %s generation %d released to %d; slowest: %s",
+            p.job_id,
+            p.gen,
+            p.size,
+            ", ".join(f"{m.host.hostname} (rank {m.rank}) +{m.arrival:.1f} s" for m in slow),
+        )
         # The barrier: members close once they have the go; wait for that (bounded)
         # so nobody is left holding an unread release when rank 0 execs.
         self.hub.drain(p.timing.probe_timeout)
@@ -404,8 +442,11 @@ class Coordinator:
         absent = [r for r in absent if r not in p.ever_present] or absent  # the never-seen ones are the news
         parts = []
         if absent:
-            parts.append(f"missing {who} {ranges(absent)} ({len(absent)} of {p.size})" if len(absent) <= 64
-                         else f"{len(absent)} of {p.size} {who} missing")
+            parts.append(
+                f"missing {who} {ranges(absent)} ({len(absent)} of {p.size})"
+                if len(absent) <= 64
+                else f"{len(absent)} of {p.size} {who} missing"
+            )
         unconnected = self._unconnected()
         if unconnected:
             parts.append(unconnected)
@@ -424,5 +465,7 @@ class Coordinator:
         unconnected = sorted(r for r in self.listed if r != 0 and r not in self.members)
         if not unconnected:
             return ""
-        return (f"{who} {ranges(unconnected[:64])} claimed a place but never connected to the master at "
-                f"{hostport(p.addr, self.hub.port)} (check their --iface/--addr, routes and firewalls)")
+        return (
+            f"{who} {ranges(unconnected[:64])} claimed a place but never connected to the master at "
+            f"{hostport(p.addr, self.hub.port)} (check their --iface/--addr, routes and firewalls)"
+        )

@@ -65,14 +65,19 @@ def decide(v: CoordinatorView) -> tuple[Action, str]:
         return Action.VOID, f"rank {r} {why}"
     for r, quiet in sorted(v.silent.items()):
         if quiet >= v.stale_after:
-            return Action.VOID, f"rank {r} was silent on its connection for {quiet:.0f} s (no answer is no proof of life)"
+            return (
+                Action.VOID,
+                f"rank {r} was silent on its connection for {quiet:.0f} s (no answer is no proof of life)",
+            )
     if v.preparing_for is not None:
         missing = sorted(set(range(1, v.size)) - v.acked)
         if not missing:
             return Action.COMMIT, ""
         if v.preparing_for >= v.ack_timeout:
-            return Action.VOID, (f"rank {missing[0]} did not acknowledge the release within {v.ack_timeout:g} s "
-                                 "(unreachable or stopped); an unanswered member is never released into the world")
+            return Action.VOID, (
+                f"rank {missing[0]} did not acknowledge the release within {v.ack_timeout:g} s "
+                "(unreachable or stopped); an unanswered member is never released into the world"
+            )
         return Action.WAIT, ""
     if len(v.connected) == v.size - 1:
         return Action.PREPARE, ""
@@ -112,16 +117,25 @@ class Placement:
         return dict(self.__dict__)
 
     @classmethod
-    def from_wire(cls, d: dict) -> "Placement":
+    def from_wire(cls, d: dict) -> Placement:
         """Rebuild from a wire dict.
 
         Raises:
             ValueError: a field is missing or of the wrong type (a broken peer).
         """
         kw = {}
-        for name, typ in (("generation", int), ("master_addr", str), ("master_port", int), ("mode", str),
-                          ("size", int), ("rank", int), ("node_rank", int), ("nnodes", int),
-                          ("local_rank", int), ("local_world_size", int)):
+        for name, typ in (
+            ("generation", int),
+            ("master_addr", str),
+            ("master_port", int),
+            ("mode", str),
+            ("size", int),
+            ("rank", int),
+            ("node_rank", int),
+            ("nnodes", int),
+            ("local_rank", int),
+            ("local_world_size", int),
+        ):
             v = d.get(name)
             if not isinstance(v, typ) or isinstance(v, bool):
                 raise ValueError(f"placement field {name!r} is {v!r}")
@@ -150,8 +164,21 @@ def placements(members: list[Member], mode: str, master_port: int, generation: i
     for m in members:
         hosts.setdefault(key(m), len(hosts))
         local.setdefault(key(m), []).append(m.rank)
-    return [Placement(generation, master, master_port, mode, size, m.rank, hosts[key(m)], len(hosts),
-                      local[key(m)].index(m.rank), len(local[key(m)])) for m in members]
+    return [
+        Placement(
+            generation,
+            master,
+            master_port,
+            mode,
+            size,
+            m.rank,
+            hosts[key(m)],
+            len(hosts),
+            local[key(m)].index(m.rank),
+            len(local[key(m)]),
+        )
+        for m in members
+    ]
 
 
 # ---------------------------------------------------------------- rank order (who becomes which rank)
@@ -197,7 +224,7 @@ def _expand_one(name: str) -> list[str]:
     m = re.search(r"\[([^\]]*)\]", name)
     if not m:
         return [name]
-    head, tail = name[:m.start()], name[m.end():]
+    head, tail = name[: m.start()], name[m.end() :]
     values: list[str] = []
     for part in m.group(1).split(","):
         part = part.strip()
@@ -211,8 +238,9 @@ def _expand_one(name: str) -> list[str]:
     return [h for v in values for h in _expand_one(head + v + tail)]
 
 
-def order_members(slots: dict[int, Member], explicit: set[int], order: str, keys: dict[int, str],
-                  nodelist: list[str]) -> list[Member]:
+def order_members(
+    slots: dict[int, Member], explicit: set[int], order: str, keys: dict[int, str], nodelist: list[str]
+) -> list[Member]:
     """The members in final rank order: explicit ranks stay; first-come members fill the other slots by ``order``.
 
     Args:
@@ -237,8 +265,13 @@ def order_members(slots: dict[int, Member], explicit: set[int], order: str, keys
         def sort_key(r: int):
             host = slots[r].host.hostname
             short = host.split(".")[0]
-            first = (natural_key(keys.get(r, "")) if order == "key"
-                     else (pos.get(short, len(pos)),) if order == "nodelist" else ())
+            first = (
+                natural_key(keys.get(r, ""))
+                if order == "key"
+                else (pos.get(short, len(pos)),)
+                if order == "nodelist"
+                else ()
+            )
             return (*first, natural_key(host), slots[r].host.boot_id, r)
 
         movable_order = sorted((r for r in slots if r not in explicit), key=sort_key)

@@ -13,10 +13,14 @@ import threading
 
 def find_script(script: str | None) -> str:
     """Locate the example training script (``--script``, ``./examples/train_ddp.py`` or the source checkout's)."""
-    cands = [script] if script else [
-        os.path.join(os.getcwd(), "examples", "train_ddp.py"),
-        os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "train_ddp.py"),
-    ]
+    cands = (
+        [script]
+        if script
+        else [
+            os.path.join(os.getcwd(), "examples", "train_ddp.py"),
+            os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "train_ddp.py"),
+        ]
+    )
     for c in cands:
         if c and os.path.isfile(c):
             return os.path.abspath(c)
@@ -38,11 +42,31 @@ def run_demo(script: str | None, nproc_per_node: int, steps: int, timeout: float
     job = f"demo-{secrets.token_hex(3)}"
     print(f"demo: 2 nodes x {nproc_per_node} processes, rendezvous directory {tmp}/rdzv, job id {job}")
     procs = []
-    for node in range(2):
+    for _node in range(2):
         env = dict(os.environ, TMPDIR=tmp)
-        cmd = [sys.executable, "-m", "fsmingle", "run", "--dir", os.path.join(tmp, "rdzv"), "--job-id", job,
-               "--nnodes", "2", "--addr", "127.0.0.1", "--timeout", str(timeout), "--",
-               "torchrun", "--nproc-per-node", str(nproc_per_node), path, "--steps", str(steps)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "fsmingle",
+            "run",
+            "--dir",
+            os.path.join(tmp, "rdzv"),
+            "--job-id",
+            job,
+            "--nnodes",
+            "2",
+            "--addr",
+            "127.0.0.1",
+            "--timeout",
+            str(timeout),
+            "--",
+            "torchrun",
+            "--nproc-per-node",
+            str(nproc_per_node),
+            path,
+            "--steps",
+            str(steps),
+        ]
         procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
 
     def pump(i, p):
@@ -64,5 +88,7 @@ def run_demo(script: str | None, nproc_per_node: int, steps: int, timeout: float
         t.join(timeout=5)
     shutil.rmtree(tmp, ignore_errors=True)
     bad = [c for c in codes if c]
-    print("demo: success, both nodes trained to identical parameters" if not bad else f"demo: failed, exit codes {codes}")
+    print(
+        "demo: success, both nodes trained to identical parameters" if not bad else f"demo: failed, exit codes {codes}"
+    )
     return bad[0] if bad else 0

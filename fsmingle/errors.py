@@ -41,7 +41,7 @@ class FsmingleError(Exception):
     """
 
     exit_code: int = 9
-    meaning: str = 'any other fsmingle error'
+    meaning: str = "any other fsmingle error"
 
 
 class ConfigError(FsmingleError, ValueError):
@@ -51,7 +51,7 @@ class ConfigError(FsmingleError, ValueError):
     """
 
     exit_code = 3
-    meaning: str = 'invalid value (job id, nnodes, rank, port, address, interface, option combination), or participants that disagree on the world size'
+    meaning: str = "invalid value (job id, nnodes, rank, port, address, interface, option combination), or participants that disagree on the world size"
 
 
 class UnsafeDirectoryError(FsmingleError, PermissionError):
@@ -64,21 +64,23 @@ class UnsafeDirectoryError(FsmingleError, PermissionError):
     """
 
     exit_code = 4
-    meaning: str = 'unsafe directory or file: not yours, group- or world-writable without the sticky bit, a symlink'
+    meaning: str = "unsafe directory or file: not yours, group- or world-writable without the sticky bit, a symlink"
 
 
 class StorageError(FsmingleError, OSError):
     """The shared directory cannot be used: missing, not writable, read-only or full."""
 
     exit_code = 5
-    meaning: str = 'storage problem: --dir missing (not created for you), not a directory, not writable, read-only, full'
+    meaning: str = (
+        "storage problem: --dir missing (not created for you), not a directory, not writable, read-only, full"
+    )
 
 
 class RankConflictError(FsmingleError, RuntimeError):
     """Another live process already holds the rank this process asked for."""
 
     exit_code = 6
-    meaning: str = 'rank conflict: another live process holds the rank you asked for'
+    meaning: str = "rank conflict: another live process holds the rank you asked for"
 
 
 class RendezvousTimeoutError(FsmingleError, TimeoutError):
@@ -90,7 +92,9 @@ class RendezvousTimeoutError(FsmingleError, TimeoutError):
     """
 
     exit_code = 7
-    meaning: str = 'timeout: the world did not complete in --timeout; the message names the missing ranks and the directory'
+    meaning: str = (
+        "timeout: the world did not complete in --timeout; the message names the missing ranks and the directory"
+    )
 
     def __init__(self, message: str, missing: list[int] | None = None, present: int = 0):
         super().__init__(message)
@@ -102,7 +106,7 @@ class CorruptStateError(FsmingleError, RuntimeError):
     """A release record exists but stayed unreadable, foreign-owned or of an unknown schema."""
 
     exit_code = 8
-    meaning: str = 'a release record that stayed unusable (unreadable, foreign-owned, unknown schema)'
+    meaning: str = "a release record that stayed unusable (unreadable, foreign-owned, unknown schema)"
 
 
 class RecordError(FsmingleError, ValueError):
@@ -114,7 +118,7 @@ class RecordError(FsmingleError, ValueError):
     """
 
     exit_code = 9
-    meaning: str = 'any other fsmingle error'
+    meaning: str = "any other fsmingle error"
 
 
 class UnsupportedFilesystemError(StorageError):
@@ -133,7 +137,7 @@ class UnsupportedFilesystemError(StorageError):
     """
 
     exit_code = 10
-    meaning: str = 'the filesystem of --dir cannot hold an exclusive claim (no hard links: s3fs, gcsfuse, blobfuse...); use a POSIX shared filesystem'
+    meaning: str = "the filesystem of --dir cannot hold an exclusive claim (no hard links: s3fs, gcsfuse, blobfuse...); use a POSIX shared filesystem"
 
     def __init__(self, message: str, fstype: str = "", source: str = "", mount_point: str = ""):
         super().__init__(message)
@@ -147,8 +151,13 @@ OTHER_EXIT_CODES: tuple[tuple[int, str], ...] = (
     (126, "`run`: the command exists but cannot be executed (as in POSIX shells)"),
     (127, "`run`: the command was not found (as in POSIX shells)"),
     (130, "interrupted (SIGINT or SIGTERM) while waiting: this participant withdrew cleanly"),
-    (143, ("terminated (SIGTERM) after the release, before the command started: too late to withdraw, "
-           "the others were released with this participant")),
+    (
+        143,
+        (
+            "terminated (SIGTERM) after the release, before the command started: too late to withdraw, "
+            "the others were released with this participant"
+        ),
+    ),
 )
 
 
@@ -211,7 +220,9 @@ class GpuPreflightError(FsmingleError, RuntimeError):
     """
 
     exit_code = 12
-    meaning: str = "--gpus-per-node: this node has fewer usable GPUs than asked; it did not join (the message lists what it saw)"
+    meaning: str = (
+        "--gpus-per-node: this node has fewer usable GPUs than asked; it did not join (the message lists what it saw)"
+    )
 
     def __init__(self, message: str, found: int = 0, wanted: int = 0):
         super().__init__(message)

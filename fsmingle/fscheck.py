@@ -62,25 +62,74 @@ REFUSE_ERRNOS = frozenset({errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.E
 # Filesystems that expose an object store as files: whole-object PUTs, no hard links, no
 # cross-mount exclusive create.  Matched against the mountinfo type and source (a warning in
 # `check`; the link() probe is what refuses).
-_OBJECT_STORE = ("s3fs", "gcsfuse", "blobfuse", "blobfuse2", "goofys", "rclone", "mountpoint-s3", "geesefs",
-                 "s3backer", "azurefile-fuse", "ossfs", "cosfs", "obsfs")
+_OBJECT_STORE = (
+    "s3fs",
+    "gcsfuse",
+    "blobfuse",
+    "blobfuse2",
+    "goofys",
+    "rclone",
+    "mountpoint-s3",
+    "geesefs",
+    "s3backer",
+    "azurefile-fuse",
+    "ossfs",
+    "cosfs",
+    "obsfs",
+)
 
 # Mount options that change what fsmingle can rely on, per filesystem family (nfs(5); Lustre
 # mount options; glusterfs(8); mfsmount(8); bindfs(1)).
 _RELEVANT_OPTIONS = {
-    "nfs": ("actimeo", "acregmin", "acregmax", "acdirmin", "acdirmax", "noac", "lookupcache", "local_lock",
-            "nolock", "vers", "nfsvers", "sync", "hard", "soft", "timeo", "retrans"),
+    "nfs": (
+        "actimeo",
+        "acregmin",
+        "acregmax",
+        "acdirmin",
+        "acdirmax",
+        "noac",
+        "lookupcache",
+        "local_lock",
+        "nolock",
+        "vers",
+        "nfsvers",
+        "sync",
+        "hard",
+        "soft",
+        "timeo",
+        "retrans",
+    ),
     "lustre": ("flock", "localflock", "noflock", "lazystatfs"),
-    "glusterfs": ("attribute-timeout", "entry-timeout", "negative-timeout", "direct-io-mode", "acl",
-                  "use-readdirp"),
-    "moosefs": ("mfsattrcacheto", "mfsentrycacheto", "mfsnegentrycacheto", "mfsdirentrycacheto",
-                "mfsnobsdlocks", "mfsnoposixlocks", "mfstimeout"),
+    "glusterfs": ("attribute-timeout", "entry-timeout", "negative-timeout", "direct-io-mode", "acl", "use-readdirp"),
+    "moosefs": (
+        "mfsattrcacheto",
+        "mfsentrycacheto",
+        "mfsnegentrycacheto",
+        "mfsdirentrycacheto",
+        "mfsnobsdlocks",
+        "mfsnoposixlocks",
+        "mfstimeout",
+    ),
     "fuse": ("attr_timeout", "entry_timeout", "negative_timeout", "allow_other", "default_permissions"),
 }
 
 # Families that are shared between machines (everything else is treated as local).
-_SHARED = {"nfs", "lustre", "gpfs", "glusterfs", "moosefs", "cephfs", "beegfs", "object-store", "fuse",
-           "cifs", "9p", "virtiofs", "weka", "juicefs"}
+_SHARED = {
+    "nfs",
+    "lustre",
+    "gpfs",
+    "glusterfs",
+    "moosefs",
+    "cephfs",
+    "beegfs",
+    "object-store",
+    "fuse",
+    "cifs",
+    "9p",
+    "virtiofs",
+    "weka",
+    "juicefs",
+}
 
 _PROBE_PREFIX = ".fsmingle-probe-"
 _CHECK_DIR = ".fsmingle-check"
@@ -113,8 +162,8 @@ def _unescape(s: str) -> str:
     # mountinfo escapes space, tab, newline, backslash and '#' as \ooo octal (proc(5))
     out, i = [], 0
     while i < len(s):
-        if s[i] == "\\" and i + 3 < len(s) and s[i + 1:i + 4].isdigit():
-            out.append(chr(int(s[i + 1:i + 4], 8)))
+        if s[i] == "\\" and i + 3 < len(s) and s[i + 1 : i + 4].isdigit():
+            out.append(chr(int(s[i + 1 : i + 4], 8)))
             i += 4
         else:
             out.append(s[i])
@@ -223,8 +272,9 @@ def errno_name(code: int) -> str:
 
 
 def _scratch_name(directory: str, tag: str) -> str:
-    return os.path.join(directory, f"{_PROBE_PREFIX}{tag}-{socket.gethostname()[:32]}-{os.getpid()}-"
-                                   f"{secrets.token_hex(4)}")
+    return os.path.join(
+        directory, f"{_PROBE_PREFIX}{tag}-{socket.gethostname()[:32]}-{os.getpid()}-{secrets.token_hex(4)}"
+    )
 
 
 def probe_link(directory: str) -> LinkProbe:
@@ -243,8 +293,7 @@ def probe_link(directory: str) -> LinkProbe:
         try:
             os.link(src, dst)
         except OSError as e:
-            return LinkProbe(False, e.errno, f"link() failed with {errno_name(e.errno)} "
-                                             f"({os.strerror(e.errno)})")
+            return LinkProbe(False, e.errno, f"link() failed with {errno_name(e.errno)} ({os.strerror(e.errno)})")
         try:
             n = os.stat(src).st_nlink
         except OSError as e:
@@ -269,11 +318,13 @@ def refusal_message(directory: str, why: str, m: MountInfo | None = None) -> str
         except StorageError:
             m = None
     fs = m.describe() if m else "its filesystem"
-    return (f"{directory} is on {fs}: {why}. fsmingle claims a rank with link(), the only exclusive "
-            f"create that works across nodes here, and will not fall back to O_CREAT|O_EXCL, which "
-            f"object-store and some FUSE filesystems do not make exclusive across mounts (two nodes "
-            f"could both hold one rank). Use a POSIX shared filesystem for --dir (NFS, Lustre, GPFS, "
-            f"CephFS, GlusterFS, MooseFS, BeeGFS); `fsmingle check --dir DIR` tells whether one is usable")
+    return (
+        f"{directory} is on {fs}: {why}. fsmingle claims a rank with link(), the only exclusive "
+        f"create that works across nodes here, and will not fall back to O_CREAT|O_EXCL, which "
+        f"object-store and some FUSE filesystems do not make exclusive across mounts (two nodes "
+        f"could both hold one rank). Use a POSIX shared filesystem for --dir (NFS, Lustre, GPFS, "
+        f"CephFS, GlusterFS, MooseFS, BeeGFS); `fsmingle check --dir DIR` tells whether one is usable"
+    )
 
 
 def require_claimable(directory: str) -> None:
@@ -299,9 +350,12 @@ def require_claimable(directory: str) -> None:
         m = find_mount(directory)
     except StorageError:
         m = None
-    raise UnsupportedFilesystemError(refusal_message(directory, f"it cannot hold an exclusive claim ({res.detail})", m),
-                                     fstype=m.fstype if m else "", source=m.source if m else "",
-                                     mount_point=m.mount_point if m else "")
+    raise UnsupportedFilesystemError(
+        refusal_message(directory, f"it cannot hold an exclusive claim ({res.detail})", m),
+        fstype=m.fstype if m else "",
+        source=m.source if m else "",
+        mount_point=m.mount_point if m else "",
+    )
 
 
 # --------------------------------------------------------------------------- the doctor
@@ -321,8 +375,12 @@ def _probe_rename(directory: str) -> tuple[bool, str]:
         os.replace(b, a)
         with open(a, "rb") as f:
             got = f.read()
-        return (got == b"new", "rename() replaced the file atomically" if got == b"new"
-                else f"after rename() the file reads {got!r}, not the new content")
+        return (
+            got == b"new",
+            "rename() replaced the file atomically"
+            if got == b"new"
+            else f"after rename() the file reads {got!r}, not the new content",
+        )
     except OSError as e:
         return False, f"rename() failed: {errno_name(e.errno)} ({e.strerror})"
     finally:
@@ -354,11 +412,13 @@ def _probe_excl(directory: str) -> tuple[bool, str]:
 
 def _cache_seconds(fam: str, opts: dict) -> float | None:
     """Longest attribute/lookup cache a mount option promises, in seconds (None: not visible)."""
+
     def num(k):
         try:
             return float(opts[k])
         except (KeyError, ValueError):
             return None
+
     if fam == "nfs":
         if "noac" in opts:
             return 0.0
@@ -367,8 +427,18 @@ def _cache_seconds(fam: str, opts: dict) -> float | None:
     if fam == "moosefs":
         vals = [v for v in (num("mfsattrcacheto"), num("mfsentrycacheto"), num("mfsnegentrycacheto")) if v is not None]
         return max(vals) if vals else None
-    vals = [v for v in (num("attr_timeout"), num("entry_timeout"), num("negative_timeout"),
-                        num("attribute-timeout"), num("entry-timeout"), num("negative-timeout")) if v is not None]
+    vals = [
+        v
+        for v in (
+            num("attr_timeout"),
+            num("entry_timeout"),
+            num("negative_timeout"),
+            num("attribute-timeout"),
+            num("entry-timeout"),
+            num("negative-timeout"),
+        )
+        if v is not None
+    ]
     return max(vals) if vals else None
 
 
@@ -390,13 +460,22 @@ def _owner_report(directory: str) -> dict:
     mode = stat.S_IMODE(st.st_mode)
     problems = []
     if st.st_uid != os.geteuid():
-        problems.append(f"owned by uid {st.st_uid}, not you (uid {os.geteuid()}): fsmingle creates an owner-only "
-                        f"job directory inside it, which is fine if DIR is a sticky scratch dir")
+        problems.append(
+            f"owned by uid {st.st_uid}, not you (uid {os.geteuid()}): fsmingle creates an owner-only "
+            f"job directory inside it, which is fine if DIR is a sticky scratch dir"
+        )
     if mode & 0o002 and not mode & 0o1000:
-        problems.append("world-writable without the sticky bit: other users could replace your job directory "
-                        "(chmod +t or chmod o-w)")
-    return {"uid": st.st_uid, "gid": st.st_gid, "mode": f"{mode:04o}", "writable": os.access(directory, os.W_OK),
-            "problems": problems}
+        problems.append(
+            "world-writable without the sticky bit: other users could replace your job directory "
+            "(chmod +t or chmod o-w)"
+        )
+    return {
+        "uid": st.st_uid,
+        "gid": st.st_gid,
+        "mode": f"{mode:04o}",
+        "writable": os.access(directory, os.W_OK),
+        "problems": problems,
+    }
 
 
 def check(directory: str, peers: int = 1, timeout: float = 120.0, session: str = "default", races: int = 20) -> dict:
@@ -432,19 +511,32 @@ def check(directory: str, peers: int = 1, timeout: float = 120.0, session: str =
         raise StorageError(f"--dir {directory} is not writable by you: fsmingle needs to create files in it")
     m = find_mount(directory)
     fam = family(m)
-    opts = {k: v for k, v in m.options.items() if k in _RELEVANT_OPTIONS.get(fam, ())
-            or (k in _RELEVANT_OPTIONS["fuse"] and fam in ("fuse", "glusterfs", "object-store"))}
+    opts = {
+        k: v
+        for k, v in m.options.items()
+        if k in _RELEVANT_OPTIONS.get(fam, ())
+        or (k in _RELEVANT_OPTIONS["fuse"] and fam in ("fuse", "glusterfs", "object-store"))
+    }
     try:
         link = probe_link(directory)
     except OSError as e:
         raise StorageError(f"cannot create a file in {directory}: {e.strerror}") from None
     ren_ok, ren_detail = _probe_rename(directory)
     excl_ok, excl_detail = _probe_excl(directory)
-    probes = {"link": {"ok": link.ok, "detail": link.detail},
-              "rename": {"ok": ren_ok, "detail": ren_detail},
-              "o_excl": {"ok": excl_ok, "detail": excl_detail}}
-    result = {"dir": os.path.realpath(directory), "mount": asdict(m), "family": fam, "options": opts,
-              "probes": probes, "owner": _owner_report(directory), "peers": None}
+    probes = {
+        "link": {"ok": link.ok, "detail": link.detail},
+        "rename": {"ok": ren_ok, "detail": ren_detail},
+        "o_excl": {"ok": excl_ok, "detail": excl_detail},
+    }
+    result = {
+        "dir": os.path.realpath(directory),
+        "mount": asdict(m),
+        "family": fam,
+        "options": opts,
+        "probes": probes,
+        "owner": _owner_report(directory),
+        "peers": None,
+    }
     if peers > 1:
         result["peers"] = _peer_check(directory, peers, timeout, session, races)
     _verdict(result, m, fam, link)
@@ -460,28 +552,38 @@ def _verdict(r: dict, m: MountInfo, fam: str, link: LinkProbe) -> None:
         unsafe = True
         reasons.append(f"beacons cannot be replaced atomically: {r['probes']['rename']['detail']}")
     if fam == "object-store":
-        reasons.append(f"{m.fstype} ({m.source}) is an object store seen as files: no hard links, whole-object "
-                       f"writes, O_EXCL not exclusive across mounts")
+        reasons.append(
+            f"{m.fstype} ({m.source}) is an object store seen as files: no hard links, whole-object "
+            f"writes, O_EXCL not exclusive across mounts"
+        )
     p = r.get("peers")
     cache_s = _cache_seconds(fam, m.options)
     if p:
         if p["link_double_wins"]:
             unsafe = True
-            reasons.append(f"link() was not exclusive across nodes: {p['link_double_wins']} of {p['races']} races "
-                           f"had several winners")
+            reasons.append(
+                f"link() was not exclusive across nodes: {p['link_double_wins']} of {p['races']} races "
+                f"had several winners"
+            )
         if p["excl_double_wins"]:
-            reasons.append(f"O_CREAT|O_EXCL was not exclusive across nodes ({p['excl_double_wins']} of {p['races']} "
-                           f"races had several winners); fsmingle never relies on it")
+            reasons.append(
+                f"O_CREAT|O_EXCL was not exclusive across nodes ({p['excl_double_wins']} of {p['races']} "
+                f"races had several winners); fsmingle never relies on it"
+            )
         if p["open_delay_max_s"] is not None:
             cache_s = max(cache_s or 0.0, p["open_delay_max_s"])
             if p["open_delay_max_s"] > 5:
-                reasons.append(f"a file another node created stayed invisible by name for "
-                               f"{p['open_delay_max_s']:.1f} s (negative lookup cache) while listings showed it "
-                               f"after {p['list_delay_max_s']:.1f} s: expect releases up to that much later")
+                reasons.append(
+                    f"a file another node created stayed invisible by name for "
+                    f"{p['open_delay_max_s']:.1f} s (negative lookup cache) while listings showed it "
+                    f"after {p['list_delay_max_s']:.1f} s: expect releases up to that much later"
+                )
     if fam == "nfs":
         if m.options.get("lookupcache", "all") == "all" and "noac" not in m.options:
-            reasons.append("NFS lookupcache=all caches 'no such file' answers: lookupcache=positive makes new "
-                           "beacons visible sooner (optional)")
+            reasons.append(
+                "NFS lookupcache=all caches 'no such file' answers: lookupcache=positive makes new "
+                "beacons visible sooner (optional)"
+            )
         if "local_lock" in m.options and m.options.get("local_lock") != "none" or "nolock" in m.options:
             reasons.append("locks are node-local on this mount (local_lock/nolock); fsmingle does not need them")
     if fam == "lustre" and "localflock" in m.options:
@@ -491,12 +593,16 @@ def _verdict(r: dict, m: MountInfo, fam: str, link: LinkProbe) -> None:
     shared = fam in _SHARED
     if unsafe:
         verdict = "unsafe"
-        reasons.append("use a POSIX shared filesystem (NFS, Lustre, GPFS, CephFS, GlusterFS, MooseFS, BeeGFS) "
-                       "for --dir; fsmingle run/env refuse this one (exit 10)")
+        reasons.append(
+            "use a POSIX shared filesystem (NFS, Lustre, GPFS, CephFS, GlusterFS, MooseFS, BeeGFS) "
+            "for --dir; fsmingle run/env refuse this one (exit 10)"
+        )
     elif not shared and not (p and p["peers"] > 1):
         verdict = "local"
-        reasons.append(f"{m.fstype} is a local filesystem: only processes on this machine see {r['dir']}; "
-                       f"use a shared mount for multi-node jobs (or run `fsmingle check --peers N` on N nodes)")
+        reasons.append(
+            f"{m.fstype} is a local filesystem: only processes on this machine see {r['dir']}; "
+            f"use a shared mount for multi-node jobs (or run `fsmingle check --peers N` on N nodes)"
+        )
     else:
         verdict = "ok"
     r["verdict"] = verdict
@@ -519,7 +625,7 @@ def _write(path: str, data: dict) -> None:
 
 def _listed(d: str, prefix: str) -> set[str]:
     try:
-        return {n[len(prefix):] for n in os.listdir(d) if n.startswith(prefix)}
+        return {n[len(prefix) :] for n in os.listdir(d) if n.startswith(prefix)}
     except FileNotFoundError:
         return set()
 
@@ -533,9 +639,12 @@ def _barrier(d: str, prefix: str, n: int, deadline: float, what: str) -> set[str
         if len(got) >= n:
             return got
         if time.monotonic() > deadline:
-            raise RendezvousTimeoutError(f"fsmingle check: {len(got)} of {n} peers reached the {what} step in {d} "
-                                         f"before --timeout; start `fsmingle check --dir ... --peers {n}` on {n} "
-                                         f"nodes at about the same time", present=len(got))
+            raise RendezvousTimeoutError(
+                f"fsmingle check: {len(got)} of {n} peers reached the {what} step in {d} "
+                f"before --timeout; start `fsmingle check --dir ... --peers {n}` on {n} "
+                f"nodes at about the same time",
+                present=len(got),
+            )
         time.sleep(delay)
         delay = min(delay * 1.5, 0.1)
 
@@ -585,8 +694,10 @@ def _peer_check(directory: str, n: int, timeout: float, session: str, races: int
                     except OSError:
                         pass
             if now > deadline:
-                raise RendezvousTimeoutError(f"fsmingle check: the files of {sorted(set(others) - set(seen_open))} "
-                                             f"stayed invisible by name in {d} for {timeout:g} s")
+                raise RendezvousTimeoutError(
+                    f"fsmingle check: the files of {sorted(set(others) - set(seen_open))} "
+                    f"stayed invisible by name in {d} for {timeout:g} s"
+                )
             time.sleep(0.02)
         # In listings: a second file each, after everyone has seen the first ones by name.
         put(f"named-{me}", {})
@@ -601,8 +712,10 @@ def _peer_check(directory: str, n: int, timeout: float, session: str, races: int
                 if o in listed and o not in seen_list:
                     seen_list[o] = now - t1
             if now > deadline:
-                raise RendezvousTimeoutError(f"fsmingle check: the files of {sorted(set(others) - set(seen_list))} "
-                                             f"never showed in listings of {d} within {timeout:g} s")
+                raise RendezvousTimeoutError(
+                    f"fsmingle check: the files of {sorted(set(others) - set(seen_list))} "
+                    f"never showed in listings of {d} within {timeout:g} s"
+                )
             time.sleep(0.02)
         # Races: everyone goes through the same names as fast as it can; exactly one may win each.
         # One source file per race: its link count alone says whether that race's link() won
@@ -634,8 +747,10 @@ def _peer_check(directory: str, n: int, timeout: float, session: str, races: int
                     os.unlink(sp)
                 except OSError:
                     pass
-        put(f"result-{me}", {"wins": wins, "list": max(seen_list.values(), default=0.0),
-                             "open": max(seen_open.values(), default=0.0)})
+        put(
+            f"result-{me}",
+            {"wins": wins, "list": max(seen_list.values(), default=0.0), "open": max(seen_open.values(), default=0.0)},
+        )
         _barrier(d, "result-", n, deadline, "result")
         results = {}
         for p in peers:
@@ -716,8 +831,10 @@ def render(r: dict, console=None) -> None:
         p = r["probes"][name]
         t.add_row(label, ("[green]ok[/] " if p["ok"] else "[red]FAILS[/] ") + escape(p["detail"]))
     o = r["owner"]
-    t.add_row("owner / mode", f"uid {o['uid']} gid {o['gid']} mode {o['mode']}"
-              + ("" if o["writable"] else " (not writable by you)"))
+    t.add_row(
+        "owner / mode",
+        f"uid {o['uid']} gid {o['gid']} mode {o['mode']}" + ("" if o["writable"] else " (not writable by you)"),
+    )
     for prob in o["problems"]:
         t.add_row("", f"[yellow]{escape(prob)}[/]")
     p = r.get("peers")
@@ -725,8 +842,10 @@ def render(r: dict, console=None) -> None:
         t.add_row("peers", escape(f"{p['peers']}: {', '.join(p['hosts'])}"))
         t.add_row("link() races", f"{p['races']} races, {p['link_double_wins']} with several winners")
         t.add_row("O_EXCL races", f"{p['races']} races, {p['excl_double_wins']} with several winners")
-        t.add_row("visibility", f"listed after {p['list_delay_max_s']:.2f} s, openable by name after "
-                                f"{p['open_delay_max_s']:.2f} s")
+        t.add_row(
+            "visibility",
+            f"listed after {p['list_delay_max_s']:.2f} s, openable by name after {p['open_delay_max_s']:.2f} s",
+        )
     colour = {"ok": "green", "local": "yellow", "unsafe": "red"}[r["verdict"]]
     t.add_row("verdict", f"[bold {colour}]{r['verdict']}[/]")
     for why in r["reasons"]:
@@ -737,8 +856,9 @@ def render(r: dict, console=None) -> None:
     console.print(t)
 
 
-def main(directory: str | None, peers: int = 1, timeout: float = 120.0, session: str = "default",
-         as_json: bool = False) -> int:
+def main(
+    directory: str | None, peers: int = 1, timeout: float = 120.0, session: str = "default", as_json: bool = False
+) -> int:
     """``fsmingle check``: examine, print, and return the exit code (0 ok or local, 10 unsafe;
     3 bad option, 5 unusable directory, 7 peers missing -- those print one error line)."""
     import sys

@@ -96,4 +96,3 @@ class GenerationReader:
     def judge_holder(self, instance: str | None, now: float, key: str) -> tuple[Verdict, Beacon | None]:
         b = self.read_beacon(beacon_name(self.gen, instance), instance) if instance else None
         return self.judge.judge(instance or key, b, now), b
-

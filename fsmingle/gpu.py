@@ -140,8 +140,14 @@ def _nvidia_smi(env: dict) -> tuple[list[Gpu] | None, str]:
     if exe is None:
         return None, "no nvidia-smi on PATH"
     try:
-        cp = subprocess.run([exe, "-L"], check=False, capture_output=True, text=True, timeout=NVIDIA_SMI_TIMEOUT,
-                            env={k: v for k, v in env.items() if k != "CUDA_VISIBLE_DEVICES"})
+        cp = subprocess.run(
+            [exe, "-L"],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=NVIDIA_SMI_TIMEOUT,
+            env={k: v for k, v in env.items() if k != "CUDA_VISIBLE_DEVICES"},
+        )
     except (OSError, subprocess.TimeoutExpired) as e:
         return None, f"nvidia-smi -L failed: {e}"
     out: list[Gpu] = []
@@ -229,19 +235,32 @@ def require_gpus(n: int, env: dict | None = None) -> Probe:
     p = probe(env)
     usable = p.usable
     if len(usable) >= n:
-        log.info("GPU preflight: %d usable GPU%s (%s, asked for %d): %s", len(usable), "s" * (len(usable) != 1),
-                 p.method, n, "; ".join(g.describe() for g in usable))
+        log.info(
+            "GPU preflight: %d usable GPU%s (%s, asked for %d): %s",
+            len(usable),
+            "s" * (len(usable) != 1),
+            p.method,
+            n,
+            "; ".join(g.describe() for g in usable),
+        )
         return p
     saw = "; ".join(g.describe() for g in p.gpus) or "none"
     cvd = env.get("CUDA_VISIBLE_DEVICES")
-    parts = [(f"--gpus-per-node {n}: this node has {len(usable)} usable GPU{'s' * (len(usable) != 1)} "
-              f"({p.method}; saw: {saw})")]
+    parts = [
+        (
+            f"--gpus-per-node {n}: this node has {len(usable)} usable GPU{'s' * (len(usable) != 1)} "
+            f"({p.method}; saw: {saw})"
+        )
+    ]
     if cvd is not None:
         parts.append(f"CUDA_VISIBLE_DEVICES={cvd!r} hides {p.hidden}" if p.hidden else f"CUDA_VISIBLE_DEVICES={cvd!r}")
     if p.note:
         parts.append(p.note)
-    raise GpuPreflightError("; ".join(parts) + "; this node does not join: fix the node or lower --gpus-per-node",
-                            found=len(usable), wanted=n)
+    raise GpuPreflightError(
+        "; ".join(parts) + "; this node does not join: fix the node or lower --gpus-per-node",
+        found=len(usable),
+        wanted=n,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

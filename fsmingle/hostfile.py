@@ -56,8 +56,10 @@ def members_json(r: Rendezvous) -> list[dict]:
     """
     hosts = r.member_hosts or ("",) * len(r.members)
     arrivals = r.arrivals or (0.0,) * len(r.members)
-    return [{"rank": k, "host": h, "addr": a, "arrival": round(t, 3)}
-            for k, (h, a, t) in enumerate(zip(hosts, r.members, arrivals))]
+    return [
+        {"rank": k, "host": h, "addr": a, "arrival": round(t, 3)}
+        for k, (h, a, t) in enumerate(zip(hosts, r.members, arrivals))
+    ]
 
 
 def default_slots(gpus_per_node: int | None = None) -> int:

@@ -19,8 +19,8 @@ Rules (nfs(5); ``docs/protocol.md``):
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from .records import Beacon, HostId
 
@@ -51,8 +51,14 @@ class Judge:
             with a smaller ``SLURM_RESTART_COUNT`` belongs to a requeued-away run.
     """
 
-    def __init__(self, me: HostId, stale_after: float, local_alive: Callable[[HostId, HostId], bool | None],
-                 restart_count: int = 0, slurm_job_id: str = ""):
+    def __init__(
+        self,
+        me: HostId,
+        stale_after: float,
+        local_alive: Callable[[HostId, HostId], bool | None],
+        restart_count: int = 0,
+        slurm_job_id: str = "",
+    ):
         self.me, self.stale_after, self.local_alive = me, stale_after, local_alive
         self.restart_count, self.slurm_job_id = restart_count, slurm_job_id
         self.seen: dict[str, _Seen] = {}

@@ -27,7 +27,7 @@ from .decision import Placement
 from .errors import ConfigError, WorldSizeMismatchError
 from .layout import BEACON_RE, claimed_ranks, gen_name, master_dir, master_name
 from .mesh import mesh_probe
-from .records import Release, RecordError
+from .records import RecordError, Release
 
 log = logging.getLogger("fsmingle")
 
@@ -119,7 +119,8 @@ class Member:
             # between)?  Rare: only then list the whole generation.
             self.next_claim_check = now + p.timing.heartbeat_period
             if 0 in claimed_ranks(p.store.listdir(gen_name(p.gen))) and p.void_if_dead(
-                    0, now, "claimed the master's place but is dead or stopped heartbeating"):
+                0, now, "claimed the master's place but is dead or stopped heartbeating"
+            ):
                 return True
         return False
 
@@ -140,27 +141,46 @@ class Member:
                 p.set_note("waiting for rank 0 to appear")
             return
         if b.size != p.size or b.mode != p.mode:
-            msg = (f"rank 0 on {b.host.hostname} ({b.addr}) expects a world of {b.size} ({b.mode} mode) but "
-                   f"this participant on {p.me.hostname} ({p.addr}) expects {p.size} ({p.mode} mode); give every "
-                   "participant the same --nnodes (or --world-size)")
+            msg = (
+                f"rank 0 on {b.host.hostname} ({b.addr}) expects a world of {b.size} ({b.mode} mode) but "
+                f"this participant on {p.me.hostname} ({p.addr}) expects {p.size} ({p.mode} mode); give every "
+                "participant the same --nnodes (or --world-size)"
+            )
             p.void(msg)
             raise WorldSizeMismatchError(msg)
         if b.restart_count < p.restart_count and b.slurm_job_id == p.slurm_job_id:
             # Rank 0 is a leftover of the run Slurm requeued away: never join it.
-            p.void(f"rank 0 on {b.host.hostname} belongs to an earlier run of this job "
-                   f"(SLURM_RESTART_COUNT {b.restart_count} < {p.restart_count})")
+            p.void(
+                f"rank 0 on {b.host.hostname} belongs to an earlier run of this job "
+                f"(SLURM_RESTART_COUNT {b.restart_count} < {p.restart_count})"
+            )
             p.rejoin()
             return
         where = f"{hostport(b.addr, b.master_port)} (rank 0 on {b.host.hostname})"
         outcome, link, why = p.transport.connect(b.addr, b.master_port, p.timing.probe_timeout)
         if outcome is Outcome.CONNECTED:
             self.link, self.master = link, b
-            link.send({"t": "hello", "v": WIRE_VERSION, "job": p.job_id, "gen": p.gen, "rank": p.rank,
-                       "inst": p.instance, "mode": p.mode, "size": p.size, "addr": p.addr,
-                       "restart_count": p.restart_count, "slurm_job_id": p.slurm_job_id,
-                       "explicit": p.want_rank is not None, "key": p.topology_key, "order": p.rank_order,
-                       "members": p.want_members, "probe_port": self.probe.port if self.probe else None,
-                       "host": dataclasses.asdict(p.me)})
+            link.send(
+                {
+                    "t": "hello",
+                    "v": WIRE_VERSION,
+                    "job": p.job_id,
+                    "gen": p.gen,
+                    "rank": p.rank,
+                    "inst": p.instance,
+                    "mode": p.mode,
+                    "size": p.size,
+                    "addr": p.addr,
+                    "restart_count": p.restart_count,
+                    "slurm_job_id": p.slurm_job_id,
+                    "explicit": p.want_rank is not None,
+                    "key": p.topology_key,
+                    "order": p.rank_order,
+                    "members": p.want_members,
+                    "probe_port": self.probe.port if self.probe else None,
+                    "host": dataclasses.asdict(p.me),
+                }
+            )
             log.debug("job %s: connected to the master %s", p.job_id, where)
             return
         if outcome is Outcome.REFUSED:
@@ -168,9 +188,11 @@ class Member:
             p.rejoin()
             return
         # No answer proves nothing: keep trying, and say exactly why nothing happens.
-        p.set_note(f"cannot reach the master {where} from this node: {why}; check --iface/--addr on both "
-                   "nodes, routes and firewalls (a node is never released without a connection to its master)",
-                   logging.WARNING)
+        p.set_note(
+            f"cannot reach the master {where} from this node: {why}; check --iface/--addr on both "
+            "nodes, routes and firewalls (a node is never released without a connection to its master)",
+            logging.WARNING,
+        )
         self.look_delay = max(p.timing.poll_max, 1.0)
         self.next_look = now + self.look_delay
 
@@ -182,7 +204,9 @@ class Member:
                 self._lost(f"the process on the master port is not rank 0 of generation {p.gen}")
                 return None
             self.welcomed = True
-            log.info("job %s: connected to the master %s", p.job_id, hostport(self.master.addr, self.master.master_port))
+            log.info(
+                "job %s: connected to the master %s", p.job_id, hostport(self.master.addr, self.master.master_port)
+            )
             self._on_status(m)
         elif t == "status":
             self._on_status(m)
@@ -245,11 +269,15 @@ class Member:
             if p.note.startswith("cannot reach"):
                 return "this node never got a connection to the master"  # the note says where and why
             who = "node ranks" if p.mode == "node" else "ranks"
-            return (f"missing {who} 0 (the master): it never published its endpoint in generation {p.gen} "
-                    "(other ranks are not known to a member before it connects)")
+            return (
+                f"missing {who} 0 (the master): it never published its endpoint in generation {p.gen} "
+                "(other ranks are not known to a member before it connects)"
+            )
         if not self.welcomed:
-            return (f"connected to the master {hostport(self.master.addr, self.master.master_port)} but it never "
-                    "confirmed this participant's claim")
+            return (
+                f"connected to the master {hostport(self.master.addr, self.master.master_port)} but it never "
+                "confirmed this participant's claim"
+            )
         return None  # rank 0's last status (p.missing_hint) names the missing ranks
 
     def _lost(self, why: str) -> None:

@@ -36,7 +36,9 @@ def mesh_probe(p, neighbours: list) -> str:
             link.close()
             continue
         iface = interface_of(p.addr) or "?"
-        return (f"{p.me.hostname} ({p.addr}, interface {iface}) cannot reach its ring neighbour rank {rank} "
-                f"({host}, {hostport(addr, port)}): {why}; check routes and firewalls between them, or the "
-                "interface each announces (--iface/--addr)")
+        return (
+            f"{p.me.hostname} ({p.addr}, interface {iface}) cannot reach its ring neighbour rank {rank} "
+            f"({host}, {hostport(addr, port)}): {why}; check routes and firewalls between them, or the "
+            "interface each announces (--iface/--addr)"
+        )
     return ""

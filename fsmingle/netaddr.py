@@ -54,8 +54,13 @@ def _ipv6_default_route_iface() -> str | None:
         with open("/proc/net/ipv6_route") as f:
             for line in f:
                 parts = line.split()
-                if len(parts) >= 10 and parts[0] == "0" * 32 and parts[1] == "00" and parts[9] != "lo" \
-                        and int(parts[8], 16) & 1:  # RTF_UP
+                if (
+                    len(parts) >= 10
+                    and parts[0] == "0" * 32
+                    and parts[1] == "00"
+                    and parts[9] != "lo"
+                    and int(parts[8], 16) & 1
+                ):  # RTF_UP
                     return parts[9]
     except (OSError, ValueError):
         pass
@@ -106,7 +111,9 @@ def choose_address(addr: str | None = None, iface: str | None = None, env: dict 
         try:
             return str(ipaddress.ip_address(addr))
         except ValueError:
-            raise ConfigError(f"--addr {addr!r} is not an IP address; give the IP other nodes reach this one at") from None
+            raise ConfigError(
+                f"--addr {addr!r} is not an IP address; give the IP other nodes reach this one at"
+            ) from None
     source = "--iface"
     if not iface:
         for var in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"):

@@ -56,6 +56,7 @@ __all__ = [
 
 # ---------------------------------------------------------------- checks (return what is wrong, or None)
 
+
 def _positive(v: float) -> str | None:
     return None if v > 0 else f"must be a positive number of seconds, got {v:g}"
 
@@ -163,14 +164,16 @@ class Option:
                     raise ConfigError(f"{source} {raw!r} is not a yes/no value; give true or false")
                 value = text in ("1", "true", "yes", "on")
         elif not (isinstance(raw, self.type) and not isinstance(raw, bool)) and not (
-                self.type is float and isinstance(raw, int) and not isinstance(raw, bool)):
+            self.type is float and isinstance(raw, int) and not isinstance(raw, bool)
+        ):
             try:
                 value = self.type(str(raw).strip())
             except ValueError:
                 what = {int: "a whole number", float: "a number"}.get(self.type, self.type.__name__)
                 example = "29500" if self.name == "port" else {int: "2", float: "30"}.get(self.type, "")
-                raise ConfigError(f"{source} {raw!r} is not {what}"
-                                  + (f"; give e.g. {source} {example}" if example else "")) from None
+                raise ConfigError(
+                    f"{source} {raw!r} is not {what}" + (f"; give e.g. {source} {example}" if example else "")
+                ) from None
         if self.type is float:
             value = float(value)
         if self.check is not None:
@@ -183,51 +186,163 @@ class Option:
 # ---------------------------------------------------------------- THE table: one row per option
 
 OPTIONS: tuple[Option, ...] = (
-    Option("dir", ("--dir",), str, "Shared rendezvous directory every node sees; it must exist "
-           "(create it once with `mkdir -m 700 DIR`).", env=("FSMINGLE_DIR",), envvar="FSMINGLE_DIR",
-           metavar="DIR"),
-    Option("job_id", ("--job-id",), str, "Job id, the same on every node; else the scheduler's job id.",
-           env=("FSMINGLE_JOB_ID", "SLURM_ARRAY_JOB_ID", "SLURM_JOB_ID", "PBS_JOBID", "LSB_JOBID", "JOB_ID",
-                "TORCHELASTIC_RUN_ID"), check=_job_id, metavar="ID"),
+    Option(
+        "dir",
+        ("--dir",),
+        str,
+        "Shared rendezvous directory every node sees; it must exist (create it once with `mkdir -m 700 DIR`).",
+        env=("FSMINGLE_DIR",),
+        envvar="FSMINGLE_DIR",
+        metavar="DIR",
+    ),
+    Option(
+        "job_id",
+        ("--job-id",),
+        str,
+        "Job id, the same on every node; else the scheduler's job id.",
+        env=(
+            "FSMINGLE_JOB_ID",
+            "SLURM_ARRAY_JOB_ID",
+            "SLURM_JOB_ID",
+            "PBS_JOBID",
+            "LSB_JOBID",
+            "JOB_ID",
+            "TORCHELASTIC_RUN_ID",
+        ),
+        check=_job_id,
+        metavar="ID",
+    ),
     Option("nnodes", ("--nnodes",), int, "Number of nodes (node mode).", env=("SLURM_NNODES", "PET_NNODES")),
-    Option("node_rank", ("--node-rank", "--node_rank"), int, "This node's rank; unset: first-come.",
-           env=("SLURM_NODEID", "JOB_COMPLETION_INDEX", "PET_NODE_RANK")),
-    Option("world_size", ("--world-size", "--world_size"), int, "Per-rank mode: number of ranks.",
-           env=("SLURM_NTASKS",)),
+    Option(
+        "node_rank",
+        ("--node-rank", "--node_rank"),
+        int,
+        "This node's rank; unset: first-come.",
+        env=("SLURM_NODEID", "JOB_COMPLETION_INDEX", "PET_NODE_RANK"),
+    ),
+    Option(
+        "world_size", ("--world-size", "--world_size"), int, "Per-rank mode: number of ranks.", env=("SLURM_NTASKS",)
+    ),
     Option("rank", ("--rank",), int, "Per-rank mode: this process's rank; unset: first-come.", env=("SLURM_PROCID",)),
-    Option("addr", ("--addr",), str, "IP address to announce (e.g. the pod IP); it must be an address of this "
-           "host unless --addr-not-local.", check=_ip, conf_key="addr", metavar="IP"),
-    Option("addr_not_local", ("--addr-not-local",), bool, "Accept an --addr that no interface of this host has "
-           "(NAT or port forwarding in front of this node).", default=False, conf_key="addr_not_local"),
-    Option("iface", ("--iface",), str, "Interface to take the address from.",
-           env=("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"), conf_key="iface", metavar="NAME",
-           default_text="default route's interface, else the only one up"),
-    Option("port", ("--port", "--master-port"), int, "Master port rank 0 holds for torch.", check=_port,
-           default_text="a free port", metavar="PORT"),
-    Option("timeout", ("--timeout",), float, "Seconds to wait for the world before failing (exit 7).",
-           default=600.0, unit="s", check=_positive),
-    Option("stale_after", ("--stale-after",), float, "Seconds without a heartbeat change after which a remote "
-           "participant is dead.", default=30.0, unit="s", check=_positive),
-    Option("poll_max", ("--poll-max",), float, "Steady-state seconds between reads of the release record (raise "
-           "to spare the metadata server); at most --stale-after/4.", unit="s", check=_positive,
-           default_text="0.28, or --stale-after/4 if smaller"),
-    Option("rank_order", ("--rank-order",), str, "How first-come ranks are ordered at release: arrival, host "
-           "(natural hostname order), nodelist (SLURM_JOB_NODELIST order) or key (--topology-key); explicit ranks "
-           "always win.", env=("FSMINGLE_RANK_ORDER",), envvar="FSMINGLE_RANK_ORDER", check=_rank_order,
-           default_text="arrival", metavar="ORDER"),
-    Option("topology_key", ("--topology-key",), str, "This node's place in the network for --rank-order key "
-           "(rack, switch, NVLink domain); sorted naturally, hostname breaking ties.",
-           env=("FSMINGLE_TOPOLOGY_KEY",), envvar="FSMINGLE_TOPOLOGY_KEY", metavar="KEY"),
-    Option("check_mesh", ("--check-mesh",), bool, "Before the release, every node proves it reaches its ring "
-           "neighbours (previous and next rank) on their announced addresses; a failure names both hosts and "
-           "voids the generation.", default=False, env=("FSMINGLE_CHECK_MESH",)),
-    Option("gpus_per_node", ("--gpus-per-node",), int, "Before joining, check that this node sees this many "
-           "usable GPUs (NVML, else nvidia-smi -L; CUDA_VISIBLE_DEVICES respected); a node short of them does not "
-           "join (exit 12).", env=("FSMINGLE_GPUS_PER_NODE",), envvar="FSMINGLE_GPUS_PER_NODE", check=_count,
-           default_text="no check", metavar="N"),
+    Option(
+        "addr",
+        ("--addr",),
+        str,
+        "IP address to announce (e.g. the pod IP); it must be an address of this host unless --addr-not-local.",
+        check=_ip,
+        conf_key="addr",
+        metavar="IP",
+    ),
+    Option(
+        "addr_not_local",
+        ("--addr-not-local",),
+        bool,
+        "Accept an --addr that no interface of this host has (NAT or port forwarding in front of this node).",
+        default=False,
+        conf_key="addr_not_local",
+    ),
+    Option(
+        "iface",
+        ("--iface",),
+        str,
+        "Interface to take the address from.",
+        env=("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"),
+        conf_key="iface",
+        metavar="NAME",
+        default_text="default route's interface, else the only one up",
+    ),
+    Option(
+        "port",
+        ("--port", "--master-port"),
+        int,
+        "Master port rank 0 holds for torch.",
+        check=_port,
+        default_text="a free port",
+        metavar="PORT",
+    ),
+    Option(
+        "timeout",
+        ("--timeout",),
+        float,
+        "Seconds to wait for the world before failing (exit 7).",
+        default=600.0,
+        unit="s",
+        check=_positive,
+    ),
+    Option(
+        "stale_after",
+        ("--stale-after",),
+        float,
+        "Seconds without a heartbeat change after which a remote participant is dead.",
+        default=30.0,
+        unit="s",
+        check=_positive,
+    ),
+    Option(
+        "poll_max",
+        ("--poll-max",),
+        float,
+        "Steady-state seconds between reads of the release record (raise "
+        "to spare the metadata server); at most --stale-after/4.",
+        unit="s",
+        check=_positive,
+        default_text="0.28, or --stale-after/4 if smaller",
+    ),
+    Option(
+        "rank_order",
+        ("--rank-order",),
+        str,
+        "How first-come ranks are ordered at release: arrival, host "
+        "(natural hostname order), nodelist (SLURM_JOB_NODELIST order) or key (--topology-key); explicit ranks "
+        "always win.",
+        env=("FSMINGLE_RANK_ORDER",),
+        envvar="FSMINGLE_RANK_ORDER",
+        check=_rank_order,
+        default_text="arrival",
+        metavar="ORDER",
+    ),
+    Option(
+        "topology_key",
+        ("--topology-key",),
+        str,
+        "This node's place in the network for --rank-order key "
+        "(rack, switch, NVLink domain); sorted naturally, hostname breaking ties.",
+        env=("FSMINGLE_TOPOLOGY_KEY",),
+        envvar="FSMINGLE_TOPOLOGY_KEY",
+        metavar="KEY",
+    ),
+    Option(
+        "check_mesh",
+        ("--check-mesh",),
+        bool,
+        "Before the release, every node proves it reaches its ring "
+        "neighbours (previous and next rank) on their announced addresses; a failure names both hosts and "
+        "voids the generation.",
+        default=False,
+        env=("FSMINGLE_CHECK_MESH",),
+    ),
+    Option(
+        "gpus_per_node",
+        ("--gpus-per-node",),
+        int,
+        "Before joining, check that this node sees this many "
+        "usable GPUs (NVML, else nvidia-smi -L; CUDA_VISIBLE_DEVICES respected); a node short of them does not "
+        "join (exit 12).",
+        env=("FSMINGLE_GPUS_PER_NODE",),
+        envvar="FSMINGLE_GPUS_PER_NODE",
+        check=_count,
+        default_text="no check",
+        metavar="N",
+    ),
     Option("quiet", ("--quiet", "-q"), bool, "Print only errors.", default=False, cli_only=True),
-    Option("verbose", ("--verbose", "-v"), bool, "Also print protocol details (debug lines with timestamps).",
-           default=False, cli_only=True),
+    Option(
+        "verbose",
+        ("--verbose", "-v"),
+        bool,
+        "Also print protocol details (debug lines with timestamps).",
+        default=False,
+        cli_only=True,
+    ),
 )
 
 #: poll_max when not given: this, or stale_after/4 if that is smaller (see :func:`validate`).
@@ -242,8 +357,8 @@ def get(name: str) -> Option:
 
 #: All option values of one rendezvous, one field per row of :data:`OPTIONS` (frozen).
 Values = dataclasses.make_dataclass(
-    "Values", [(o.name, o.type | None, dataclasses.field(default=o.default)) for o in OPTIONS],
-    frozen=True)
+    "Values", [(o.name, o.type | None, dataclasses.field(default=o.default)) for o in OPTIONS], frozen=True
+)
 Values.__module__ = __name__
 Values.__doc__ = "The option values of one rendezvous; one field per row of fsmingle.options.OPTIONS."
 
@@ -296,28 +411,35 @@ def validate(values: Any) -> Any:
         raise ConfigError(
             f"--poll-max {v.poll_max:g} is too long for --stale-after {v.stale_after:g}: it must be at most "
             f"--stale-after/4 = {limit:g} s, or waiting participants are judged dead; lower --poll-max or "
-            "raise --stale-after")
+            "raise --stale-after"
+        )
     if v.addr is not None and not v.addr_not_local and not _is_local(v.addr):
         raise ConfigError(
             f"--addr {v.addr} is not an address of this host (this host has: {', '.join(local_addresses())}); "
-            "give one of them, or add --addr-not-local if a NAT or port forward sends that address here")
+            "give one of them, or add --addr-not-local if a NAT or port forward sends that address here"
+        )
     return v
 
 
 # ---------------------------------------------------------------- the Python API
 
 
-def api_signature(first: tuple[str, ...] = ("dir", "job_id"), extra: tuple[inspect.Parameter, ...] = ()
-                  ) -> inspect.Signature:
+def api_signature(
+    first: tuple[str, ...] = ("dir", "job_id"), extra: tuple[inspect.Parameter, ...] = ()
+) -> inspect.Signature:
     """Signature of :func:`fsmingle.rendezvous`: ``first`` positional-or-keyword, every other option keyword-only.
 
     Every option defaults to None ("unset": its fallbacks and default apply).
     """
-    params = [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None,
-                                annotation=get(n).type | None) for n in first]
-    params += [inspect.Parameter(o.name, inspect.Parameter.KEYWORD_ONLY, default=None,
-                                 annotation=o.type | None)
-               for o in OPTIONS if not o.cli_only and o.name not in first]
+    params = [
+        inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None, annotation=get(n).type | None)
+        for n in first
+    ]
+    params += [
+        inspect.Parameter(o.name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=o.type | None)
+        for o in OPTIONS
+        if not o.cli_only and o.name not in first
+    ]
     return inspect.Signature(params + list(extra))
 
 
@@ -327,8 +449,9 @@ def api_docs() -> str:
     for o in OPTIONS:
         if o.cli_only:
             continue
-        default = o.default_text or (f"{o.default:g} {o.unit}".strip() if isinstance(o.default, float)
-                                     else repr(o.default))
+        default = o.default_text or (
+            f"{o.default:g} {o.unit}".strip() if isinstance(o.default, float) else repr(o.default)
+        )
         env = f" Falls back to {', '.join(o.env)}." if o.env else ""
         lines.append(f"        {o.name} ({o.type.__name__} | None): {o.help} ``{o.flag}``; default {default}.{env}")
     return "\n".join(lines)
@@ -355,8 +478,10 @@ def from_rdzv_conf(conf: Mapping[str, Any]) -> dict[str, Any]:
             raw = conf[o.conf_key]
             out[o.name] = o.parse(raw, source=f"--rdzv-conf {o.conf_key}=")
     if out.get("addr") and not out.get("addr_not_local") and not _is_local(out["addr"]):
-        raise ConfigError(f"--rdzv-conf addr={out['addr']} is not an address of this host (this host has: "
-                          f"{', '.join(local_addresses())}); add addr_not_local=true behind a NAT or port forward")
+        raise ConfigError(
+            f"--rdzv-conf addr={out['addr']} is not an address of this host (this host has: "
+            f"{', '.join(local_addresses())}); add addr_not_local=true behind a NAT or port forward"
+        )
     return out
 
 
@@ -365,6 +490,7 @@ def from_rdzv_conf(conf: Mapping[str, Any]) -> dict[str, Any]:
 
 def _parser(o: Option) -> Callable[[str], Any]:
     """typer ``parser=`` for a row: :meth:`Option.parse`, a refusal as :class:`BadOptionValue`."""
+
     def parse(raw: str) -> Any:
         try:
             return o.parse(raw)
@@ -402,9 +528,16 @@ def typer_option(o: Option):
 
 def typer_parameters(names: tuple[str, ...] | None = None) -> list[inspect.Parameter]:
     """``inspect.Parameter`` objects (defaults are ``typer.Option``) for the rows ``names`` (default: all)."""
-    return [inspect.Parameter(o.name, inspect.Parameter.KEYWORD_ONLY, default=typer_option(o),
-                              annotation=(bool if o.type is bool else o.type | None))
-            for o in OPTIONS if names is None or o.name in names]
+    return [
+        inspect.Parameter(
+            o.name,
+            inspect.Parameter.KEYWORD_ONLY,
+            default=typer_option(o),
+            annotation=(bool if o.type is bool else o.type | None),
+        )
+        for o in OPTIONS
+        if names is None or o.name in names
+    ]
 
 
 def rendezvous_command(before: tuple[inspect.Parameter, ...] = (), after: tuple[inspect.Parameter, ...] = ()):
@@ -414,6 +547,7 @@ def rendezvous_command(before: tuple[inspect.Parameter, ...] = (), after: tuple[
     unvalidated: what the user typed) and its own parameters ``before`` /
     ``after`` by name.  typer reads the generated signature.
     """
+
     def deco(func):
         own = [p.name for p in (*before, *after)]
         params = list(before) + typer_parameters() + list(after)

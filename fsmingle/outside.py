@@ -44,11 +44,14 @@ class OutsideWorld:
         if rel is not None:
             if rel.state == "released":
                 holder = rel.members[r] if r < len(rel.members) else None
-                where = f"pid {holder.host.pid} on {holder.host.hostname}, {holder.addr}" if holder else "another process"
+                where = (
+                    f"pid {holder.host.pid} on {holder.host.hostname}, {holder.addr}" if holder else "another process"
+                )
                 raise RankConflictError(
                     f"rank {r} of job {self.job_id} was taken by another process ({where}), which was released "
                     f"in generation {self.gen}; give each node a distinct rank, or omit the rank for first-come "
-                    "assignment")
+                    "assignment"
+                )
             self.rejoin()
             return None
         now = self.clock.monotonic()
@@ -61,7 +64,8 @@ class OutsideWorld:
             self.state = State.FAILED
             raise RankConflictError(
                 f"rank {r} of job {self.job_id} is already held by a live process: {where}; "
-                "give each node a distinct rank, or omit the rank for first-come assignment")
+                "give each node a distinct rank, or omit the rank for first-come assignment"
+            )
         if verdict is Verdict.DEAD:
             self.void(f"rank {r}'s holder is dead; replaced by pid {self.me.pid} on {self.me.hostname}")
             self.rejoin()
@@ -71,8 +75,11 @@ class OutsideWorld:
         rel = self._poll_decision()
         if rel is not None:
             if rel.state == "released":
-                self.set_note(f"generation {self.gen} was released to {self.size} participants without this one "
-                              f"(a late participant); waiting in generation {self.gen + 1}", logging.WARNING)
+                self.set_note(
+                    f"generation {self.gen} was released to {self.size} participants without this one "
+                    f"(a late participant); waiting in generation {self.gen + 1}",
+                    logging.WARNING,
+                )
             self.rejoin()
             return None
         now = self.clock.monotonic()
@@ -83,4 +90,3 @@ class OutsideWorld:
                 if r < self.size and self.void_if_dead(r, now, "is dead or stopped heartbeating"):
                     return None
         return None
-

@@ -62,8 +62,10 @@ def describe(p: Progress) -> str:
     elif p.state == "world-full":
         waiting = "all ranks claimed by others; watching for a free place"
     me = f" [this: {'node rank' if p.mode == 'node' else 'rank'} {p.rank}]" if p.rank is not None else ""
-    return (f"{p.job_id} gen {p.generation}: {count} — {waiting}{me} "
-            f"({fmt_duration(p.elapsed)}, timeout in {fmt_duration(p.remaining)})")
+    return (
+        f"{p.job_id} gen {p.generation}: {count} — {waiting}{me} "
+        f"({fmt_duration(p.elapsed)}, timeout in {fmt_duration(p.remaining)})"
+    )
 
 
 class Reporter:
@@ -99,9 +101,15 @@ class Reporter:
         if key != self._last_debug:
             # Shown with --verbose only (the 'fsmingle' logger at DEBUG): every change of state.
             self._last_debug = key
-            log.debug("state: generation %d %s, this rank %s, claimed %s, missing %s%s", p.generation, p.state,
-                      p.rank, list(p.present) if p.present is not None else "?",
-                      list(p.missing) if p.missing is not None else "?", f", note: {p.note}" if p.note else "")
+            log.debug(
+                "state: generation %d %s, this rank %s, claimed %s, missing %s%s",
+                p.generation,
+                p.state,
+                p.rank,
+                list(p.present) if p.present is not None else "?",
+                list(p.missing) if p.missing is not None else "?",
+                f", note: {p.note}" if p.note else "",
+            )
         text = describe(p)
         if self._live is not None:
             from rich.text import Text

@@ -193,9 +193,19 @@ class Participant(GenerationReader, OutsideWorld):
         """This participant's beacon as of now (rank 0's carries the master port)."""
         port = self.hub.port if (self.hub is not None and self.rank == 0) else None
         return Beacon(
-            job_id=self.job_id, generation=self.gen or 0, instance=self.instance, mode=self.mode,
-            size=self.size, rank=self.rank, addr=self.addr, master_port=port, heartbeat=self.heartbeat,
-            restart_count=self.restart_count, host=self.me, wall_time=self.clock.time(), version=self.version,
+            job_id=self.job_id,
+            generation=self.gen or 0,
+            instance=self.instance,
+            mode=self.mode,
+            size=self.size,
+            rank=self.rank,
+            addr=self.addr,
+            master_port=port,
+            heartbeat=self.heartbeat,
+            restart_count=self.restart_count,
+            host=self.me,
+            wall_time=self.clock.time(),
+            version=self.version,
             slurm_job_id=self.slurm_job_id,
         )
 
@@ -227,9 +237,19 @@ class Participant(GenerationReader, OutsideWorld):
 
     def void(self, reason: str) -> bool:
         """Create this generation's restart decision; False if a decision already existed."""
-        rel = Release(job_id=self.job_id, generation=self.gen, state="restart", mode=self.mode, size=self.size,
-                      master_addr=None, master_port=None, members=(), writer=self.instance, reason=reason[:1000],
-                      wall_time=self.clock.time())
+        rel = Release(
+            job_id=self.job_id,
+            generation=self.gen,
+            state="restart",
+            mode=self.mode,
+            size=self.size,
+            master_addr=None,
+            master_port=None,
+            members=(),
+            writer=self.instance,
+            reason=reason[:1000],
+            wall_time=self.clock.time(),
+        )
         self.prepare_next()
         created = self.store.create(release_name(self.gen), encode(rel))
         if created:
@@ -246,9 +266,21 @@ class Participant(GenerationReader, OutsideWorld):
         else:
             here = set(self.present)  # a set: O(N) per call, not O(N^2) (measured at N = 1,024)
             missing = tuple(r for r in range(self.size) if r not in here)
-        self.on_progress(Progress(self.job_id, self.gen or 0, self.mode, self.size, self.present, missing,
-                                  self.rank, now - self.started, max(0.0, self.deadline - now),
-                                  self.state.value, self.note))
+        self.on_progress(
+            Progress(
+                self.job_id,
+                self.gen or 0,
+                self.mode,
+                self.size,
+                self.present,
+                missing,
+                self.rank,
+                now - self.started,
+                max(0.0, self.deadline - now),
+                self.state.value,
+                self.note,
+            )
+        )
 
     def set_present(self, present: tuple[int, ...]) -> None:
         self.ever_present.update(present)
@@ -306,8 +338,10 @@ class Participant(GenerationReader, OutsideWorld):
             now = self.clock.monotonic()
             if self._enoent_since is None:
                 self._enoent_since = now
-            self.set_note(f"generation {g} exists but this node's filesystem cache says it does not; retrying "
-                          f"(for {now - self._enoent_since:.0f} s so far)")
+            self.set_note(
+                f"generation {g} exists but this node's filesystem cache says it does not; retrying "
+                f"(for {now - self._enoent_since:.0f} s so far)"
+            )
             self.delay = min(self.timing.poll_max, max(self.delay, self.timing.poll_min) * self.timing.backoff)
             return None
         self._enoent_since = None
@@ -364,8 +398,10 @@ class Participant(GenerationReader, OutsideWorld):
             if rel is None:
                 break
             if isinstance(rel, Release) and rel.state == "released":
-                self.set_note(f"generation {g} was already released to {rel.size} participant(s) before this one "
-                              f"arrived; waiting in generation {g + 1} (a late participant, or a re-run)")
+                self.set_note(
+                    f"generation {g} was already released to {rel.size} participant(s) before this one "
+                    f"arrived; waiting in generation {g + 1} (a late participant, or a re-run)"
+                )
             g += 1
         self.gen = g
         self._reset_gen_state()
@@ -539,8 +575,12 @@ class Participant(GenerationReader, OutsideWorld):
             # leaving a world that is about to start with us in it.
             self._grace = True
             self.deadline = self.clock.monotonic() + self.timing.stale_after
-            log.info("deadline passed, but generation %d has a decision this node cannot read yet; "
-                     "waiting up to %g s for it", self.gen, self.timing.stale_after)
+            log.info(
+                "deadline passed, but generation %d has a decision this node cannot read yet; "
+                "waiting up to %g s for it",
+                self.gen,
+                self.timing.stale_after,
+            )
             return None
         why = self.role.missing_description() if self.role is not None else None
         placement = self.withdraw(f"rank {self.rank} timed out after {self.timeout:g} s")
@@ -550,12 +590,17 @@ class Participant(GenerationReader, OutsideWorld):
             missing = self.missing_hint
             who = "node ranks" if self.mode == "node" else "ranks"
             if self.state is State.DECIDING:
-                why = (f"generation {self.gen} has a decision this node could not read within "
-                       f"{self.timing.stale_after:g} s (filesystem caches?)")
+                why = (
+                    f"generation {self.gen} has a decision this node could not read within "
+                    f"{self.timing.stale_after:g} s (filesystem caches?)"
+                )
             elif missing:
                 missing = [r for r in missing if r not in self.ever_present] or missing
-                why = (f"missing {who} {ranges(missing)} ({len(missing)} of {self.size})" if len(missing) <= 64
-                       else f"{len(missing)} of {self.size} {who} missing")
+                why = (
+                    f"missing {who} {ranges(missing)} ({len(missing)} of {self.size})"
+                    if len(missing) <= 64
+                    else f"{len(missing)} of {self.size} {who} missing"
+                )
             else:
                 why = f"no complete world of {self.size} formed"
         note = f"; {self.note}" if self.note else ""
@@ -564,7 +609,8 @@ class Participant(GenerationReader, OutsideWorld):
             f"{why}{note}. Directory: {self.store_path(gen_name(self.gen) if self.gen else '')}. "
             "Start the missing participants with the same --dir and --job-id (or raise --timeout); "
             "the directory is left ready for a retry",
-            missing=list(self.missing_hint or []), present=len(self.present or ()),
+            missing=list(self.missing_hint or []),
+            present=len(self.present or ()),
         )
 
     def withdraw(self, reason: str) -> Placement | None:
@@ -619,7 +665,11 @@ class Participant(GenerationReader, OutsideWorld):
             if self.state not in (State.DONE, State.FAILED) and not isinstance(e, RendezvousTimeoutError):
                 placement = self.withdraw(f"rank {self.rank} stopped ({e.__class__.__name__})")
                 if placement is not None and isinstance(e, KeyboardInterrupt):
-                    log.warning("interrupted, but generation %d had already been released with this participant "
-                                "as rank %d; the release stands", placement.generation, placement.rank)
+                    log.warning(
+                        "interrupted, but generation %d had already been released with this participant "
+                        "as rank %d; the release stands",
+                        placement.generation,
+                        placement.rank,
+                    )
                     return placement
             raise

@@ -91,7 +91,7 @@ class HostId:
     pid: int
     pid_start: float
 
-    def same_pid_space(self, other: "HostId") -> bool:
+    def same_pid_space(self, other: HostId) -> bool:
         """True if ``other.pid`` names a process this host can inspect."""
         return bool(self.boot_id) and self.boot_id == other.boot_id and self.pidns == other.pidns
 
@@ -377,8 +377,15 @@ def _members(raw: list, first: int) -> list[Member]:
         arrival = m.get("arrival", 0.0)
         if isinstance(arrival, bool) or not isinstance(arrival, (int, float)):
             raise RecordError(f"member {i}'s arrival is not a number")
-        out.append(Member(rank=i, instance=_instance(m.get("instance")), addr=validate_addr(_req(m, "addr", str)),
-                          host=_hostid(m.get("host")), arrival=float(arrival)))
+        out.append(
+            Member(
+                rank=i,
+                instance=_instance(m.get("instance")),
+                addr=validate_addr(_req(m, "addr", str)),
+                host=_hostid(m.get("host")),
+                arrival=float(arrival),
+            )
+        )
     return out
 
 
@@ -393,9 +400,15 @@ def encode_release(rel: Release) -> tuple[bytes, list[bytes]]:
         return encode(rel), []
     chunks = []
     for k in range(0, len(rel.members), MEMBERS_PER_CHUNK):
-        body = {"schema": SCHEMA_VERSION, "kind": "members", "job_id": rel.job_id, "generation": rel.generation,
-                "writer": rel.writer, "first": k,
-                "members": [dataclasses.asdict(m) for m in rel.members[k:k + MEMBERS_PER_CHUNK]]}
+        body = {
+            "schema": SCHEMA_VERSION,
+            "kind": "members",
+            "job_id": rel.job_id,
+            "generation": rel.generation,
+            "writer": rel.writer,
+            "first": k,
+            "members": [dataclasses.asdict(m) for m in rel.members[k : k + MEMBERS_PER_CHUNK]],
+        }
         chunks.append((json.dumps(body, sort_keys=True, separators=(",", ":")) + "\n").encode())
     digests = tuple(hashlib.sha256(c).hexdigest() for c in chunks)
     return encode(dataclasses.replace(rel, members=(), member_chunks=digests)), chunks

@@ -46,8 +46,14 @@ def job_summary(base: str, job: str, stale_after: float = 30.0, warnings: WarnOn
     store = PosixStore(os.path.join(base, job))
     gens = generations(store)
     if not gens:
-        return {"job_id": job, "generation": None, "state": "empty", "participants": [], "release": None,
-                "generations": []}
+        return {
+            "job_id": job,
+            "generation": None,
+            "state": "empty",
+            "participants": [],
+            "release": None,
+            "generations": [],
+        }
     g = gens[-1]
     info = inspect(store, g, stale_after=0.0, warnings=warnings)
     now = time.time()
@@ -55,36 +61,57 @@ def job_summary(base: str, job: str, stale_after: float = 30.0, warnings: WarnOn
     for b in sorted(info.beacons, key=lambda b: (b.rank is None, b.rank if b.rank is not None else 0)):
         here = info.alive.get(b.instance)
         age = max(0.0, now - b.wall_time)
-        parts.append({
-            "rank": b.rank, "host": b.host.hostname, "addr": b.addr, "pid": b.host.pid,
-            "heartbeat": b.heartbeat,
-            # wall-clock age is for display only (clocks differ); liveness never uses it
-            "heartbeat_age_s": round(age, 1),
-            "alive": here if here is not None else age < stale_after,
-            "liveness": judge(here, age, stale_after), "same_host": here is not None,
-            "master_port": b.master_port, "instance": b.instance,
-        })
+        parts.append(
+            {
+                "rank": b.rank,
+                "host": b.host.hostname,
+                "addr": b.addr,
+                "pid": b.host.pid,
+                "heartbeat": b.heartbeat,
+                # wall-clock age is for display only (clocks differ); liveness never uses it
+                "heartbeat_age_s": round(age, 1),
+                "alive": here if here is not None else age < stale_after,
+                "liveness": judge(here, age, stale_after),
+                "same_host": here is not None,
+                "master_port": b.master_port,
+                "instance": b.instance,
+            }
+        )
     rel = None
     if info.release is not None:
         r = info.release
         from .stragglers import members_of
 
         world = members_of(store, r) if r.state == "released" else None
-        rel = {"state": r.state, "master_addr": r.master_addr, "master_port": r.master_port, "reason": r.reason,
-               "members": [m["addr"] for m in world] if world else [m.addr for m in r.members],
-               # rank, host, addr, arrival (seconds after the first, rank 0's monotonic clock) per member
-               "world": world or [], "age_s": round(max(0.0, now - r.wall_time), 1)}
+        rel = {
+            "state": r.state,
+            "master_addr": r.master_addr,
+            "master_port": r.master_port,
+            "reason": r.reason,
+            "members": [m["addr"] for m in world] if world else [m.addr for m in r.members],
+            # rank, host, addr, arrival (seconds after the first, rank 0's monotonic clock) per member
+            "world": world or [],
+            "age_s": round(max(0.0, now - r.wall_time), 1),
+        }
     size = info.beacons[0].size if info.beacons else (info.release.size if info.release else None)
-    return {"job_id": job, "generation": g, "state": info.state, "size": size, "claimed": info.claims,
-            "participants": parts, "release": rel, "generations": gens, "stale_after": stale_after}
+    return {
+        "job_id": job,
+        "generation": g,
+        "state": info.state,
+        "size": size,
+        "claimed": info.claims,
+        "participants": parts,
+        "release": rel,
+        "generations": gens,
+        "stale_after": stale_after,
+    }
 
 
 def _state_word(s: dict) -> str:
     return {"restart": "voided"}.get(s["state"], s["state"])
 
 
-def _render(base: str, jobs: list[str], detail: bool, stale_after: float, warnings: WarnOnce,
-            timeline: bool = False):
+def _render(base: str, jobs: list[str], detail: bool, stale_after: float, warnings: WarnOnce, timeline: bool = False):
     from rich.console import Group
     from rich.table import Table
     from rich.text import Text
@@ -97,8 +124,11 @@ def _render(base: str, jobs: list[str], detail: bool, stale_after: float, warnin
         for s in summaries:
             rel = s["release"]
             master = f"{rel['master_addr']}:{rel['master_port']}" if rel and rel["master_addr"] else "-"
-            claimed = f"{len(s.get('claimed', []))}/{s.get('size') or '?'}" if s["generation"] and \
-                s["state"] not in ("restart",) else "-"
+            claimed = (
+                f"{len(s.get('claimed', []))}/{s.get('size') or '?'}"
+                if s["generation"] and s["state"] not in ("restart",)
+                else "-"
+            )
             t.add_row(s["job_id"], str(s["generation"] or "-"), _state_word(s), claimed, master)
         return t, summaries
     s = job_summary(base, jobs[0], stale_after, warnings)
@@ -106,26 +136,41 @@ def _render(base: str, jobs: list[str], detail: bool, stale_after: float, warnin
     if s["state"] == "restart":
         # A voided generation: its participants withdrew (or will join the next one); a claim
         # count and an empty table would suggest someone is still waiting in it.
-        head = Text(f"job {s['job_id']} generation {s['generation']}: voided ({r['reason'] if r else 'no reason'}); "
-                    f"the next attempt starts generation {s['generation'] + 1}")
+        head = Text(
+            f"job {s['job_id']} generation {s['generation']}: voided ({r['reason'] if r else 'no reason'}); "
+            f"the next attempt starts generation {s['generation'] + 1}"
+        )
         if not s["participants"]:
             return Group(head, Text("no participant is left in this generation")), [s]
         title = None
     else:
         head = None
-        title = (f"job {s['job_id']} generation {s['generation']}: {_state_word(s)} "
-                 f"({len(s.get('claimed', []))}/{s.get('size') or '?'} claimed)")
+        title = (
+            f"job {s['job_id']} generation {s['generation']}: {_state_word(s)} "
+            f"({len(s.get('claimed', []))}/{s.get('size') or '?'} claimed)"
+        )
     t = Table(title=title)
     for c in ("rank", "host", "address", "pid", "heartbeat", "age", "alive"):
         t.add_column(c)
     for p in s["participants"]:
         word = p["liveness"] + ("" if p["same_host"] else " (remote)")
-        t.add_row(str(p["rank"] if p["rank"] is not None else "-"), p["host"], p["addr"], str(p["pid"]),
-                  str(p["heartbeat"]), f"{p['heartbeat_age_s']}s", word)
+        t.add_row(
+            str(p["rank"] if p["rank"] is not None else "-"),
+            p["host"],
+            p["addr"],
+            str(p["pid"]),
+            str(p["heartbeat"]),
+            f"{p['heartbeat_age_s']}s",
+            word,
+        )
     parts = [x for x in (head, t) if x is not None]
     if r and r["state"] == "released":
-        parts.append(Text(f"released to {len(r['members'])} members: master {r['master_addr']}:{r['master_port']} "
-                          f"({r['age_s']}s ago)"))
+        parts.append(
+            Text(
+                f"released to {len(r['members'])} members: master {r['master_addr']}:{r['master_port']} "
+                f"({r['age_s']}s ago)"
+            )
+        )
         if r["world"]:
             from .stragglers import table
             from .stragglers import timeline as draw_timeline
@@ -134,8 +179,16 @@ def _render(base: str, jobs: list[str], detail: bool, stale_after: float, warnin
     return Group(*parts), [s]
 
 
-def status_main(dir: str | None, job_id: str | None, as_json: bool, watch: bool, interval: float,
-                stale_after: float = 30.0, timeline: bool = False, plot: str | None = None) -> int:
+def status_main(
+    dir: str | None,
+    job_id: str | None,
+    as_json: bool,
+    watch: bool,
+    interval: float,
+    stale_after: float = 30.0,
+    timeline: bool = False,
+    plot: str | None = None,
+) -> int:
     """Run ``fsmingle status``; return the exit code (0: released / jobs listed, 1: otherwise).
 
     ``timeline``: draw the released members' arrivals on a time axis instead of the arrival table.
@@ -154,8 +207,10 @@ def status_main(dir: str | None, job_id: str | None, as_json: bool, watch: bool,
         if not base:
             raise ConfigError("no rendezvous directory: pass --dir or set FSMINGLE_DIR")
         if not os.path.isdir(base):
-            raise StorageError(f"--dir {base} does not exist or is not a directory; check --dir (and that the "
-                               "shared filesystem is mounted on this node)")
+            raise StorageError(
+                f"--dir {base} does not exist or is not a directory; check --dir (and that the "
+                "shared filesystem is mounted on this node)"
+            )
         if (timeline or plot) and not job_id:
             raise ConfigError(f"{'--timeline' if timeline else '--plot'} shows one job's arrivals: give its JOB_ID")
         if job_id:
@@ -165,8 +220,7 @@ def status_main(dir: str | None, job_id: str | None, as_json: bool, watch: bool,
             check_owned_dir(os.path.join(base, job_id), "job directory")
             jobs = [job_id]
         else:
-            jobs = sorted(n for n in os.listdir(base) if not n.startswith(".")
-                          and os.path.isdir(os.path.join(base, n)))
+            jobs = sorted(n for n in os.listdir(base) if not n.startswith(".") and os.path.isdir(os.path.join(base, n)))
     except FsmingleError as e:
         print(f"fsmingle: error: {e}", file=sys.stderr)
         return e.exit_code
@@ -190,8 +244,9 @@ def status_main(dir: str | None, job_id: str | None, as_json: bool, watch: bool,
             s = job_summary(base, jobs[0], stale_after)
             try:
                 if not (s["release"] and s["release"]["world"]):
-                    raise ConfigError(f"--plot: job {jobs[0]} generation {s['generation']} is not released "
-                                      "(no arrivals to draw yet)")
+                    raise ConfigError(
+                        f"--plot: job {jobs[0]} generation {s['generation']} is not released (no arrivals to draw yet)"
+                    )
                 from .stragglers import plot as draw_plot
 
                 draw_plot(s["release"]["world"], plot, f"job {jobs[0]} generation {s['generation']}: arrivals")

@@ -204,7 +204,7 @@ class PosixStore(Store):
             try:
                 view = memoryview(data)
                 while view:
-                    view = view[os.write(fd, view):]
+                    view = view[os.write(fd, view) :]
                 # fsync before publishing: after a crash of this node the name
                 # must never point at an empty or partial file.
                 os.fsync(fd)
@@ -256,9 +256,13 @@ class PosixStore(Store):
                 if _nlink(tmp) == 2:
                     return True
                 if e.errno in REFUSE_ERRNOS:
-                    raise UnsupportedFilesystemError(refusal_message(
-                        self.root, f"link() fails there with {errno_name(e.errno)} "
-                                   f"({os.strerror(e.errno)}), so it cannot hold an exclusive claim")) from None
+                    raise UnsupportedFilesystemError(
+                        refusal_message(
+                            self.root,
+                            f"link() fails there with {errno_name(e.errno)} "
+                            f"({os.strerror(e.errno)}), so it cannot hold an exclusive claim",
+                        )
+                    ) from None
                 raise storage_error(e, "create", target) from None
         finally:
             _unlink_quiet(tmp)

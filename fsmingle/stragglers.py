@@ -35,8 +35,10 @@ def members_of(store, rel: Release) -> list[dict] | None:
             rel = attach_members(rel, chunks)
         except RecordError:
             return None
-    return [{"rank": m.rank, "host": m.host.hostname, "addr": m.addr, "arrival": round(m.arrival, 3)}
-            for m in sorted(rel.members, key=lambda m: m.rank)]
+    return [
+        {"rank": m.rank, "host": m.host.hostname, "addr": m.addr, "arrival": round(m.arrival, 3)}
+        for m in sorted(rel.members, key=lambda m: m.rank)
+    ]
 
 
 def table(world: list[dict]):
@@ -61,8 +63,11 @@ def timeline(world: list[dict], width: int = TIMELINE_WIDTH):
     from rich.text import Text
 
     last = max((m["arrival"] for m in world), default=0.0)
-    t = Table(title=f"arrival timeline: 0 .. {last:.1f} s (one column = {last / width:.2g} s)" if last
-              else "arrival timeline: everyone at once")
+    t = Table(
+        title=f"arrival timeline: 0 .. {last:.1f} s (one column = {last / width:.2g} s)"
+        if last
+        else "arrival timeline: everyone at once"
+    )
     for c in ("rank", "host", "arrival"):
         t.add_column(c, justify="right" if c != "host" else "left")
     t.add_column("0 s" + " " * max(0, width - 3 - len(f"{last:.1f} s")) + f"{last:.1f} s", no_wrap=True)

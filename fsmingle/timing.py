@@ -52,14 +52,17 @@ class Timing:
     def __post_init__(self):
         for name in ("poll_min", "poll_max", "stale_after", "scan_interval", "status_interval", "probe_timeout"):
             if not getattr(self, name) > 0:
-                raise ConfigError(f"{name.replace('_', '-')} must be a positive number of seconds, got {getattr(self, name)}")
+                raise ConfigError(
+                    f"{name.replace('_', '-')} must be a positive number of seconds, got {getattr(self, name)}"
+                )
         if self.poll_max < self.poll_min:
             raise ConfigError("--poll-max must be at least poll_min")
         if self.poll_max > self.stale_after / 4:
             raise ConfigError(
                 f"--poll-max {self.poll_max:g} s must be at most a quarter of --stale-after {self.stale_after:g} s: "
                 "a peer must be seen heartbeating several times before it could be judged dead; "
-                "lower --poll-max or raise --stale-after")
+                "lower --poll-max or raise --stale-after"
+            )
         if self.heartbeat is not None and not 0 < self.heartbeat < self.stale_after:
             raise ConfigError("heartbeat must be positive and below stale_after")
 
@@ -87,5 +90,3 @@ class SystemClock:
     monotonic = staticmethod(_time.monotonic)
     time = staticmethod(_time.time)
     sleep = staticmethod(_time.sleep)
-
-

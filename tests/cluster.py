@@ -52,8 +52,8 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Iterable, Mapping, Sequence
 
 try:  # pytest is only needed for the fixtures / skip helper
     import pytest
@@ -85,12 +85,22 @@ KEEP_ENV = "FSMINGLE_KEEP_CLUSTER"  # set to 1: keep the work dir (logs) after t
 REQUIRE_ENV = "FSMINGLE_REQUIRE_CLUSTER"  # set to 1: fail instead of skip
 
 _TERMINAL_STATES = {
-    "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
-    "BOOT_FAIL", "DEADLINE", "PREEMPTED", "SPECIAL_EXIT", "REVOKED",
+    "COMPLETED",
+    "FAILED",
+    "CANCELLED",
+    "TIMEOUT",
+    "NODE_FAIL",
+    "OUT_OF_MEMORY",
+    "BOOT_FAIL",
+    "DEADLINE",
+    "PREEMPTED",
+    "SPECIAL_EXIT",
+    "REVOKED",
 }
 
 
 # --------------------------------------------------------------------------- helpers
+
 
 def _sh(argv: Sequence[str], check: bool = True, timeout: float = 30, **kw) -> subprocess.CompletedProcess:
     """Run a plumbing command in the root namespaces, with a hard timeout."""
@@ -155,8 +165,7 @@ def _mounts_under(prefix: str) -> list[str]:
 
 
 def _unmount(path: str) -> None:
-    for argv in (["fusermount3", "-u", path], ["fusermount", "-u", path],
-                 ["umount", path], ["umount", "-l", path]):
+    for argv in (["fusermount3", "-u", path], ["fusermount", "-u", path], ["umount", path], ["umount", "-l", path]):
         if not shutil.which(argv[0]):
             continue
         with contextlib.suppress(Exception):
@@ -210,9 +219,8 @@ def _fuse_abort(path: str) -> None:
     own = False
     if not any(line.split()[4] == conn for line in open("/proc/self/mountinfo")):
         own = _sh(["mount", "-t", "fusectl", "fusectl", conn], check=False).returncode == 0
-    with contextlib.suppress(OSError):
-        with open(f"{conn}/{minor}/abort", "w") as f:
-            f.write("1")
+    with contextlib.suppress(OSError), open(f"{conn}/{minor}/abort", "w") as f:
+        f.write("1")
     if own:
         _sh(["umount", conn], check=False)
     _sh(["umount", "-l", path], check=False)
@@ -247,8 +255,11 @@ def _env(base_extra: Mapping[str, str] | None, overlay: Mapping[str, str | None]
     (an overlay value of None removes the variable)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     path = env.get("PATH", "/usr/local/bin:/usr/bin:/bin")
-    env["PATH"] = ":".join([PYTHON_BIN] + [p for p in path.split(":") if p and p != PYTHON_BIN]
-                           + [p for p in ("/usr/sbin", "/sbin") if p not in path.split(":")])
+    env["PATH"] = ":".join(
+        [PYTHON_BIN]
+        + [p for p in path.split(":") if p and p != PYTHON_BIN]
+        + [p for p in ("/usr/sbin", "/sbin") if p not in path.split(":")]
+    )
     env.update(base_extra or {})
     for k, v in (overlay or {}).items():
         if v is None:
@@ -259,6 +270,7 @@ def _env(base_extra: Mapping[str, str] | None, overlay: Mapping[str, str | None]
 
 
 # --------------------------------------------------------------------------- registry
+
 
 def _register(prefix: str, state: dict) -> None:
     REGISTRY_DIR.mkdir(mode=0o700, exist_ok=True)
@@ -338,12 +350,21 @@ MOTO_VENV_DEFAULT = "/opt/moto-venv"
 #          client looked up before it existed stays ENOENT there for 61 s.
 # Both: network.ping-timeout 10 (default 42) so a client cut off by a test gives up sooner.
 GLUSTER_PROFILES = {
-    "tuned": [("features.cache-invalidation", "on"), ("features.cache-invalidation-timeout", "600"),
-              ("performance.cache-invalidation", "on"), ("performance.md-cache-timeout", "600"),
-              ("performance.nl-cache", "on"), ("performance.nl-cache-timeout", "600")],
-    "nfs60": [("features.cache-invalidation", "off"), ("performance.cache-invalidation", "off"),
-              ("performance.md-cache-timeout", "60"), ("performance.nl-cache", "on"),
-              ("performance.nl-cache-timeout", "60")],
+    "tuned": [
+        ("features.cache-invalidation", "on"),
+        ("features.cache-invalidation-timeout", "600"),
+        ("performance.cache-invalidation", "on"),
+        ("performance.md-cache-timeout", "600"),
+        ("performance.nl-cache", "on"),
+        ("performance.nl-cache-timeout", "600"),
+    ],
+    "nfs60": [
+        ("features.cache-invalidation", "off"),
+        ("performance.cache-invalidation", "off"),
+        ("performance.md-cache-timeout", "60"),
+        ("performance.nl-cache", "on"),
+        ("performance.nl-cache-timeout", "60"),
+    ],
 }
 _GLUSTER_COMMON = [("network.ping-timeout", "10")]
 
@@ -370,6 +391,7 @@ def moto_server_path() -> str:
 def _free_port_block(n: int, lo: int = 20000, hi: int = 60000) -> int:
     """A port p such that p..p+n-1 are all free on every address (root namespace)."""
     import socket
+
     rng = random.SystemRandom()
     for _ in range(200):
         p = rng.randrange(lo, hi - n)
@@ -395,7 +417,7 @@ class _FsBackend:
     fs = "?"
     fuse_type = "?"
 
-    def __init__(self, cluster: "Cluster"):
+    def __init__(self, cluster: Cluster):
         self.c = cluster
 
     @property
@@ -425,12 +447,13 @@ class _FsBackend:
             if _mount_dev_minor(mnt) is not None:  # mounted but the helper failed: start clean
                 _fuse_abort(mnt)
             if time.monotonic() > deadline:
-                raise RuntimeError(f"{self.fs} mount at {mnt} failed (rc={p.returncode}): {p.stderr.strip()}"
-                                   + self.diagnostics())
+                raise RuntimeError(
+                    f"{self.fs} mount at {mnt} failed (rc={p.returncode}): {p.stderr.strip()}" + self.diagnostics()
+                )
             time.sleep(0.5)
         return sorted(set(_netns_pids(netns)) - before) if netns else []
 
-    def mount_host(self, host: "Host") -> None:
+    def mount_host(self, host: Host) -> None:
         host.fuse_pids = self.mount(host.mountpoint, host.netns)
 
     def stop(self) -> None:
@@ -454,7 +477,7 @@ class _Gluster(_FsBackend):
 
     fuse_type = "fuse.glusterfs"
 
-    def __init__(self, cluster: "Cluster", profile: str):
+    def __init__(self, cluster: Cluster, profile: str):
         super().__init__(cluster)
         self.profile = profile
         self.fs = f"glusterfs-{profile}"
@@ -484,8 +507,21 @@ class _Gluster(_FsBackend):
         # the bridge is reachable from a host's network namespace.  `force`: both bricks are on
         # one server and on the root filesystem, which gluster refuses otherwise.
         ip = self.server_ip
-        _sh(["gluster", "--mode=script", "volume", "create", self.volume, "replica", "2",
-             f"{ip}:{base}/b1", f"{ip}:{base}/b2", "force"], timeout=60)
+        _sh(
+            [
+                "gluster",
+                "--mode=script",
+                "volume",
+                "create",
+                self.volume,
+                "replica",
+                "2",
+                f"{ip}:{base}/b1",
+                f"{ip}:{base}/b2",
+                "force",
+            ],
+            timeout=60,
+        )
         for k, v in GLUSTER_PROFILES[self.profile] + _GLUSTER_COMMON:
             # before start and before any client: no live graph switch in the middle of a test
             _sh(["gluster", "--mode=script", "volume", "set", self.volume, k, v], timeout=60)
@@ -517,25 +553,52 @@ class _MooseFS(_FsBackend):
         self.port = p + 2
         # root: the default user mfs cannot write a root-owned DATA_PATH; nice 0 spares the cores
         common = ["WORKING_USER = root", "WORKING_GROUP = root", "NICE_LEVEL = 0"]
-        (b / "master.cfg").write_text("\n".join(common + [
-            f"DATA_PATH = {b}/master", f"EXPORTS_FILENAME = {b}/exports.cfg",
-            f"MATOML_LISTEN_PORT = {p}", f"MATOCS_LISTEN_PORT = {p + 1}", f"MATOCL_LISTEN_PORT = {p + 2}",
-            # replaced files' chunks go faster (default trash time is 24 h; set to 0 below)
-            "CHUNKS_LOOP_MIN_TIME = 10", "CHUNKS_SOFT_DEL_LIMIT = 1000", "CHUNKS_HARD_DEL_LIMIT = 2000"]) + "\n")
+        (b / "master.cfg").write_text(
+            "\n".join(
+                common
+                + [
+                    f"DATA_PATH = {b}/master",
+                    f"EXPORTS_FILENAME = {b}/exports.cfg",
+                    f"MATOML_LISTEN_PORT = {p}",
+                    f"MATOCS_LISTEN_PORT = {p + 1}",
+                    f"MATOCL_LISTEN_PORT = {p + 2}",
+                    # replaced files' chunks go faster (default trash time is 24 h; set to 0 below)
+                    "CHUNKS_LOOP_MIN_TIME = 10",
+                    "CHUNKS_SOFT_DEL_LIMIT = 1000",
+                    "CHUNKS_HARD_DEL_LIMIT = 2000",
+                ]
+            )
+            + "\n"
+        )
         (b / "exports.cfg").write_text("* / rw,alldirs,admin,maproot=0:0\n")
         # MASTER_HOST not loopback: the chunkserver refuses 127.0.0.1, and clients reach it there
-        (b / "cs.cfg").write_text("\n".join(common + [
-            f"DATA_PATH = {b}/cs", f"HDD_CONF_FILENAME = {b}/hdd.cfg", f"MASTER_HOST = {self.server_ip}",
-            f"MASTER_PORT = {p + 1}", f"CSSERV_LISTEN_PORT = {p + 3}"]) + "\n")
+        (b / "cs.cfg").write_text(
+            "\n".join(
+                common
+                + [
+                    f"DATA_PATH = {b}/cs",
+                    f"HDD_CONF_FILENAME = {b}/hdd.cfg",
+                    f"MASTER_HOST = {self.server_ip}",
+                    f"MASTER_PORT = {p + 1}",
+                    f"CSSERV_LISTEN_PORT = {p + 3}",
+                ]
+            )
+            + "\n"
+        )
         (b / "hdd.cfg").write_text(f"{b}/hdd\n")
         for name, cfg in (("mfsmaster", "master.cfg"), ("mfschunkserver", "cs.cfg")):
-            d = subprocess.Popen([_which(name), "-f", "-c", str(b / cfg), "start"], stdin=subprocess.DEVNULL,
-                                 stdout=open(b / f"{name}.log", "w"), stderr=subprocess.STDOUT,
-                                 start_new_session=True)
+            d = subprocess.Popen(
+                [_which(name), "-f", "-c", str(b / cfg), "start"],
+                stdin=subprocess.DEVNULL,
+                stdout=open(b / f"{name}.log", "w"),
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
             c.track_pid(d.pid)
             c._daemons.append(d)
         self.base = b
         import socket
+
         deadline = time.monotonic() + 30  # -f: the daemons start in the background of our Popen
         while True:
             with socket.socket() as sk, contextlib.suppress(OSError):
@@ -563,8 +626,11 @@ class _MooseFS(_FsBackend):
         return ["mfsmount", "-H", self.server_ip, "-P", str(self.port), "-o", MFS_MOUNT_OPTS, mnt]
 
     def diagnostics(self) -> str:
-        return "".join(f"\n--- {n}\n" + (self.base / n).read_text(errors="replace")[-2000:]
-                       for n in ("mfsmaster.log", "mfschunkserver.log") if (self.base / n).exists())
+        return "".join(
+            f"\n--- {n}\n" + (self.base / n).read_text(errors="replace")[-2000:]
+            for n in ("mfsmaster.log", "mfschunkserver.log")
+            if (self.base / n).exists()
+        )
 
 
 class _S3fs(_FsBackend):
@@ -576,16 +642,24 @@ class _S3fs(_FsBackend):
 
     def start(self) -> None:
         import urllib.request
+
         c = self.c
         b = c.workdir / "s3"
         b.mkdir()
         moto = moto_server_path()
         if not os.access(moto, os.X_OK):
-            raise RuntimeError(f"{moto} missing: python3 -m venv {MOTO_VENV_DEFAULT} && "
-                               f"{MOTO_VENV_DEFAULT}/bin/pip install 'moto[server]' (or set ${MOTO_VENV_ENV})")
+            raise RuntimeError(
+                f"{moto} missing: python3 -m venv {MOTO_VENV_DEFAULT} && "
+                f"{MOTO_VENV_DEFAULT}/bin/pip install 'moto[server]' (or set ${MOTO_VENV_ENV})"
+            )
         self.port = _free_port_block(1)
-        d = subprocess.Popen([moto, "-H", self.server_ip, "-p", str(self.port)], stdin=subprocess.DEVNULL,
-                             stdout=open(b / "moto.log", "w"), stderr=subprocess.STDOUT, start_new_session=True)
+        d = subprocess.Popen(
+            [moto, "-H", self.server_ip, "-p", str(self.port)],
+            stdin=subprocess.DEVNULL,
+            stdout=open(b / "moto.log", "w"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         c.track_pid(d.pid)
         c._daemons.append(d)
         url = f"http://{self.server_ip}:{self.port}"
@@ -608,7 +682,7 @@ class _S3fs(_FsBackend):
         return ["s3fs", "fsmbucket", mnt, "-o", self.opts]
 
 
-def _make_backend(cluster: "Cluster", fs: str) -> _FsBackend:
+def _make_backend(cluster: Cluster, fs: str) -> _FsBackend:
     if fs == "bindfs":
         return _Bindfs(cluster)
     if fs.startswith("glusterfs-"):
@@ -668,8 +742,7 @@ _WRAP = (
 class Host:
     """One host: a network namespace + private hostname/mounts for its processes."""
 
-    def __init__(self, cluster: "Cluster", name: str, ip: str, netns: str, veth: str,
-                 mountpoint: str | None):
+    def __init__(self, cluster: Cluster, name: str, ip: str, netns: str, veth: str, mountpoint: str | None):
         self.cluster = cluster
         self.name = name
         self.ip = ip
@@ -693,10 +766,22 @@ class Host:
         c = self.cluster
         pidns = [f"--pid=/proc/{self.init_pid}/ns/pid"] if self.init_pid else []
         return [
-            _which("nsenter"), f"--net=/run/netns/{self.netns}", *pidns,
-            _which("unshare"), "--uts", "--mount", "--propagation", "private",
-            "sh", "-c", _WRAP, "fsm-host",
-            self.name, self.mountpoint or "", c.shared, str(c.hosts_file),
+            _which("nsenter"),
+            f"--net=/run/netns/{self.netns}",
+            *pidns,
+            _which("unshare"),
+            "--uts",
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            _WRAP,
+            "fsm-host",
+            self.name,
+            self.mountpoint or "",
+            c.shared,
+            str(c.hosts_file),
             str(c.resolv_file) if c.resolv_file else "",
             str(cwd if cwd is not None else c.default_cwd),
             "1" if self.init_pid else "0",
@@ -709,8 +794,13 @@ class Host:
         return _env({"TMPDIR": self.tmpdir}, env)
 
     # -- running things
-    def popen(self, argv: Sequence[str], env: Mapping[str, str | None] | None = None,
-              cwd: str | os.PathLike | None = None, **kw) -> subprocess.Popen:
+    def popen(
+        self,
+        argv: Sequence[str],
+        env: Mapping[str, str | None] | None = None,
+        cwd: str | os.PathLike | None = None,
+        **kw,
+    ) -> subprocess.Popen:
         """Start ``argv`` on this host.  Own session (process group), so
         ``os.killpg(p.pid, sig)`` reaches its children.  Extra kwargs go to Popen."""
         kw.setdefault("start_new_session", True)
@@ -719,16 +809,29 @@ class Host:
         self._procs.append(p)
         return p
 
-    def run(self, argv: Sequence[str], env: Mapping[str, str | None] | None = None,
-            timeout: float = 60, check: bool = False, input: str | None = None,
-            cwd: str | os.PathLike | None = None, capture_output: bool = True,
-            text: bool = True) -> subprocess.CompletedProcess:
+    def run(
+        self,
+        argv: Sequence[str],
+        env: Mapping[str, str | None] | None = None,
+        timeout: float = 60,
+        check: bool = False,
+        input: str | None = None,
+        cwd: str | os.PathLike | None = None,
+        capture_output: bool = True,
+        text: bool = True,
+    ) -> subprocess.CompletedProcess:
         """Run ``argv`` on this host; kill its whole process group on timeout
         (then raise subprocess.TimeoutExpired)."""
         pipe = subprocess.PIPE if capture_output else None
-        p = self.popen(argv, env=env, cwd=cwd, stdout=pipe, stderr=pipe,
-                       stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
-                       text=text)
+        p = self.popen(
+            argv,
+            env=env,
+            cwd=cwd,
+            stdout=pipe,
+            stderr=pipe,
+            stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
+            text=text,
+        )
         try:
             out, err = p.communicate(input, timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -791,10 +894,22 @@ class Host:
         """Start the host's pid namespace: its pid 1 reaps orphans (so a dead process of this
         host never lingers as a zombie that looks alive to ``kill(pid, 0)``)."""
         self._init = subprocess.Popen(
-            [_which("nsenter"), f"--net=/run/netns/{self.netns}", _which("unshare"), "--pid", "--fork",
-             "--kill-child", sys.executable, "-c", _PIDNS_INIT],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            start_new_session=True)
+            [
+                _which("nsenter"),
+                f"--net=/run/netns/{self.netns}",
+                _which("unshare"),
+                "--pid",
+                "--fork",
+                "--kill-child",
+                sys.executable,
+                "-c",
+                _PIDNS_INIT,
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         deadline = time.monotonic() + 10
         while True:
             with contextlib.suppress(OSError, ValueError):
@@ -836,8 +951,9 @@ class Host:
         with contextlib.suppress(ProcessLookupError):
             os.kill(self.init_pid, signal.SIGKILL)
         deadline = time.monotonic() + wait
-        while time.monotonic() < deadline and any(Path(f"/proc/{p}").exists() and _proc_state(p) not in ("Z", None)
-                                                  for p in members):
+        while time.monotonic() < deadline and any(
+            Path(f"/proc/{p}").exists() and _proc_state(p) not in ("Z", None) for p in members
+        ):
             time.sleep(0.02)
         gone = not any(_proc_state(p) not in ("Z", None) for p in members)
         with contextlib.suppress(Exception):
@@ -903,10 +1019,18 @@ class Cluster:
         and the host's processes see only each other in /proc.
     """
 
-    def __init__(self, n_hosts: int = 3, cache_timeout: float = 2.0,
-                 shared_path: str | None = None, hosts_file: str = "cluster",
-                 bindfs_args: Sequence[str] = (), extra_hosts: Sequence[str] = (),
-                 host_names: Sequence[str] | None = None, fs: str = "bindfs", pid_ns: bool | None = None):
+    def __init__(
+        self,
+        n_hosts: int = 3,
+        cache_timeout: float = 2.0,
+        shared_path: str | None = None,
+        hosts_file: str = "cluster",
+        bindfs_args: Sequence[str] = (),
+        extra_hosts: Sequence[str] = (),
+        host_names: Sequence[str] | None = None,
+        fs: str = "bindfs",
+        pid_ns: bool | None = None,
+    ):
         if fs not in FILESYSTEMS:
             raise ValueError(f"fs must be one of {', '.join(FILESYSTEMS)}")
         if n_hosts < 1 or n_hosts > 200:
@@ -935,9 +1059,18 @@ class Cluster:
         self.subnet: str | None = None  # "10.A.B"
         self.hosts: list[Host] = []
         self.extra: dict[str, Host] = {}
-        self._state: dict = {"owner": os.getpid(), "owner_start": _proc_start_time(os.getpid()),
-                             "workdir": str(self.workdir), "netns": [], "links": [],
-                             "mounts": [], "pids": [], "pid_start": {}, "fuse_mounts": [], "tmpfs": []}
+        self._state: dict = {
+            "owner": os.getpid(),
+            "owner_start": _proc_start_time(os.getpid()),
+            "workdir": str(self.workdir),
+            "netns": [],
+            "links": [],
+            "mounts": [],
+            "pids": [],
+            "pid_start": {},
+            "fuse_mounts": [],
+            "tmpfs": [],
+        }
         self.fs_backend = _make_backend(self, fs)
         self._daemons: list[subprocess.Popen] = []  # server daemons we started (reaped at close)
         self._closed = False
@@ -946,7 +1079,7 @@ class Cluster:
         self._cleanups: list = []  # callables run first at close (e.g. Slurm daemons)
 
     # -- lifecycle
-    def __enter__(self) -> "Cluster":
+    def __enter__(self) -> Cluster:
         if not self._started:
             self.start()
         return self
@@ -980,7 +1113,7 @@ class Cluster:
                 return str(net.network_address).rsplit(".", 1)[0]
         raise RuntimeError("no free 10.x.y.0/24 subnet")
 
-    def start(self) -> "Cluster":
+    def start(self) -> Cluster:
         missing = missing_capabilities(fs=self.fs)
         if missing:
             raise RuntimeError("cannot build a cluster here, missing: " + ", ".join(missing))
@@ -1001,12 +1134,15 @@ class Cluster:
         self._state["links"].append(self.bridge)
         self._save()
         _sh(["ip", "link", "add", self.bridge, "type", "bridge"])
-        for attempt in range(5):
+        for _attempt in range(5):
             self.subnet = self._pick_subnet()
             _sh(["ip", "addr", "add", f"{self.subnet}.1/24", "dev", self.bridge])
             # a concurrent run may have grabbed the same /24 between pick and add
-            others = [l for l in _sh(["ip", "-4", "-o", "addr", "show"]).stdout.splitlines()
-                      if f" {self.subnet}." in l and self.bridge not in l.split()[1]]
+            others = [
+                l
+                for l in _sh(["ip", "-4", "-o", "addr", "show"]).stdout.splitlines()
+                if f" {self.subnet}." in l and self.bridge not in l.split()[1]
+            ]
             if not others:
                 break
             _sh(["ip", "addr", "flush", "dev", self.bridge])
@@ -1064,8 +1200,16 @@ class Cluster:
         if mnt and self.fs == "bindfs":
             Path(mnt).mkdir(parents=True)
             t = f"{self.cache_timeout:g}"
-            _sh(["bindfs", "-o", f"attr_timeout={t},entry_timeout={t},negative_timeout={t}",
-                 *self.bindfs_args, str(self.backing), mnt])
+            _sh(
+                [
+                    "bindfs",
+                    "-o",
+                    f"attr_timeout={t},entry_timeout={t},negative_timeout={t}",
+                    *self.bindfs_args,
+                    str(self.backing),
+                    mnt,
+                ]
+            )
         elif mnt:
             self.fs_backend.mount_host(host)
         if self.pid_ns:
@@ -1131,19 +1275,21 @@ class Cluster:
             with contextlib.suppress(Exception):
                 d.wait(timeout=10)
         if not _mounts_under(str(self.workdir)) and not any(
-                os.path.exists(f"/run/netns/{ns}") for ns in self._state["netns"]):
+            os.path.exists(f"/run/netns/{ns}") for ns in self._state["netns"]
+        ):
             _unregister(self.prefix)
 
 
 # --------------------------------------------------------------------------- Slurm
 
+
 @dataclasses.dataclass
 class JobResult:
     job_id: str
-    state: str           # aggregate: COMPLETED only if every (array) task completed
-    exit_code: int       # first non-zero exit code among tasks (else 0)
+    state: str  # aggregate: COMPLETED only if every (array) task completed
+    exit_code: int  # first non-zero exit code among tasks (else 0)
     signal: int
-    tasks: list[dict]    # one dict of `scontrol show job -o` fields per (array) task
+    tasks: list[dict]  # one dict of `scontrol show job -o` fields per (array) task
 
     @property
     def ok(self) -> bool:
@@ -1168,8 +1314,7 @@ class SlurmCluster:
     namespaces with its hostname and see the shared directory at ``cluster.shared``.
     """
 
-    def __init__(self, n_nodes: int = 3, cluster: Cluster | None = None,
-                 cpus_per_node: int = 2, **cluster_kw):
+    def __init__(self, n_nodes: int = 3, cluster: Cluster | None = None, cpus_per_node: int = 2, **cluster_kw):
         self._own_cluster = cluster is None
         self.cluster = cluster or Cluster(n_nodes, extra_hosts=["ctl"], **cluster_kw)
         if "ctl" not in self.cluster.extra_names:
@@ -1185,7 +1330,7 @@ class SlurmCluster:
         self.setup_seconds: float | None = None
 
     # -- lifecycle
-    def __enter__(self) -> "SlurmCluster":
+    def __enter__(self) -> SlurmCluster:
         self.start()
         return self
 
@@ -1204,7 +1349,7 @@ class SlurmCluster:
     def nodes(self) -> list[str]:
         return [h.name for h in self.cluster.hosts]
 
-    def start(self, probe_timeout: float = 30) -> "SlurmCluster":
+    def start(self, probe_timeout: float = 30) -> SlurmCluster:
         t0 = time.monotonic()
         if not self.cluster._started:
             self.cluster.start()
@@ -1214,12 +1359,15 @@ class SlurmCluster:
             self._write_conf()
             self.daemons["slurmctld"] = self.ctl.popen(
                 [_which("slurmctld"), "-D", "-i", "-f", str(self.conf)],
-                stdout=open(self.dir / "slurmctld.stdout", "w"), stderr=subprocess.STDOUT)
+                stdout=open(self.dir / "slurmctld.stdout", "w"),
+                stderr=subprocess.STDOUT,
+            )
             for h in self.hosts:
                 self.daemons[f"slurmd-{h.name}"] = h.popen(
                     [_which("slurmd"), "-D", "-f", str(self.conf), "-N", h.name],
                     stdout=open(self.dir / f"slurmd-{h.name}.stdout", "w"),
-                    stderr=subprocess.STDOUT)
+                    stderr=subprocess.STDOUT,
+                )
             self._probe(probe_timeout)
         except BaseException:
             self.close()
@@ -1235,18 +1383,27 @@ class SlurmCluster:
         key.write_bytes(secrets.token_bytes(1024))
         os.chmod(key, 0o400)
         p = subprocess.Popen(
-            [_which("munged"), "-F", "--force", f"--socket={self.munge_socket}",
-             f"--key-file={key}", f"--log-file={self.dir / 'munged.log'}",
-             f"--pid-file={self.dir / 'munged.pid'}", f"--seed-file={self.dir / 'munged.seed'}"],
-            stdin=subprocess.DEVNULL, stdout=open(self.dir / "munged.stdout", "w"),
-            stderr=subprocess.STDOUT, start_new_session=True)
+            [
+                _which("munged"),
+                "-F",
+                "--force",
+                f"--socket={self.munge_socket}",
+                f"--key-file={key}",
+                f"--log-file={self.dir / 'munged.log'}",
+                f"--pid-file={self.dir / 'munged.pid'}",
+                f"--seed-file={self.dir / 'munged.seed'}",
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=open(self.dir / "munged.stdout", "w"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         self.daemons["munged"] = p
         self.cluster.track_pid(p.pid)
         deadline = time.monotonic() + 10
         while not self.munge_socket.exists():
             if p.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("munged did not start: " + self._tail("munged.log")
-                                   + self._tail("munged.stdout"))
+                raise RuntimeError("munged did not start: " + self._tail("munged.log") + self._tail("munged.stdout"))
             time.sleep(0.02)
 
     def _write_conf(self) -> None:
@@ -1294,8 +1451,10 @@ class SlurmCluster:
             "SlurmdTimeout=30",
         ]
         for h in self.hosts:
-            lines.append(f"NodeName={h.name} NodeAddr={h.ip} NodeHostname={h.name} Sockets=1 "
-                         f"CoresPerSocket={cpus} ThreadsPerCore=1 RealMemory=1000 State=UNKNOWN")
+            lines.append(
+                f"NodeName={h.name} NodeAddr={h.ip} NodeHostname={h.name} Sockets=1 "
+                f"CoresPerSocket={cpus} ThreadsPerCore=1 RealMemory=1000 State=UNKNOWN"
+            )
         lines.append("PartitionName=debug Nodes=ALL Default=YES State=UP MaxTime=INFINITE")
         self.conf.write_text("\n".join(lines) + "\n")
         self.conf.chmod(0o644)
@@ -1305,8 +1464,7 @@ class SlurmCluster:
         job = None
         while job is None:
             try:
-                job = self.sbatch("#!/bin/sh\ntrue\n", f"--nodes={len(self.hosts)}",
-                                  "--job-name=probe", timeout=5)
+                job = self.sbatch("#!/bin/sh\ntrue\n", f"--nodes={len(self.hosts)}", "--job-name=probe", timeout=5)
             except RuntimeError:
                 if time.monotonic() > deadline:
                     raise RuntimeError("slurmctld not accepting jobs:\n" + self.logs())
@@ -1346,14 +1504,24 @@ class SlurmCluster:
     def login_env(self, env: Mapping[str, str | None] | None = None) -> dict[str, str]:
         return _env({"SLURM_CONF": str(self.conf)}, env)
 
-    def login(self, argv: Sequence[str], env: Mapping[str, str | None] | None = None,
-              timeout: float = 30, cwd: str | None = None) -> subprocess.CompletedProcess:
+    def login(
+        self,
+        argv: Sequence[str],
+        env: Mapping[str, str | None] | None = None,
+        timeout: float = 30,
+        cwd: str | None = None,
+    ) -> subprocess.CompletedProcess:
         """Run a client command (sbatch, scontrol, squeue, scancel...) on the login side."""
-        full = ["timeout", "-k", "2", str(timeout),
-                _which("nsenter"), f"--net=/run/netns/{self.ctl.netns}", *argv]
-        return subprocess.run(full, env=self.login_env(env), capture_output=True, text=True,
-                              timeout=timeout + 5, stdin=subprocess.DEVNULL,
-                              cwd=cwd or self.cluster.default_cwd)
+        full = ["timeout", "-k", "2", str(timeout), _which("nsenter"), f"--net=/run/netns/{self.ctl.netns}", *argv]
+        return subprocess.run(
+            full,
+            env=self.login_env(env),
+            capture_output=True,
+            text=True,
+            timeout=timeout + 5,
+            stdin=subprocess.DEVNULL,
+            cwd=cwd or self.cluster.default_cwd,
+        )
 
     def scontrol(self, *args: str, timeout: float = 15) -> str:
         p = self.login(["scontrol", *args], timeout=timeout)
@@ -1361,8 +1529,9 @@ class SlurmCluster:
             raise RuntimeError(f"scontrol {' '.join(args)}: {p.stderr.strip()}")
         return p.stdout
 
-    def sbatch(self, script: str | os.PathLike, *args: str,
-               env: Mapping[str, str | None] | None = None, timeout: float = 15) -> str:
+    def sbatch(
+        self, script: str | os.PathLike, *args: str, env: Mapping[str, str | None] | None = None, timeout: float = 15
+    ) -> str:
         """Submit ``script`` (shell text starting with ``#!``, or a path) with extra sbatch
         ``args``; returns the job id.  Defaults: ``--output=<outdir>/slurm-%j.out`` (so
         ``output()`` works; array tasks get their own file), ``--chdir=<shared dir>``.
@@ -1375,8 +1544,9 @@ class SlurmCluster:
             script = path
         # options given in the script's #SBATCH lines or in args win over our defaults
         text = Path(script).read_text(errors="replace")
-        given = list(args) + [tok for line in text.splitlines() if line.startswith("#SBATCH")
-                              for tok in line.split()[1:]]
+        given = list(args) + [
+            tok for line in text.splitlines() if line.startswith("#SBATCH") for tok in line.split()[1:]
+        ]
         argv = ["sbatch", "--parsable"]
         if not any(a.startswith(("--output", "-o")) for a in given):
             argv.append(f"--output={self.outdir}/slurm-%j.out")
@@ -1400,15 +1570,20 @@ class SlurmCluster:
         delay = 0.05
         while True:
             tasks = self.jobs(job_id)
-            if tasks and all(t.get("JobState") in _TERMINAL_STATES for t in tasks) and not any(
-                    re.search(r"[-,%]", t.get("ArrayTaskId", "")) for t in tasks):
+            if (
+                tasks
+                and all(t.get("JobState") in _TERMINAL_STATES for t in tasks)
+                and not any(re.search(r"[-,%]", t.get("ArrayTaskId", "")) for t in tasks)
+            ):
                 break
             if time.monotonic() > deadline:
                 with contextlib.suppress(Exception):
                     self.login(["scancel", str(job_id)], timeout=5)
-                raise TimeoutError(f"job {job_id} not finished after {timeout}s: "
-                                   f"{[(t.get('JobId'), t.get('JobState'), t.get('Reason')) for t in tasks]}"
-                                   f"\n{self.logs()}")
+                raise TimeoutError(
+                    f"job {job_id} not finished after {timeout}s: "
+                    f"{[(t.get('JobId'), t.get('JobState'), t.get('Reason')) for t in tasks]}"
+                    f"\n{self.logs()}"
+                )
             time.sleep(delay)
             delay = min(delay * 1.5, 0.3)
         states = [t["JobState"] for t in tasks]
@@ -1430,8 +1605,9 @@ class SlurmCluster:
                 outs.append(Path(path).read_text(errors="replace"))
         return "".join(outs)
 
-    def run_job(self, script: str | os.PathLike, *args: str, timeout: float = 60,
-                env: Mapping[str, str | None] | None = None) -> tuple[JobResult, str]:
+    def run_job(
+        self, script: str | os.PathLike, *args: str, timeout: float = 60, env: Mapping[str, str | None] | None = None
+    ) -> tuple[JobResult, str]:
         """sbatch + wait + output."""
         jid = self.sbatch(script, *args, env=env)
         res = self.wait(jid, timeout)

@@ -36,4 +36,5 @@ def d(tmp_path):
     path.mkdir(mode=0o700)  # --dir must exist: fsmingle never creates it (a typo fails at once)
     return path
 
-from conftest_cluster import *  # noqa: F401,F403,E402  (cluster fixtures: make_cluster, cluster, make_slurm, ...)
+
+from conftest_cluster import *  # noqa: F403  (cluster fixtures: make_cluster, cluster, make_slurm, ...)

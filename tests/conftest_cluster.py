@@ -8,16 +8,36 @@ Fixtures: make_cluster, cluster, make_slurm, slurm_cluster, slurm_cluster_module
 """
 
 try:
-    from cluster import (  # noqa: F401
-        Cluster, Host, JobResult, SlurmCluster, PYTHON_BIN, FILESYSTEMS,
-        cluster, make_cluster, make_slurm, missing_capabilities,
-        require_capabilities, slurm_cluster, slurm_cluster_module,
+    from cluster import (
+        FILESYSTEMS,
+        PYTHON_BIN,
+        Cluster,
+        Host,
+        JobResult,
+        SlurmCluster,
+        cluster,
+        make_cluster,
+        make_slurm,
+        missing_capabilities,
+        require_capabilities,
+        slurm_cluster,
+        slurm_cluster_module,
     )
 except ImportError:  # tests/ imported as a package
     from tests.cluster import (  # noqa: F401
-        Cluster, Host, JobResult, SlurmCluster, PYTHON_BIN, FILESYSTEMS,
-        cluster, make_cluster, make_slurm, missing_capabilities,
-        require_capabilities, slurm_cluster, slurm_cluster_module,
+        FILESYSTEMS,
+        PYTHON_BIN,
+        Cluster,
+        Host,
+        JobResult,
+        SlurmCluster,
+        cluster,
+        make_cluster,
+        make_slurm,
+        missing_capabilities,
+        require_capabilities,
+        slurm_cluster,
+        slurm_cluster_module,
     )
 
 __all__ = ["make_cluster", "cluster", "make_slurm", "slurm_cluster", "slurm_cluster_module"]

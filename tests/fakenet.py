@@ -255,8 +255,17 @@ class FakeTransport(Transport):
         link = FakeLink(net, self.host, self.owner, self.ping_interval)
         now = net.now()
         net.next_cid += 1
-        pipe = Pipe(net, hub, net.next_cid, link, net.tick_seq(), hub_last_rx=now, link_last_rx=now,
-                    hub_last_tx=now, link_last_tx=now)
+        pipe = Pipe(
+            net,
+            hub,
+            net.next_cid,
+            link,
+            net.tick_seq(),
+            hub_last_rx=now,
+            link_last_rx=now,
+            hub_last_tx=now,
+            link_last_tx=now,
+        )
         link.pipe = pipe
         hub.conns[pipe.cid] = pipe
         net.pipes.append(pipe)
@@ -275,8 +284,9 @@ class FakeNet:
             object when something arrives for it (its ``wait`` would return early).
     """
 
-    def __init__(self, now: Callable[[], float], advance: Callable[[float], None],
-                 on_wake: Callable[[Any], None] | None = None):
+    def __init__(
+        self, now: Callable[[], float], advance: Callable[[float], None], on_wake: Callable[[Any], None] | None = None
+    ):
         self.now, self.advance, self.on_wake = now, advance, on_wake
         self.addr_host: dict[str, Any] = {}
         self.partitioned: set = set()
@@ -340,8 +350,11 @@ class FakeNet:
                 msg = self._decode(payload)
                 if msg is None:
                     pipe.hub_lost, pipe.lost_seq = True, self.tick_seq()
-                    hub.events.append(HubEvent(EventKind.LOST, pipe.cid,
-                                               why="the peer sent something that is not fsmingle's protocol"))
+                    hub.events.append(
+                        HubEvent(
+                            EventKind.LOST, pipe.cid, why="the peer sent something that is not fsmingle's protocol"
+                        )
+                    )
                     self.close_end(pipe, hub_side=True, why="the peer closed the connection")
                     return
                 if msg["t"] == "ping":

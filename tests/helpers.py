@@ -18,8 +18,8 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
 
 import psutil
 
@@ -27,8 +27,10 @@ FSMINGLE = [sys.executable, "-m", "fsmingle"]
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # environment variables that would change what a participant resolves
-_SCRUB = re.compile(r"^(SLURM_|FSMINGLE_|PET_|PBS_|LSB_|TORCHELASTIC_|NCCL_SOCKET_IFNAME$|GLOO_SOCKET_IFNAME$|"
-                    r"JOB_ID$|JOB_COMPLETION_INDEX$)")
+_SCRUB = re.compile(
+    r"^(SLURM_|FSMINGLE_|PET_|PBS_|LSB_|TORCHELASTIC_|NCCL_SOCKET_IFNAME$|GLOO_SOCKET_IFNAME$|"
+    r"JOB_ID$|JOB_COMPLETION_INDEX$)"
+)
 
 
 def clean_env(extra: dict | None = None) -> dict:
@@ -93,8 +95,15 @@ def generations(d, job: str) -> list[int]:
 class Proc:
     """One spawned process; stdout/stderr in files under ``logdir``."""
 
-    def __init__(self, argv: Sequence[str], logdir: Path, name: str, env: dict | None = None,
-                 preexec_user: Sequence[str] = (), cwd: str | None = None):
+    def __init__(
+        self,
+        argv: Sequence[str],
+        logdir: Path,
+        name: str,
+        env: dict | None = None,
+        preexec_user: Sequence[str] = (),
+        cwd: str | None = None,
+    ):
         self.name = name
         self.argv = list(preexec_user) + list(argv)
         self.out_path = logdir / f"{name}.out"
@@ -102,9 +111,15 @@ class Proc:
         self._out = open(self.out_path, "wb")
         self._err = open(self.err_path, "wb")
         self.started = time.monotonic()
-        self.popen = subprocess.Popen(self.argv, stdout=self._out, stderr=self._err, stdin=subprocess.DEVNULL,
-                                      env=env if env is not None else clean_env(), cwd=cwd,
-                                      start_new_session=True)
+        self.popen = subprocess.Popen(
+            self.argv,
+            stdout=self._out,
+            stderr=self._err,
+            stdin=subprocess.DEVNULL,
+            env=env if env is not None else clean_env(),
+            cwd=cwd,
+            start_new_session=True,
+        )
         self.ended: float | None = None
 
     @property
@@ -129,8 +144,10 @@ class Proc:
             rc = self.popen.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             self.kill()
-            raise AssertionError(f"{self.name} still running after {timeout:g} s (killed); "
-                                 f"argv={self.argv}\nstderr:\n{self.stderr()[-4000:]}") from None
+            raise AssertionError(
+                f"{self.name} still running after {timeout:g} s (killed); "
+                f"argv={self.argv}\nstderr:\n{self.stderr()[-4000:]}"
+            ) from None
         self.poll()
         self._out.close()
         self._err.close()
@@ -192,8 +209,15 @@ class Procs:
         self.all: list[Proc] = []
         self._n = 0
 
-    def spawn(self, argv: Sequence[str], name: str | None = None, env: dict | None = None,
-              prefix: Sequence[str] = (), cwd: str | None = None, host=None) -> Proc:
+    def spawn(
+        self,
+        argv: Sequence[str],
+        name: str | None = None,
+        env: dict | None = None,
+        prefix: Sequence[str] = (),
+        cwd: str | None = None,
+        host=None,
+    ) -> Proc:
         """Start ``prefix + argv``: here, or on ``host`` (a :class:`cluster.Host`: its netns, hostname, mounts)."""
         if host is not None:
             argv, prefix, cwd = host.wrap([*prefix, *argv], cwd=cwd or REPO), (), None
@@ -203,10 +227,22 @@ class Procs:
         self.all.append(p)
         return p
 
-    def env(self, d, job: str, *args, timeout: float = 30, stale_after: float | None = 3,
-            addr: str | None = "127.0.0.1", extra_env: dict | None = None, name: str | None = None,
-            prefix: Sequence[str] = (), cmd: str = "env", fmt: str | None = "json", python: bool = False,
-            host=None) -> Proc:
+    def env(
+        self,
+        d,
+        job: str,
+        *args,
+        timeout: float = 30,
+        stale_after: float | None = 3,
+        addr: str | None = "127.0.0.1",
+        extra_env: dict | None = None,
+        name: str | None = None,
+        prefix: Sequence[str] = (),
+        cmd: str = "env",
+        fmt: str | None = "json",
+        python: bool = False,
+        host=None,
+    ) -> Proc:
         """Spawn ``fsmingle env --format json --dir d --job-id job ARGS`` (or ``run`` with ``cmd='run'``).
 
         ``prefix`` is prepended to the argv (``unshare ...``, ``setpriv ...``);
@@ -224,11 +260,13 @@ class Procs:
         argv += [str(a) for a in args]
         return self.spawn(argv, name=name, env=clean_env(extra_env), prefix=prefix, host=host)
 
-    def cli(self, *args, env: dict | None = None, prefix: Sequence[str] = (), timeout: float = 30,
-            name: str | None = None) -> tuple[int, str, str]:
+    def cli(
+        self, *args, env: dict | None = None, prefix: Sequence[str] = (), timeout: float = 30, name: str | None = None
+    ) -> tuple[int, str, str]:
         """Run ``fsmingle ARGS`` to completion: (rc, stdout, stderr)."""
-        p = self.spawn(FSMINGLE + [str(a) for a in args], name=name, env=env if env is not None else clean_env(),
-                       prefix=prefix)
+        p = self.spawn(
+            FSMINGLE + [str(a) for a in args], name=name, env=env if env is not None else clean_env(), prefix=prefix
+        )
         rc = p.wait(timeout)
         return rc, p.stdout(), p.stderr()
 
@@ -271,8 +309,9 @@ def assert_one_world(res: list[dict], n: int, generation: int | None = None) -> 
     return res[0]
 
 
-def wait_claimed(d, job: str, g: int, ranks: Iterable[int], timeout: float = 15,
-                 procs: Sequence[Proc] = ()) -> dict[int, dict]:
+def wait_claimed(
+    d, job: str, g: int, ranks: Iterable[int], timeout: float = 15, procs: Sequence[Proc] = ()
+) -> dict[int, dict]:
     """Wait until each rank in ``ranks`` has a readable claim and its holder's beacon names the rank.
 
     Returns: {rank: beacon}.  Fails early if any process of ``procs`` exited.
@@ -301,6 +340,7 @@ def wait_claimed(d, job: str, g: int, ranks: Iterable[int], timeout: float = 15,
 
 def wait_text(p: Proc, needle: str, timeout: float = 15) -> None:
     """Wait until ``needle`` appears in the stderr of ``p``."""
+
     def seen():
         if needle in p.stderr():
             return True
@@ -312,6 +352,7 @@ def wait_text(p: Proc, needle: str, timeout: float = 15) -> None:
 
 
 # ----------------------------------------------------------------- isolation helpers
+
 
 def have(*tools: str) -> list[str]:
     """The names of ``tools`` that are not on PATH."""
@@ -328,6 +369,7 @@ def other_pidns_prefix() -> list[str]:
 
 def ns_python(p: Proc, timeout: float = 10) -> psutil.Process:
     """The python process running inside ``p``'s ``unshare`` namespace."""
+
     def find():
         for c in p.descendants():
             try:

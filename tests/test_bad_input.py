@@ -68,13 +68,20 @@ class Ctx:
         self.mounts.clear()
 
 
-def args(ctx: Ctx, *extra, nnodes=2, rank=0, addr="127.0.0.1", job=None, dir=None, fmt="json", timeout=5,
-         stale=2, cmd="env") -> list:
+def args(
+    ctx: Ctx, *extra, nnodes=2, rank=0, addr="127.0.0.1", job=None, dir=None, fmt="json", timeout=5, stale=2, cmd="env"
+) -> list:
     """``fsmingle env`` argv with sane defaults; pass a keyword as None to leave its option out."""
     a = [cmd]
-    for opt, v in (("--dir", dir if dir is not None else ctx.d), ("--job-id", job if job is not None else ctx.job),
-                   ("--nnodes", nnodes), ("--node-rank", rank), ("--addr", addr), ("--timeout", timeout),
-                   ("--stale-after", stale)):
+    for opt, v in (
+        ("--dir", dir if dir is not None else ctx.d),
+        ("--job-id", job if job is not None else ctx.job),
+        ("--nnodes", nnodes),
+        ("--node-rank", rank),
+        ("--addr", addr),
+        ("--timeout", timeout),
+        ("--stale-after", stale),
+    ):
         if v is not None:
             a += [opt, v]
     if fmt is not None and cmd == "env":
@@ -99,6 +106,7 @@ class Case:
 
 
 # ---------------------------------------------------------------- setups and fixes
+
 
 def _mkdir(p: Path, mode=0o700) -> None:
     p.mkdir(parents=True, exist_ok=True)
@@ -152,90 +160,208 @@ def _not_executable(ctx: Ctx) -> None:
 
 CASES = [
     # ---- the directory
-    Case("dir-parent-missing", lambda c: args(c, dir=c.tmp / "nomount" / "rdv"), 5,
-         ("parent", "does not exist", "mounted"),
-         fix=lambda c: _mkdir(c.tmp / "nomount")),
+    Case(
+        "dir-parent-missing",
+        lambda c: args(c, dir=c.tmp / "nomount" / "rdv"),
+        5,
+        ("parent", "does not exist", "mounted"),
+        fix=lambda c: _mkdir(c.tmp / "nomount"),
+    ),
     Case("dir-missing", lambda c: args(c), 5, ("does not exist", "mkdir -m 700", "typo"), dir_exists=False),
-    Case("dir-is-a-file", lambda c: args(c), 5, ("is not a directory", "point --dir at a directory"),
-         setup=lambda c: _file(c.d), fix=lambda c: c.d.unlink(), dir_exists=False),
-    Case("dir-unwritable", lambda c: args(c), 5, ("permission denied", "use a directory you can write"),
-         setup=lambda c: _mkdir(c.d, 0o500), fix=lambda c: os.chmod(c.d, 0o700), unprivileged=True,
-         needs=("setpriv",)),
-    Case("job-dir-unwritable", lambda c: args(c), 5, ("permission denied", "use a directory you can write"),
-         setup=lambda c: (_mkdir(c.d), _mkdir(c.d / JOB, 0o500)), fix=lambda c: os.chmod(c.d / JOB, 0o700),
-         unprivileged=True, needs=("setpriv",)),
-    Case("read-only-fs", lambda c: args(c), 5, ("read-only", "writable"), setup=_readonly,
-         fix=lambda c: c.undo(), needs=("mount",)),
+    Case(
+        "dir-is-a-file",
+        lambda c: args(c),
+        5,
+        ("is not a directory", "point --dir at a directory"),
+        setup=lambda c: _file(c.d),
+        fix=lambda c: c.d.unlink(),
+        dir_exists=False,
+    ),
+    Case(
+        "dir-unwritable",
+        lambda c: args(c),
+        5,
+        ("permission denied", "use a directory you can write"),
+        setup=lambda c: _mkdir(c.d, 0o500),
+        fix=lambda c: os.chmod(c.d, 0o700),
+        unprivileged=True,
+        needs=("setpriv",),
+    ),
+    Case(
+        "job-dir-unwritable",
+        lambda c: args(c),
+        5,
+        ("permission denied", "use a directory you can write"),
+        setup=lambda c: (_mkdir(c.d), _mkdir(c.d / JOB, 0o500)),
+        fix=lambda c: os.chmod(c.d / JOB, 0o700),
+        unprivileged=True,
+        needs=("setpriv",),
+    ),
+    Case(
+        "read-only-fs",
+        lambda c: args(c),
+        5,
+        ("read-only", "writable"),
+        setup=_readonly,
+        fix=lambda c: c.undo(),
+        needs=("mount",),
+    ),
     Case("full-fs", lambda c: args(c), 5, ("full", "free space"), setup=_full, fix=_unfill, needs=("mount",)),
-    Case("dir-world-writable-no-sticky", lambda c: args(c), 4, ("world-writable", "sticky", "chmod +t"),
-         setup=lambda c: _mkdir(c.d, 0o777), fix=lambda c: os.chmod(c.d, 0o1777)),
-    Case("dir-group-writable-no-sticky", lambda c: args(c), 4, ("group-writable without the sticky bit",
-                                                                "chmod g-w", "chmod +t"),
-         setup=lambda c: _mkdir(c.d, 0o770), fix=lambda c: os.chmod(c.d, 0o700)),
-    Case("job-dir-group-writable", lambda c: args(c), 4, ("group- or world-writable", "chmod go-w"),
-         setup=lambda c: (_mkdir(c.d), _mkdir(c.d / JOB, 0o770)), fix=lambda c: os.chmod(c.d / JOB, 0o700)),
-    Case("job-dir-foreign-owner", lambda c: args(c), 4, ("owned by uid 65534", "choose another --job-id"),
-         setup=lambda c: (_mkdir(c.d), _mkdir(c.d / JOB), os.chown(c.d / JOB, NOBODY, NOBODY)),
-         fix=lambda c: os.chown(c.d / JOB, 0, 0)),
-    Case("job-dir-symlink", lambda c: args(c), 4, ("symlink", "Remove it"),
-         setup=lambda c: (_mkdir(c.d), _mkdir(c.tmp / "elsewhere"), os.symlink(c.tmp / "elsewhere", c.d / JOB)),
-         fix=lambda c: os.unlink(c.d / JOB)),
-    Case("job-dir-is-a-file", lambda c: args(c), 4, ("not a directory", "remove it"),
-         setup=lambda c: (_mkdir(c.d), _file(c.d / JOB)), fix=lambda c: os.unlink(c.d / JOB)),
+    Case(
+        "dir-world-writable-no-sticky",
+        lambda c: args(c),
+        4,
+        ("world-writable", "sticky", "chmod +t"),
+        setup=lambda c: _mkdir(c.d, 0o777),
+        fix=lambda c: os.chmod(c.d, 0o1777),
+    ),
+    Case(
+        "dir-group-writable-no-sticky",
+        lambda c: args(c),
+        4,
+        ("group-writable without the sticky bit", "chmod g-w", "chmod +t"),
+        setup=lambda c: _mkdir(c.d, 0o770),
+        fix=lambda c: os.chmod(c.d, 0o700),
+    ),
+    Case(
+        "job-dir-group-writable",
+        lambda c: args(c),
+        4,
+        ("group- or world-writable", "chmod go-w"),
+        setup=lambda c: (_mkdir(c.d), _mkdir(c.d / JOB, 0o770)),
+        fix=lambda c: os.chmod(c.d / JOB, 0o700),
+    ),
+    Case(
+        "job-dir-foreign-owner",
+        lambda c: args(c),
+        4,
+        ("owned by uid 65534", "choose another --job-id"),
+        setup=lambda c: (_mkdir(c.d), _mkdir(c.d / JOB), os.chown(c.d / JOB, NOBODY, NOBODY)),
+        fix=lambda c: os.chown(c.d / JOB, 0, 0),
+    ),
+    Case(
+        "job-dir-symlink",
+        lambda c: args(c),
+        4,
+        ("symlink", "Remove it"),
+        setup=lambda c: (_mkdir(c.d), _mkdir(c.tmp / "elsewhere"), os.symlink(c.tmp / "elsewhere", c.d / JOB)),
+        fix=lambda c: os.unlink(c.d / JOB),
+    ),
+    Case(
+        "job-dir-is-a-file",
+        lambda c: args(c),
+        4,
+        ("not a directory", "remove it"),
+        setup=lambda c: (_mkdir(c.d), _file(c.d / JOB)),
+        fix=lambda c: os.unlink(c.d / JOB),
+    ),
     Case("no-dir", lambda c: args(c, dir=""), 3, ("no rendezvous directory", "--dir", "FSMINGLE_DIR")),
     # ---- job ids
-    Case("job-id-dotdot-slash", lambda c: args(c, job="../x"), 3, ("job id", "not allowed", "letters, digits"),
-         followup_job="ok"),
+    Case(
+        "job-id-dotdot-slash",
+        lambda c: args(c, job="../x"),
+        3,
+        ("job id", "not allowed", "letters, digits"),
+        followup_job="ok",
+    ),
     Case("job-id-slash", lambda c: args(c, job="a/b"), 3, ("job id", "not allowed", "no '/'"), followup_job="ok"),
     Case("job-id-dotdot", lambda c: args(c, job=".."), 3, ("job id", "not allowed"), followup_job="ok"),
-    Case("job-id-control-char", lambda c: args(c, job="a\x01b"), 3, ("job id", "control characters"),
-         followup_job="ok"),
-    Case("job-id-too-long", lambda c: args(c, job="j" * 200), 3, ("200 characters", "at most 128"),
-         followup_job="ok"),
-    Case("job-id-empty", lambda c: args(c, job=""), 3, ("no job id", "--job-id", "FSMINGLE_JOB_ID"),
-         followup_job="ok"),
+    Case(
+        "job-id-control-char", lambda c: args(c, job="a\x01b"), 3, ("job id", "control characters"), followup_job="ok"
+    ),
+    Case("job-id-too-long", lambda c: args(c, job="j" * 200), 3, ("200 characters", "at most 128"), followup_job="ok"),
+    Case("job-id-empty", lambda c: args(c, job=""), 3, ("no job id", "--job-id", "FSMINGLE_JOB_ID"), followup_job="ok"),
     # ---- sizes and ranks
     Case("nnodes-0", lambda c: args(c, nnodes=0, rank=None), 3, ("--nnodes is 0", "at least 1")),
     Case("nnodes-missing", lambda c: args(c, nnodes=None, rank=None), 3, ("how many participants", "--nnodes")),
     Case("rank-ge-nnodes", lambda c: args(c, rank=2), 3, ("--node-rank is 2", "0..1")),
     Case("rank-negative", lambda c: args(c, rank=-1), 3, ("--node-rank is -1", "0..1")),
-    Case("per-rank-rank-ge-world", lambda c: args(c, "--world-size", 2, "--rank", 5, nnodes=None, rank=None), 3,
-         ("--rank is 5", "0..1")),
+    Case(
+        "per-rank-rank-ge-world",
+        lambda c: args(c, "--world-size", 2, "--rank", 5, nnodes=None, rank=None),
+        3,
+        ("--rank is 5", "0..1"),
+    ),
     Case("nnodes-and-world-size", lambda c: args(c, "--world-size", 2, rank=None), 3, ("either", "not both")),
-    Case("slurm-nnodes-not-int", lambda c: args(c, nnodes=None, rank=None), 3, ("SLURM_NNODES", "not an integer"),
-         env={"SLURM_NNODES": "two"}),
-    Case("pet-nnodes-elastic", lambda c: args(c, nnodes=None, rank=None), 3, ("elastic", "--nnodes"),
-         env={"PET_NNODES": "1:4"}),
+    Case(
+        "slurm-nnodes-not-int",
+        lambda c: args(c, nnodes=None, rank=None),
+        3,
+        ("SLURM_NNODES", "not an integer"),
+        env={"SLURM_NNODES": "two"},
+    ),
+    Case(
+        "pet-nnodes-elastic",
+        lambda c: args(c, nnodes=None, rank=None),
+        3,
+        ("elastic", "--nnodes"),
+        env={"PET_NNODES": "1:4"},
+    ),
     # ---- network
     Case("port-0", lambda c: args(c, "--port", 0), 3, ("--port", "1..65535")),
     Case("port-70000", lambda c: args(c, "--port", 70000), 3, ("--port", "1..65535")),
-    Case("port-not-a-number", lambda c: args(c, "--port", "abc"), 3, ("--port 'abc' is not a whole number",
-                                                                       "give e.g. --port 29500")),
-    Case("nnodes-not-a-number", lambda c: args(c, nnodes="two", rank=None), 3,
-         ("--nnodes 'two' is not a whole number", "give e.g. --nnodes 2")),
+    Case(
+        "port-not-a-number",
+        lambda c: args(c, "--port", "abc"),
+        3,
+        ("--port 'abc' is not a whole number", "give e.g. --port 29500"),
+    ),
+    Case(
+        "nnodes-not-a-number",
+        lambda c: args(c, nnodes="two", rank=None),
+        3,
+        ("--nnodes 'two' is not a whole number", "give e.g. --nnodes 2"),
+    ),
     Case("timeout-not-a-number", lambda c: args(c, timeout="10m"), 3, ("--timeout '10m' is not a number",)),
-    Case("addr-not-local", lambda c: args(c, addr="10.9.9.9"), 3,
-         ("--addr 10.9.9.9 is not an address of this host", "127.0.0.1", "--addr-not-local")),
-    Case("port-busy", lambda c: args(c, "--port", c.port), 3, ("already in use", "choose another --port"),
-         setup=_busy_port, fix=lambda c: c.undo(), at_start=False),  # found when rank 0 is claimed
-    Case("iface-unknown", lambda c: args(c, "--iface", "nosuch0", addr=None), 3,
-         ("nosuch0", "no such interface", "--iface or --addr")),
+    Case(
+        "addr-not-local",
+        lambda c: args(c, addr="10.9.9.9"),
+        3,
+        ("--addr 10.9.9.9 is not an address of this host", "127.0.0.1", "--addr-not-local"),
+    ),
+    Case(
+        "port-busy",
+        lambda c: args(c, "--port", c.port),
+        3,
+        ("already in use", "choose another --port"),
+        setup=_busy_port,
+        fix=lambda c: c.undo(),
+        at_start=False,
+    ),  # found when rank 0 is claimed
+    Case(
+        "iface-unknown",
+        lambda c: args(c, "--iface", "nosuch0", addr=None),
+        3,
+        ("nosuch0", "no such interface", "--iface or --addr"),
+    ),
     Case("addr-not-ip", lambda c: args(c, addr="node1.example.org"), 3, ("not an IP address", "give the IP")),
     # ---- timing and output
     Case("timeout-0", lambda c: args(c, timeout=0), 3, ("--timeout", "positive")),
     Case("timeout-negative", lambda c: args(c, timeout=-5), 3, ("--timeout", "positive")),
     Case("stale-after-0", lambda c: args(c, stale=0), 3, ("stale", "positive")),
-    Case("poll-max-not-below-stale-after", lambda c: args(c, "--poll-max", 2, stale=4), 3,
-         ("--poll-max 2", "--stale-after 4", "at most --stale-after/4 = 1 s")),
+    Case(
+        "poll-max-not-below-stale-after",
+        lambda c: args(c, "--poll-max", 2, stale=4),
+        3,
+        ("--poll-max 2", "--stale-after 4", "at most --stale-after/4 = 1 s"),
+    ),
     Case("format-bad", lambda c: args(c, fmt="xml"), 3, ("--format", "choose sh, json, dotenv or hostfile")),
     # ---- the command line itself
     Case("misspelt-option", lambda c: args(c, "--nnode", 2, nnodes=None), 2, ("No such option", "--nnodes")),
     Case("run-without-command", lambda c: args(c, cmd="run"), 2, ("Missing argument", "COMMAND")),
-    Case("run-command-not-found", lambda c: args(c, "--", "no-such-command-xyz", cmd="run", nnodes=1, rank=None),
-         127, ("command not found", "no-such-command-xyz")),
-    Case("run-command-not-executable", lambda c: args(c, "--", str(c.tmp / "script.sh"), cmd="run", nnodes=1,
-                                                        rank=None),
-         126, ("not executable", "script.sh"), setup=_not_executable),
+    Case(
+        "run-command-not-found",
+        lambda c: args(c, "--", "no-such-command-xyz", cmd="run", nnodes=1, rank=None),
+        127,
+        ("command not found", "no-such-command-xyz"),
+    ),
+    Case(
+        "run-command-not-executable",
+        lambda c: args(c, "--", str(c.tmp / "script.sh"), cmd="run", nnodes=1, rank=None),
+        126,
+        ("not executable", "script.sh"),
+        setup=_not_executable,
+    ),
 ]
 
 
@@ -256,15 +382,17 @@ def test_bad_input(procs, tmp_path, case):
         case.setup(ctx)
         argv = case.argv(ctx)
         env = clean_env(case.env)
-        rc, out, err = procs.cli(*argv, env=env, prefix=unprivileged_prefix() if case.unprivileged else (),
-                                 timeout=30, name="bad")
+        rc, out, err = procs.cli(
+            *argv, env=env, prefix=unprivileged_prefix() if case.unprivileged else (), timeout=30, name="bad"
+        )
         assert rc == case.rc, f"exit {rc}, expected {case.rc}; stderr:\n{err}"
         for w in case.words:
             assert w.lower() in err.lower(), f"{w!r} missing from the message:\n{err}"
         assert "Traceback" not in err, err
         if case.at_start and rc in (2, 3, 4, 5):
-            assert [ln for ln in err.splitlines() if ln.strip()] == [err.strip()] and \
-                err.startswith("fsmingle: error: "), err
+            assert [ln for ln in err.splitlines() if ln.strip()] == [err.strip()] and err.startswith(
+                "fsmingle: error: "
+            ), err
         if rc != 127 and rc != 126:
             assert out.strip() == "", f"nothing may be printed on stdout on failure: {out!r}"
         if case.id.startswith("job-id") or case.id == "dir-missing":
@@ -289,6 +417,7 @@ def test_table_is_big_enough():
 
 # ---------------------------------------------------------------- messages that name the wrong option
 
+
 def test_poll_max_zero_names_the_option(procs, tmp_path):
     ctx = Ctx(tmp_path)
     rc, _out, err = procs.cli(*args(ctx, "--poll-max", 0), timeout=30)
@@ -296,6 +425,7 @@ def test_poll_max_zero_names_the_option(procs, tmp_path):
 
 
 # ---------------------------------------------------------------- untrusted files planted in the job dir
+
 
 def _valid_records(tmp_path):
     """A real released generation to take valid-looking records from (then tampered with)."""
@@ -355,8 +485,7 @@ def test_untrusted_claim_and_beacon_are_never_used(procs, tmp_path, how):
         _write(real, beacon)
         os.symlink(real, gd / f"beacon-{claim['instance']}.json")
         warn = "symlink"
-    ps = [procs.env(d, JOB, "--nnodes", 2, "--node-rank", r, timeout=40, stale_after=2, name=f"r{r}")
-          for r in (0, 1)]
+    ps = [procs.env(d, JOB, "--nnodes", 2, "--node-rank", r, timeout=40, stale_after=2, name=f"r{r}") for r in (0, 1)]
     res = results(ps, timeout=40)
     w = assert_one_world(res, 2)
     assert w["master_addr"] == "127.0.0.1" and w["master_port"] != 6666
@@ -390,11 +519,16 @@ def test_untrusted_release_is_never_used_and_does_not_block(procs, tmp_path, how
 
 # ---------------------------------------------------------------- a release that goes bad while waiting
 
-@pytest.mark.parametrize("content", [
-    '{"schema": 2, "kind": "release", "state": "relea',                       # truncated JSON
-    '{"schema": 99, "kind": "release", "state": "released"}',                   # unknown schema version
-    '{"schema": 2, "kind": "release", "state": "released", "job_id": "other"}',  # invalid fields
-], ids=["truncated", "schema-99", "invalid-fields"])
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        '{"schema": 2, "kind": "release", "state": "relea',  # truncated JSON
+        '{"schema": 99, "kind": "release", "state": "released"}',  # unknown schema version
+        '{"schema": 2, "kind": "release", "state": "released", "job_id": "other"}',  # invalid fields
+    ],
+    ids=["truncated", "schema-99", "invalid-fields"],
+)
 def test_release_unusable_while_waiting_is_named_once_and_skipped(procs, tmp_path, content):
     """A decision record spoiled in the pending generation: named once, that generation skipped, the world completes.
 
@@ -423,6 +557,7 @@ def test_release_unusable_while_waiting_is_named_once_and_skipped(procs, tmp_pat
 
 # ---------------------------------------------------------------- participants that disagree
 
+
 def test_mismatched_nnodes_fails_clearly_and_others_recover(procs, tmp_path):
     d = tmp_path / "rdv"
     d.mkdir(mode=0o700)
@@ -433,7 +568,6 @@ def test_mismatched_nnodes_fails_clearly_and_others_recover(procs, tmp_path):
     err = wrong.stderr()
     assert rc == 11, err  # WorldSizeMismatchError
     assert "expects a world of 3" in err and "expects 2" in err and "same --nnodes" in err, err
-    ps = [procs.env(d, JOB, "--nnodes", 3, "--node-rank", r, timeout=40, stale_after=2, name=f"r{r}")
-          for r in (1, 2)]
+    ps = [procs.env(d, JOB, "--nnodes", 3, "--node-rank", r, timeout=40, stale_after=2, name=f"r{r}") for r in (1, 2)]
     w = assert_one_world(results([r0] + ps, timeout=40), 3)
     assert w["generation"] >= 2

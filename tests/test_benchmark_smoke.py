@@ -8,6 +8,7 @@ Also checks the strace accounting on a synthetic log and the participant layout.
 Needs torch (the CI installs it) and strace for the strace columns (the CI
 installs it too).
 """
+
 from __future__ import annotations
 
 import json
@@ -36,21 +37,23 @@ def _load_bench():
 
 def test_classify_strace_counts_file_ops_by_directory():
     b = _load_bench()
-    log = "\n".join([
-        '101 read(0<pipe:[1]>,  <unfinished ...>',
-        '102 openat(AT_FDCWD</w>, "/rdzv/job/gen-1/release.json", O_RDONLY|O_CLOEXEC) = -1 ENOENT (No such file)',
-        '102 openat(AT_FDCWD</w>, "/rdzv/job/gen-1", O_RDONLY|O_CLOEXEC|O_DIRECTORY) = 5</rdzv/job/gen-1>',
-        '102 getdents64(5</rdzv/job/gen-1>, 0x1 /* 3 entries */, 32768) = 80',
-        '102 close(5</rdzv/job/gen-1>) = 0',
-        '102 newfstatat(AT_FDCWD</w>, "/rdzv/job/gen-1/beacon-a.json", {st_mode=S_IFREG}, 0) = 0',
-        '102 flock(3</rdzv/store>, LOCK_SH) = 0',
-        '102 read(3</rdzv/store>, "x", 10) = 1',
-        '102 write(1<pipe:[2]>, "@@ {}", 5) = 5',
-        '102 newfstatat(AT_FDCWD</w>, "/usr/lib/python3/x.py", {st_mode=S_IFREG}, 0) = 0',
-        '103 sendto(7<socket:[9]>, "abc", 3, 0, NULL, 0) = 3',
-        '102 <... read resumed>"", 10) = 0',
-        '+++ exited with 0 +++',
-    ])
+    log = "\n".join(
+        [
+            "101 read(0<pipe:[1]>,  <unfinished ...>",
+            '102 openat(AT_FDCWD</w>, "/rdzv/job/gen-1/release.json", O_RDONLY|O_CLOEXEC) = -1 ENOENT (No such file)',
+            '102 openat(AT_FDCWD</w>, "/rdzv/job/gen-1", O_RDONLY|O_CLOEXEC|O_DIRECTORY) = 5</rdzv/job/gen-1>',
+            "102 getdents64(5</rdzv/job/gen-1>, 0x1 /* 3 entries */, 32768) = 80",
+            "102 close(5</rdzv/job/gen-1>) = 0",
+            '102 newfstatat(AT_FDCWD</w>, "/rdzv/job/gen-1/beacon-a.json", {st_mode=S_IFREG}, 0) = 0',
+            "102 flock(3</rdzv/store>, LOCK_SH) = 0",
+            '102 read(3</rdzv/store>, "x", 10) = 1',
+            '102 write(1<pipe:[2]>, "@@ {}", 5) = 5',
+            '102 newfstatat(AT_FDCWD</w>, "/usr/lib/python3/x.py", {st_mode=S_IFREG}, 0) = 0',
+            '103 sendto(7<socket:[9]>, "abc", 3, 0, NULL, 0) = 3',
+            '102 <... read resumed>"", 10) = 0',
+            "+++ exited with 0 +++",
+        ]
+    )
     c = b.classify_strace(log, ("/rdzv",))
     assert c["opens"] == 1
     assert c["listdirs"] == 1
@@ -80,12 +83,28 @@ def test_benchmark_smoke_runs_and_prints_table(tmp_path):
     pytest.importorskip("matplotlib")
     out = tmp_path / "results"
     cmd = [
-        sys.executable, BENCH,
-        "--n", "2", "--reps", "1", "--fs", "local",
-        "--backends", "fsmingle,torch-file",
-        "--settle", "2", "--strace-secs", "1",
-        "--timeout", "40", "--ready-timeout", "40",
-        "--out", str(out), "--workdir", str(tmp_path / "work"),
+        sys.executable,
+        BENCH,
+        "--n",
+        "2",
+        "--reps",
+        "1",
+        "--fs",
+        "local",
+        "--backends",
+        "fsmingle,torch-file",
+        "--settle",
+        "2",
+        "--strace-secs",
+        "1",
+        "--timeout",
+        "40",
+        "--ready-timeout",
+        "40",
+        "--out",
+        str(out),
+        "--workdir",
+        str(tmp_path / "work"),
     ]
     t0 = time.monotonic()
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT)

@@ -59,8 +59,9 @@ class Pair:
         self.events: list = []
         self.msgs: list = []
         self.link.send({"t": "hello", "rank": 1})
-        self.conn = until(lambda: next((e.conn for e in self.events if e.kind is EventKind.MESSAGE), None),
-                          poll=self.pump_hub)
+        self.conn = until(
+            lambda: next((e.conn for e in self.events if e.kind is EventKind.MESSAGE), None), poll=self.pump_hub
+        )
 
     def pump_hub(self):
         self.events += self.hub.poll(0.01)
@@ -137,8 +138,10 @@ def test_drop_after_a_reject_reaches_the_member(pair):
 def test_a_dead_member_process_is_seen_lost_at_once():
     hub = Hub("127.0.0.1", 0, ping_interval=PING)
     try:
-        code = ("import socket, os, sys; s = socket.create_connection(('127.0.0.1', int(sys.argv[1])));"
-                "s.sendall(b'{\"t\":\"hello\"}\\n'); os.kill(os.getpid(), 9)")
+        code = (
+            "import socket, os, sys; s = socket.create_connection(('127.0.0.1', int(sys.argv[1])));"
+            's.sendall(b\'{"t":"hello"}\\n\'); os.kill(os.getpid(), 9)'
+        )
         subprocess.run([sys.executable, "-c", code, str(hub.port)], check=False, timeout=30)
         events: list = []
         until(lambda: [e for e in events if e.kind is EventKind.LOST], poll=lambda: events.extend(hub.poll(0.01)))
@@ -198,20 +201,24 @@ def _raw_client(port: int, family=socket.AF_INET, addr="127.0.0.1") -> socket.so
     return s
 
 
-@pytest.mark.parametrize("payload,why", [
-    (b"x" * (MAX_LINE + 10), f"over {MAX_LINE} bytes"),
-    (b"GET / HTTP/1.0\r\n\r\n", "not fsmingle's protocol"),
-    (b'{"no_type": 1}\n', "not fsmingle's protocol"),
-    (b"\xff\xfe\n", "not fsmingle's protocol"),
-])
+@pytest.mark.parametrize(
+    "payload,why",
+    [
+        (b"x" * (MAX_LINE + 10), f"over {MAX_LINE} bytes"),
+        (b"GET / HTTP/1.0\r\n\r\n", "not fsmingle's protocol"),
+        (b'{"no_type": 1}\n', "not fsmingle's protocol"),
+        (b"\xff\xfe\n", "not fsmingle's protocol"),
+    ],
+)
 def test_garbage_and_oversize_lines_lose_the_connection(payload, why):
     hub = Hub("127.0.0.1", 0, ping_interval=PING)
     s = _raw_client(hub.port)
     try:
         s.sendall(payload)
         events: list = []
-        lost = until(lambda: [e for e in events if e.kind is EventKind.LOST],
-                     poll=lambda: events.extend(hub.poll(0.01)))
+        lost = until(
+            lambda: [e for e in events if e.kind is EventKind.LOST], poll=lambda: events.extend(hub.poll(0.01))
+        )
         assert why in lost[0].why
         assert not [e for e in events if e.kind is EventKind.MESSAGE]
     finally:
@@ -277,8 +284,14 @@ print("ok", new, hard)
 
 
 def test_fd_limit_is_raised_towards_the_hard_limit_and_refused_above_it():
-    r = subprocess.run([sys.executable, "-c", FD_SCRIPT], check=False, capture_output=True, text=True, timeout=60,
-                       cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    r = subprocess.run(
+        [sys.executable, "-c", FD_SCRIPT],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+    )
     assert r.returncode == 0, r.stderr
     assert "ok" in r.stdout
     if "refused:" in r.stdout:
@@ -314,7 +327,7 @@ def _fake_pair():
     outcome, link, why = w.net.transport("B", "rank1", ping_interval=1.0).connect("10.0.0.1", hub.port, 2.0)
     assert outcome is Outcome.CONNECTED, why
     link.send({"t": "hello"})
-    ev, = hub.poll(0)
+    (ev,) = hub.poll(0)
     return w, hub, link, ev.conn
 
 

@@ -35,8 +35,11 @@ def test_capabilities_present_on_root_machines():
 def test_hosts_identity_network_and_mount(cluster):
     names, ips = set(), set()
     for h in cluster:
-        r = h.sh(f"hostname; hostname -I; ip route show default; "
-                 f"stat -f -c %T {cluster.shared}; command -v python3", check=True, timeout=20)
+        r = h.sh(
+            f"hostname; hostname -I; ip route show default; stat -f -c %T {cluster.shared}; command -v python3",
+            check=True,
+            timeout=20,
+        )
         hostname, ip, *rest = r.stdout.split("\n")
         assert hostname == h.name and ip.split() == [h.ip]
         assert rest[0] == "fuseblk"  # no default route line: the next line is the mount type
@@ -58,8 +61,12 @@ def test_shared_dir_is_the_same_everywhere(cluster):
     (cluster.backing / "from-test").write_text("x\n")
     cluster[0].sh(f"echo hi > {cluster.shared}/from-node0", check=True, timeout=20)
     for h in cluster:
-        r = h.sh(f"cat {cluster.shared}/from-node0 {cluster.shared}/from-test; pwd",
-                 cwd=cluster.shared, check=True, timeout=20)
+        r = h.sh(
+            f"cat {cluster.shared}/from-node0 {cluster.shared}/from-test; pwd",
+            cwd=cluster.shared,
+            check=True,
+            timeout=20,
+        )
         # cwd is entered after the mount: the process is inside its host's bindfs view
         assert r.stdout.split() == ["hi", "x", cluster.shared]
     assert (cluster.backing / "from-node0").read_text() == "hi\n"
@@ -89,12 +96,12 @@ _PROBE = textwrap.dedent("""
 def test_negative_lookup_cache_like_nfs(cluster):
     a, b = cluster[0], cluster[1]
     path = f"{cluster.shared}/beacon.json"
-    p = b.popen([sys.executable, "-c", _PROBE, path], stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE, text=True)
+    p = b.popen([sys.executable, "-c", _PROBE, path], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert p.stdout.readline().strip() == "MISSING"
-        r = a.python("import sys,time; open(sys.argv[1],'w').write('{}'); print(time.monotonic())",
-                     path, check=True, timeout=20)
+        r = a.python(
+            "import sys,time; open(sys.argv[1],'w').write('{}'); print(time.monotonic())", path, check=True, timeout=20
+        )
         t_create = float(r.stdout)
         # host A sees its own file at once
         assert a.run(["stat", path], timeout=10).returncode == 0
@@ -140,8 +147,7 @@ def test_tcp_between_hosts(cluster):
         if srv.poll() is None:
             os.killpg(srv.pid, signal.SIGKILL)
     # the same port is free on another host (separate network namespaces)
-    r = cluster[1].python("import socket; s=socket.socket(); s.bind(('0.0.0.0', 29500)); print('ok')",
-                          timeout=20)
+    r = cluster[1].python("import socket; s=socket.socket(); s.bind(('0.0.0.0', 29500)); print('ok')", timeout=20)
     assert r.stdout.strip() == "ok"
 
 
@@ -183,11 +189,10 @@ def test_teardown_with_busy_mount_and_kill_all():
 
 def test_teardown_on_exception():
     cl.require_capabilities()
-    with pytest.raises(ZeroDivisionError):
-        with cl.Cluster(1) as c:
-            c[0].popen(["sleep", "1000"], cwd=c.shared)
-            state = c._state
-            1 / 0
+    with pytest.raises(ZeroDivisionError), cl.Cluster(1) as c:
+        c[0].popen(["sleep", "1000"], cwd=c.shared)
+        state = c._state
+        raise ZeroDivisionError  # the test body fails; teardown must still run
     assert _gone(state) == []
 
 
@@ -223,13 +228,16 @@ def slurm(slurm_cluster_module):
 
 def test_slurm_multinode_job(slurm):
     assert slurm.setup_seconds < 20
-    res, out = slurm.run_job(textwrap.dedent(f"""\
+    res, out = slurm.run_job(
+        textwrap.dedent(f"""\
         #!/bin/bash
         #SBATCH --nodes=3 --ntasks-per-node=1
         srun hostname
         srun bash -c 'echo ID $SLURM_NODEID $(hostname -I) $(hostname) > {slurm.cluster.shared}/n$SLURM_NODEID; cat {slurm.cluster.shared}/n$SLURM_NODEID'
         echo PATH0 $(command -v python3)
-        """), timeout=60)
+        """),
+        timeout=60,
+    )
     assert res.ok, (res, out, slurm.logs())
     lines = out.splitlines()
     hostnames = [l for l in lines if l.startswith("node")]
@@ -260,14 +268,24 @@ def test_slurm_job_array_and_exit_codes(slurm):
 
 
 def test_slurm_env_and_non_root_submit(slurm):
-    res, out = slurm.run_job("#!/bin/bash\necho $FOO $SLURM_JOB_NUM_NODES $(id -un)\n", "-N", "2",
-                             env={"FOO": "bar"})
+    res, out = slurm.run_job("#!/bin/bash\necho $FOO $SLURM_JOB_NUM_NODES $(id -un)\n", "-N", "2", env={"FOO": "bar"})
     assert res.ok and out == "bar 2 root\n"
     script = slurm.dir / "scripts" / "nobody.sh"
     script.write_text(f"#!/bin/bash\nid -un\ntouch {slurm.cluster.shared}/by-nobody\n")
     script.chmod(0o755)
-    p = slurm.login(["runuser", "-u", "nobody", "--", "sbatch", "--parsable",
-                     f"--output={slurm.outdir}/slurm-%j.out", "--chdir=/", str(script)])
+    p = slurm.login(
+        [
+            "runuser",
+            "-u",
+            "nobody",
+            "--",
+            "sbatch",
+            "--parsable",
+            f"--output={slurm.outdir}/slurm-%j.out",
+            "--chdir=/",
+            str(script),
+        ]
+    )
     assert p.returncode == 0, p.stderr
     jid = p.stdout.strip()
     res = slurm.wait(jid, timeout=60)

@@ -55,11 +55,31 @@ WAIT_S = 270  # a little more than the timeout above: the wrapper always ends fi
 
 # Launcher variables the test process may carry (e.g. when pytest itself runs under
 # torchrun or Slurm); removed so each host starts clean.
-_CLEAR = {k: None for k in (
-    "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK", "NNODES",
-    "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "FSMINGLE_DIR", "FSMINGLE_JOB_ID",
-    "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "JOB_COMPLETION_INDEX", "PET_NNODES",
-    "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT", "OMP_NUM_THREADS")}
+_CLEAR = {
+    k: None
+    for k in (
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "LOCAL_WORLD_SIZE",
+        "GROUP_RANK",
+        "NODE_RANK",
+        "NNODES",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "TORCHELASTIC_RUN_ID",
+        "FSMINGLE_DIR",
+        "FSMINGLE_JOB_ID",
+        "NCCL_SOCKET_IFNAME",
+        "GLOO_SOCKET_IFNAME",
+        "JOB_COMPLETION_INDEX",
+        "PET_NNODES",
+        "PET_NODE_RANK",
+        "PET_MASTER_ADDR",
+        "PET_MASTER_PORT",
+        "OMP_NUM_THREADS",
+    )
+}
 _BASE_ENV = {**_CLEAR, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
 
 _RELEASED = re.compile(r"fsmingle: (\S+) released: master (\S+):(\d+), node rank (\d+)/(\d+)")
@@ -69,8 +89,9 @@ _RELEASED_RANK = re.compile(r"fsmingle: (\S+) released: master (\S+):(\d+), rank
 def _start(host, argv, log: Path, env=None):
     f = open(log, "w")
     try:
-        return host.popen([*TIMEOUT, *argv], env={**_BASE_ENV, **(env or {})}, cwd=REPO,
-                          stdout=f, stderr=subprocess.STDOUT)
+        return host.popen(
+            [*TIMEOUT, *argv], env={**_BASE_ENV, **(env or {})}, cwd=REPO, stdout=f, stderr=subprocess.STDOUT
+        )
     finally:
         f.close()  # the child has its own copy
 
@@ -89,8 +110,10 @@ def _wait_all(procs, logs):
     texts = [Path(l).read_text(errors="replace") for l in logs]
     bad = [(i, p.returncode) for i, p in enumerate(procs) if p.returncode != 0]
     if bad:
-        pytest.fail("launches failed (index, rc): %s\n%s" % (bad, "\n".join(
-            f"===== {Path(l).name} (rc={p.returncode})\n{t[-4000:]}" for l, p, t in zip(logs, procs, texts))))
+        details = "\n".join(
+            f"===== {Path(lg).name} (rc={p.returncode})\n{t[-4000:]}" for lg, p, t in zip(logs, procs, texts)
+        )
+        pytest.fail(f"launches failed (index, rc): {bad}\n{details}")
     return texts
 
 
@@ -118,16 +141,27 @@ def _released_lines(texts):
     return got
 
 
-def _node_run(cluster, job, nnodes, node_rank=None, fsm_args=(), torch_env=(), env=None, host_env=None,
-              name="run", nproc=NPROC):
+def _node_run(
+    cluster, job, nnodes, node_rank=None, fsm_args=(), torch_env=(), env=None, host_env=None, name="run", nproc=NPROC
+):
     """Launch the user's command on hosts 0..nnodes-1; return (records, logs' text)."""
     shared = Path(cluster.shared)
     out = shared / f"out-{job}"
     procs, logs = [], []
     for k in range(nnodes):
         h = cluster[k]
-        argv = ["fsmingle", "run", "--dir", f"{shared}/rdzv", "--job-id", job, "--nnodes", str(nnodes),
-                "--timeout", "120"]
+        argv = [
+            "fsmingle",
+            "run",
+            "--dir",
+            f"{shared}/rdzv",
+            "--job-id",
+            job,
+            "--nnodes",
+            str(nnodes),
+            "--timeout",
+            "120",
+        ]
         if node_rank is not None:
             argv += ["--node-rank", str(node_rank[k])]
         argv += list(fsm_args[k] if fsm_args else ())
@@ -143,8 +177,12 @@ def _node_run(cluster, job, nnodes, node_rank=None, fsm_args=(), torch_env=(), e
 
 
 def _status(cluster, job) -> dict:
-    p = subprocess.run([sys.executable, "-m", "fsmingle", "status", job, "--dir", f"{cluster.shared}/rdzv",
-                        "--json"], capture_output=True, text=True, timeout=60)
+    p = subprocess.run(
+        [sys.executable, "-m", "fsmingle", "status", job, "--dir", f"{cluster.shared}/rdzv", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert p.returncode == 0, p.stderr
     d = json.loads(p.stdout)
     return d[0] if isinstance(d, list) else d
@@ -156,8 +194,9 @@ def test_three_hosts_default_address(make_cluster):
     that is up, since there is no default route).  Fixed node ranks 2, 0, 1."""
     c = make_cluster(3, hosts_file="loopback")
     ranks = [2, 0, 1]
-    recs, texts = _node_run(c, "cross-default", 3, node_rank=ranks,
-                            torch_env=["GLOO_SOCKET_IFNAME=eth0"])  # for gloo only, see module doc
+    recs, texts = _node_run(
+        c, "cross-default", 3, node_rank=ranks, torch_env=["GLOO_SOCKET_IFNAME=eth0"]
+    )  # for gloo only, see module doc
     _check_training(recs, 6)
     master_host = c[ranks.index(0)]
     assert {r["MASTER_ADDR"] for r in recs} == {master_host.ip}
@@ -182,11 +221,12 @@ def _add_decoy_interface(cluster):
     module that may be missing.)"""
     for k, h in enumerate(cluster):
         ns = h.netns
-        for argv in (["ip", "-n", ns, "link", "add", "dum0", "type", "veth", "peer", "name", "dum1"],
-                     ["ip", "-n", ns, "link", "set", "dum1", "up"],
-                     ["ip", "-n", ns, "addr", "add", f"198.18.{cluster.subnet.split('.')[2]}.{k + 1}/32",
-                      "dev", "dum0"],
-                     ["ip", "-n", ns, "link", "set", "dum0", "up"]):
+        for argv in (
+            ["ip", "-n", ns, "link", "add", "dum0", "type", "veth", "peer", "name", "dum1"],
+            ["ip", "-n", ns, "link", "set", "dum1", "up"],
+            ["ip", "-n", ns, "addr", "add", f"198.18.{cluster.subnet.split('.')[2]}.{k + 1}/32", "dev", "dum0"],
+            ["ip", "-n", ns, "link", "set", "dum0", "up"],
+        ):
             subprocess.run(argv, check=True, capture_output=True, timeout=10)
 
 
@@ -201,14 +241,22 @@ def test_three_hosts_first_come_with_iface_hints(make_cluster):
     c = make_cluster(3)
     _add_decoy_interface(c)
     # without a hint the decoy wins the tie-break, so the hints below are what is tested
-    p = c[0].run(["fsmingle", "env", "--dir", f"{c.shared}/rdzv", "--job-id", "p", "--nnodes", "1",
-                  "--format", "json", "-q"], env=_BASE_ENV, timeout=60)
+    p = c[0].run(
+        ["fsmingle", "env", "--dir", f"{c.shared}/rdzv", "--job-id", "p", "--nnodes", "1", "--format", "json", "-q"],
+        env=_BASE_ENV,
+        timeout=60,
+    )
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout)["master_addr"].startswith("198.18.")
 
-    recs, texts = _node_run(c, "cross-firstcome", 3, fsm_args=[["--iface", "eth0"], [], []],
-                            host_env={1: {"GLOO_SOCKET_IFNAME": "eth0"}, 2: {"GLOO_SOCKET_IFNAME": "eth0"}},
-                            nproc=1)  # 1 worker per node: saves ~10 s on 2 cores
+    recs, texts = _node_run(
+        c,
+        "cross-firstcome",
+        3,
+        fsm_args=[["--iface", "eth0"], [], []],
+        host_env={1: {"GLOO_SOCKET_IFNAME": "eth0"}, 2: {"GLOO_SOCKET_IFNAME": "eth0"}},
+        nproc=1,
+    )  # 1 worker per node: saves ~10 s on 2 cores
     _check_training(recs, 3)
     lines = _released_lines(texts)
     assert sorted(int(l[3]) for l in lines) == [0, 1, 2]
@@ -233,10 +281,29 @@ def test_per_rank_two_hosts(make_cluster):
     placement = {0: 0, 1: 1, 2: 0, 3: 1}  # rank -> host
     procs, logs = [], []
     for rank, k in placement.items():
-        argv = ["fsmingle", "run", "--dir", f"{shared}/rdzv", "--job-id", "cross-perrank", "--world-size", "4",
-                "--rank", str(rank), "--timeout", "120", "--",
-                "env", "GLOO_SOCKET_IFNAME=eth0",  # gloo only; hostnames resolve to loopback here
-                "python", str(SCRIPT), "--steps", str(STEPS), "--out", str(out)]
+        argv = [
+            "fsmingle",
+            "run",
+            "--dir",
+            f"{shared}/rdzv",
+            "--job-id",
+            "cross-perrank",
+            "--world-size",
+            "4",
+            "--rank",
+            str(rank),
+            "--timeout",
+            "120",
+            "--",
+            "env",
+            "GLOO_SOCKET_IFNAME=eth0",  # gloo only; hostnames resolve to loopback here
+            "python",
+            str(SCRIPT),
+            "--steps",
+            str(STEPS),
+            "--out",
+            str(out),
+        ]
         log = c.workdir / f"perrank-{rank}.log"
         procs.append(_start(c[k], argv, log))
         logs.append(log)

@@ -60,8 +60,7 @@ def test_missing_ack_voids_after_the_timeout_and_names_the_rank():
 
 
 def test_lost_connection_voids_even_when_everything_else_is_ready():
-    action, why = decide(view(lost={2: "the peer closed the connection"}, preparing_for=0.1,
-                              acked=frozenset({1, 2})))
+    action, why = decide(view(lost={2: "the peer closed the connection"}, preparing_for=0.1, acked=frozenset({1, 2})))
     assert action is Action.VOID and "rank 2 lost its connection" in why and "peer closed" in why
 
 
@@ -88,15 +87,28 @@ ranks = st.frozensets(st.integers(1, 4))
 
 
 @settings(max_examples=300, deadline=None)
-@given(size=st.integers(1, 5), connected=ranks, acked=ranks, lost=ranks, dead=ranks,
-       silent=st.dictionaries(st.integers(1, 4), st.floats(0, 30)), preparing=st.one_of(st.none(), st.floats(0, 5)))
+@given(
+    size=st.integers(1, 5),
+    connected=ranks,
+    acked=ranks,
+    lost=ranks,
+    dead=ranks,
+    silent=st.dictionaries(st.integers(1, 4), st.floats(0, 30)),
+    preparing=st.one_of(st.none(), st.floats(0, 5)),
+)
 def test_never_release_on_absence_of_evidence(size, connected, acked, lost, dead, silent, preparing):
     connected = frozenset(r for r in connected if r < size)
-    v = CoordinatorView(size=size, connected=connected, silent={r: q for r, q in silent.items() if r in connected},
-                        lost={r: "x" for r in lost if r < size and r not in connected},
-                        dead_claimers={r: "x" for r in dead if r < size and r not in connected},
-                        preparing_for=preparing, acked=frozenset(r for r in acked if r in connected),
-                        stale_after=10.0, ack_timeout=2.0)
+    v = CoordinatorView(
+        size=size,
+        connected=connected,
+        silent={r: q for r, q in silent.items() if r in connected},
+        lost={r: "x" for r in lost if r < size and r not in connected},
+        dead_claimers={r: "x" for r in dead if r < size and r not in connected},
+        preparing_for=preparing,
+        acked=frozenset(r for r in acked if r in connected),
+        stale_after=10.0,
+        ack_timeout=2.0,
+    )
     try:
         action, why = decide(v)
     except IndexError:
@@ -124,16 +136,21 @@ def test_never_release_on_absence_of_evidence(size, connected, acked, lost, dead
 
 
 def member(rank: int, host: str, addr: str, boot: str | None = None) -> Member:
-    return Member(rank=rank, instance=f"{rank + 1:016x}", addr=addr,
-                  host=HostId(hostname=host, boot_id=boot or f"boot-{host}", pidns="pid:[1]", pid=100 + rank,
-                              pid_start=1.0))
+    return Member(
+        rank=rank,
+        instance=f"{rank + 1:016x}",
+        addr=addr,
+        host=HostId(hostname=host, boot_id=boot or f"boot-{host}", pidns="pid:[1]", pid=100 + rank, pid_start=1.0),
+    )
 
 
 def test_node_mode_placements():
     ms = [member(r, f"n{r}", f"10.0.0.{r + 1}") for r in range(3)]
     pls = placements(ms, "node", 29500, 7)
     assert [p.rank for p in pls] == [p.node_rank for p in pls] == [0, 1, 2]
-    assert {(p.master_addr, p.master_port, p.generation, p.size, p.nnodes) for p in pls} == {("10.0.0.1", 29500, 7, 3, 3)}
+    assert {(p.master_addr, p.master_port, p.generation, p.size, p.nnodes) for p in pls} == {
+        ("10.0.0.1", 29500, 7, 3, 3)
+    }
     assert all(p.local_rank == 0 and p.local_world_size == 1 for p in pls)
 
 
@@ -156,8 +173,9 @@ def test_placement_round_trips_through_the_wire():
     assert Placement.from_wire(json.loads(json.dumps(wire["placement"]))) == pl
 
 
-@pytest.mark.parametrize("field,bad", [("rank", True), ("rank", "1"), ("master_port", None), ("master_addr", 5),
-                                       ("local_rank", 1.0)])
+@pytest.mark.parametrize(
+    "field,bad", [("rank", True), ("rank", "1"), ("master_port", None), ("master_addr", 5), ("local_rank", 1.0)]
+)
 def test_placement_from_a_broken_peer_is_refused(field, bad):
     d = placements([member(0, "a", "10.0.0.1")], "node", 1, 1)[0].as_wire()
     d[field] = bad

@@ -52,11 +52,7 @@ _LAUNCH_VARS = (
 
 
 def _clean_env(tmp_path: Path) -> dict[str, str]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in _LAUNCH_VARS and not k.startswith("PET_")
-    }
+    env = {k: v for k, v in os.environ.items() if k not in _LAUNCH_VARS and not k.startswith("PET_")}
     tmpdir = tmp_path / "tmp"
     tmpdir.mkdir(exist_ok=True)
     env["TMPDIR"] = str(tmpdir)
@@ -105,10 +101,7 @@ def _check_records(records: list[dict], world_size: int) -> None:
 def _check_stdout(stdout: str, world_size: int, checksum: str) -> None:
     for r in range(world_size):
         assert f"rank {r}/{world_size} local_rank " in stdout, stdout
-    assert (
-        f"fsmingle-example: world_size={world_size} ranks_agree=True checksum={checksum} "
-        in stdout
-    ), stdout
+    assert f"fsmingle-example: world_size={world_size} ranks_agree=True checksum={checksum} " in stdout, stdout
 
 
 def test_torchrun_standalone_two_ranks_agree(tmp_path: Path) -> None:
@@ -133,7 +126,9 @@ def test_torchrun_standalone_two_ranks_agree(tmp_path: Path) -> None:
         env=_clean_env(tmp_path),
         capture_output=True,
         text=True,
-        timeout=RUN_TIMEOUT_S + 2 * KILL_AFTER_S, check=False)
+        timeout=RUN_TIMEOUT_S + 2 * KILL_AFTER_S,
+        check=False,
+    )
     assert proc.returncode == 0, f"rc={proc.returncode}\n{proc.stdout}\n{proc.stderr}"
     assert "terminate called" not in proc.stderr, proc.stderr
 
@@ -227,7 +222,9 @@ def test_single_process_without_launcher(tmp_path: Path) -> None:
         env=_clean_env(tmp_path),
         capture_output=True,
         text=True,
-        timeout=RUN_TIMEOUT_S + 2 * KILL_AFTER_S, check=False)
+        timeout=RUN_TIMEOUT_S + 2 * KILL_AFTER_S,
+        check=False,
+    )
     assert proc.returncode == 0, f"rc={proc.returncode}\n{proc.stdout}\n{proc.stderr}"
     records = _load_ranks(out, 1)
     _check_records(records, 1)
@@ -248,10 +245,29 @@ def test_torchrun_two_ranks_without_numpy(tmp_path: Path) -> None:
     probe = subprocess.run([sys.executable, "-c", "import numpy"], env=env, capture_output=True, text=True, check=False)
     assert probe.returncode != 0, "numpy is still importable: the test would prove nothing"
     out = tmp_path / "out"
-    cmd = [*_timeout_prefix(), sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           str(SCRIPT), "--steps", str(STEPS), "--out", str(out)]
-    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=RUN_TIMEOUT_S + 2 * KILL_AFTER_S, check=False)
+    cmd = [
+        *_timeout_prefix(),
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        str(SCRIPT),
+        "--steps",
+        str(STEPS),
+        "--out",
+        str(out),
+    ]
+    proc = subprocess.run(
+        cmd,
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S + 2 * KILL_AFTER_S,
+        check=False,
+    )
     assert proc.returncode == 0, f"rc={proc.returncode}\n{proc.stdout}\n{proc.stderr}"
     assert "Numpy is not available" not in proc.stderr
     records = _load_ranks(out, 2)

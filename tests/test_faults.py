@@ -19,7 +19,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from helpers import (
     assert_one_world,
     beacon_of,
@@ -50,8 +49,10 @@ def _remote(procs, d, *args, **kw):
 
 def _run_printing_env(procs, d, *args, name=None, **kw):
     """``fsmingle run ... -- python -c 'print the torch variables as JSON'``."""
-    code = ("import json, os; print(json.dumps({k: os.environ.get(k) for k in "
-            "('MASTER_ADDR', 'MASTER_PORT', 'NODE_RANK', 'NNODES', 'FSMINGLE_GENERATION')}))")
+    code = (
+        "import json, os; print(json.dumps({k: os.environ.get(k) for k in "
+        "('MASTER_ADDR', 'MASTER_PORT', 'NODE_RANK', 'NNODES', 'FSMINGLE_GENERATION')}))"
+    )
     return procs.env(d, JOB, *args, "--", sys.executable, "-c", code, cmd="run", name=name, **kw)
 
 
@@ -59,12 +60,17 @@ def _run_json(p, timeout=30):
     rc = p.wait(timeout)
     assert rc == 0, f"{p.name} exited {rc}:\n{p.stderr()[-3000:]}"
     e = json.loads(p.stdout().strip().splitlines()[-1])
-    return {"master_addr": e["MASTER_ADDR"], "master_port": int(e["MASTER_PORT"]),
-            "node_rank": int(e["NODE_RANK"]), "nnodes": int(e["NNODES"]),
-            "generation": int(e["FSMINGLE_GENERATION"])}
+    return {
+        "master_addr": e["MASTER_ADDR"],
+        "master_port": int(e["MASTER_PORT"]),
+        "node_rank": int(e["NODE_RANK"]),
+        "nnodes": int(e["NNODES"]),
+        "generation": int(e["FSMINGLE_GENERATION"]),
+    }
 
 
 # ------------------------------------------------------------------ (1) kill and replace, same host
+
 
 @pytest.mark.parametrize("ranks", ["explicit", "first-come"])
 def test_killed_waiting_participant_is_replaced_same_host(procs, d, ranks):
@@ -106,6 +112,7 @@ def test_killed_waiting_participant_is_replaced_same_host(procs, d, ranks):
 
 
 # ------------------------------------------------------------------ (2) kill and replace, remote (heartbeats)
+
 
 @needs_unshare
 def test_killed_remote_participant_is_replaced_after_stale_after(procs, d):
@@ -159,14 +166,16 @@ def test_world_completed_right_after_a_remote_member_died_is_not_released(procs,
     # the last rank arrives now, before anyone could notice the death (< stale_after)
     r2 = procs.env(d, JOB, "--nnodes", 3, "--node-rank", 2, timeout=40, stale_after=stale, name="r2")
     rel1 = wait_for(lambda: release_of(d, JOB, 1), stale + 20, "generation 1 to be decided")
-    assert victim_instance not in {m["instance"] for m in rel1["members"]}, \
+    assert victim_instance not in {m["instance"] for m in rel1["members"]}, (
         "generation 1 was released with a member that had died (SIGKILL) before the release"
+    )
     new1 = procs.env(d, JOB, "--nnodes", 3, "--node-rank", 1, timeout=40, stale_after=stale, name="new1")
     w = assert_one_world(results([r0, new1, r2], timeout=40), 3)
     assert w["generation"] >= 2
 
 
 # ------------------------------------------------------------------ (3) the would-be master dies
+
 
 @pytest.mark.parametrize("where", ["same-host", "remote"])
 def test_master_dies_before_release(procs, d, where):
@@ -179,8 +188,11 @@ def test_master_dies_before_release(procs, d, where):
     if where == "remote" and (os.geteuid() != 0 or have("unshare")):
         pytest.skip("simulating a remote host needs root and `unshare`")
     stale = 60 if where == "remote" else 3
-    spawn = (lambda *a, **k: _remote(procs, d, *a, **k)) if where == "remote" else \
-        (lambda *a, **k: procs.env(d, JOB, *a, **k))
+    spawn = (
+        (lambda *a, **k: _remote(procs, d, *a, **k))
+        if where == "remote"
+        else (lambda *a, **k: procs.env(d, JOB, *a, **k))
+    )
     old0 = spawn("--nnodes", 3, "--node-rank", 0, timeout=40, stale_after=stale, name="old0")
     r1 = _run_printing_env(procs, d, "--nnodes", 3, "--node-rank", 1, timeout=40, stale_after=stale, name="r1")
     beacons = wait_claimed(d, JOB, 1, [0, 1], procs=[old0, r1])
@@ -207,6 +219,7 @@ def test_master_dies_before_release(procs, d, where):
 
 # ------------------------------------------------------------------ (4) re-runs and requeues
 
+
 def test_rerun_same_job_id_three_times(procs, d):
     """Each re-run gets a new generation; no earlier beacon or port is ever used."""
     seen_instances: set[str] = set()
@@ -231,14 +244,37 @@ def test_rerun_same_job_id_three_times(procs, d):
 @needs_unshare
 def test_requeue_ignores_participant_of_earlier_restart_count(procs, d):
     """SLURM_RESTART_COUNT=1 participants do not wait --stale-after for a dead count-0 one (another node)."""
-    old = _remote(procs, d, "--nnodes", 2, "--node-rank", 0, timeout=40, stale_after=60,
-                  extra_env={"SLURM_RESTART_COUNT": "0"}, name="old0")
+    old = _remote(
+        procs,
+        d,
+        "--nnodes",
+        2,
+        "--node-rank",
+        0,
+        timeout=40,
+        stale_after=60,
+        extra_env={"SLURM_RESTART_COUNT": "0"},
+        name="old0",
+    )
     wait_claimed(d, JOB, 1, [0], procs=[old])
     ns_python(old).kill()  # the node of the first run is gone; its heartbeat is not yet stale (60 s)
     old.wait(5)
     t0 = time.monotonic()
-    new = [procs.env(d, JOB, "--nnodes", 2, "--node-rank", r, timeout=40, stale_after=60,
-                     extra_env={"SLURM_RESTART_COUNT": "1"}, name=f"new{r}") for r in (0, 1)]
+    new = [
+        procs.env(
+            d,
+            JOB,
+            "--nnodes",
+            2,
+            "--node-rank",
+            r,
+            timeout=40,
+            stale_after=60,
+            extra_env={"SLURM_RESTART_COUNT": "1"},
+            name=f"new{r}",
+        )
+        for r in (0, 1)
+    ]
     res = results(new, timeout=40)
     assert time.monotonic() - t0 < 40, "the requeued run waited for the stale heartbeat instead of the restart count"
     w = assert_one_world(res, 2)
@@ -248,11 +284,34 @@ def test_requeue_ignores_participant_of_earlier_restart_count(procs, d):
 
 def test_requeue_live_leftover_of_earlier_run_is_never_released_with_the_new_run(procs, d):
     """A still-running count-0 participant does not stop the count-1 run, and is never part of its world."""
-    old = procs.env(d, JOB, "--nnodes", 2, "--node-rank", 0, timeout=8, stale_after=3,
-                    extra_env={"SLURM_RESTART_COUNT": "0"}, name="old0")
+    old = procs.env(
+        d,
+        JOB,
+        "--nnodes",
+        2,
+        "--node-rank",
+        0,
+        timeout=8,
+        stale_after=3,
+        extra_env={"SLURM_RESTART_COUNT": "0"},
+        name="old0",
+    )
     wait_claimed(d, JOB, 1, [0], procs=[old])
-    new = [procs.env(d, JOB, "--nnodes", 2, "--node-rank", r, timeout=40, stale_after=3,
-                     extra_env={"SLURM_RESTART_COUNT": "1"}, name=f"new{r}") for r in (0, 1)]
+    new = [
+        procs.env(
+            d,
+            JOB,
+            "--nnodes",
+            2,
+            "--node-rank",
+            r,
+            timeout=40,
+            stale_after=3,
+            extra_env={"SLURM_RESTART_COUNT": "1"},
+            name=f"new{r}",
+        )
+        for r in (0, 1)
+    ]
     res = results(new, timeout=40)
     w = assert_one_world(res, 2)
     rel = release_of(d, JOB, w["generation"])
@@ -261,6 +320,7 @@ def test_requeue_live_leftover_of_earlier_run_is_never_released_with_the_new_run
 
 
 # ------------------------------------------------------------------ (5) the same explicit rank twice
+
 
 @pytest.mark.parametrize("holder_where", ["same-host", "remote"])
 def test_duplicate_explicit_rank_fails_with_exit_6(procs, d, holder_where):
@@ -286,9 +346,13 @@ def test_duplicate_explicit_rank_race_never_two_rank_zeros(procs, d):
     """Two processes started together for rank 0: exactly one keeps it, the other exits 6."""
     for attempt in range(2):
         job = f"race{attempt}"
-        pair = [procs.env(d, job, "--nnodes", 2, "--node-rank", 0, timeout=40, stale_after=3, name=f"a{attempt}{i}")
-                for i in range(2)]
-        loser = wait_for(lambda: next((p for p in pair if p.poll() is not None), None), 40, "one of the pair to fail")
+        pair = [
+            procs.env(d, job, "--nnodes", 2, "--node-rank", 0, timeout=40, stale_after=3, name=f"a{attempt}{i}")
+            for i in range(2)
+        ]
+        loser = wait_for(
+            lambda pair=pair: next((p for p in pair if p.poll() is not None), None), 40, "one of the pair to fail"
+        )
         assert loser.wait(1) == 6, loser.stderr()
         assert "already held by a live process" in loser.stderr()
         winner = next(p for p in pair if p is not loser)
@@ -298,6 +362,7 @@ def test_duplicate_explicit_rank_race_never_two_rank_zeros(procs, d):
 
 
 # ------------------------------------------------------------------ (6) late participants
+
 
 @pytest.mark.parametrize("ranks", ["explicit", "first-come"])
 def test_late_participant_waits_in_next_generation_and_times_out(procs, d, ranks):
@@ -318,6 +383,7 @@ def test_late_participant_waits_in_next_generation_and_times_out(procs, d, ranks
 
 # ------------------------------------------------------------------ (7) clock skew
 
+
 @needs_unshare
 def test_liveness_never_uses_file_times(procs, d):
     """Beacon/claim/dir mtimes jump to 2000 and 2100 while waiting; nobody is judged stale.
@@ -326,8 +392,9 @@ def test_liveness_never_uses_file_times(procs, d):
     comes from the heartbeat rule (which must use the counter, not mtimes).
     """
     stale = 2.0
-    ps = [_remote(procs, d, "--nnodes", 3, "--node-rank", r, timeout=40, stale_after=stale, name=f"r{r}")
-          for r in (0, 1)]
+    ps = [
+        _remote(procs, d, "--nnodes", 3, "--node-rank", r, timeout=40, stale_after=stale, name=f"r{r}") for r in (0, 1)
+    ]
     wait_claimed(d, JOB, 1, [0, 1], procs=ps)
     stop = threading.Event()
     times = [946684800.0, 4102444800.0]  # 2000-01-01, 2100-01-01
@@ -358,8 +425,12 @@ def test_liveness_never_uses_file_times(procs, d):
         rc, out, err = procs.cli("clean", "--dir", d, JOB, "--stale-after", stale)
         assert rc == 0 and "gen-00000001" not in out, out + err
         ps.append(_remote(procs, d, "--nnodes", 3, "--node-rank", 2, timeout=40, stale_after=stale, name="r2"))
-        res = [json.loads(p.stdout().strip().splitlines()[-1]) if p.wait(25) == 0 else
-               pytest.fail(f"{p.name} failed:\n{p.stderr()}") for p in ps]
+        res = [
+            json.loads(p.stdout().strip().splitlines()[-1])
+            if p.wait(25) == 0
+            else pytest.fail(f"{p.name} failed:\n{p.stderr()}")
+            for p in ps
+        ]
     finally:
         stop.set()
         th.join(5)
@@ -390,15 +461,16 @@ def _prepare_gen(d, job, g=1) -> Path:
 
 def _plant_garbage(gd: Path) -> None:
     bad_beacon = {"schema": 1, "kind": "beacon", "job_id": JOB, "generation": 1, "instance": "ab" * 8}
-    _plant(gd, "beacon-0123456789abcdef.json", '{"schema": 1, "kind": "beac')            # truncated
+    _plant(gd, "beacon-0123456789abcdef.json", '{"schema": 1, "kind": "beac')  # truncated
     _plant(gd, "beacon-fedcba9876543210.json", json.dumps({**bad_beacon, "schema": 99}))  # unknown schema
-    _plant(gd, "beacon-abababababababab.json", b"\xff\xfe\x00garbage")                  # not UTF-8
-    _plant(gd, "beacon-.json", "")                                                       # empty, odd name
-    _plant(gd, "rank-00001.claim", '{"schema": 1, "kind": "claim", "rank": 1, "inst')   # truncated claim
-    _plant(gd, "rank-00042.claim", json.dumps({"schema": 7, "kind": "claim", "rank": 42,
-                                               "instance": "cd" * 8}))                  # schema 7, out of range
-    _plant(gd, ".tmp-host-1-abcdef", "{")                                                # a writer's temp file
-    (gd / "rank-00099.claim.d").mkdir()                                                  # junk directory
+    _plant(gd, "beacon-abababababababab.json", b"\xff\xfe\x00garbage")  # not UTF-8
+    _plant(gd, "beacon-.json", "")  # empty, odd name
+    _plant(gd, "rank-00001.claim", '{"schema": 1, "kind": "claim", "rank": 1, "inst')  # truncated claim
+    _plant(
+        gd, "rank-00042.claim", json.dumps({"schema": 7, "kind": "claim", "rank": 42, "instance": "cd" * 8})
+    )  # schema 7, out of range
+    _plant(gd, ".tmp-host-1-abcdef", "{")  # a writer's temp file
+    (gd / "rank-00099.claim.d").mkdir()  # junk directory
 
 
 def test_corrupt_files_in_generation_are_ignored_explicit_ranks(procs, d):
@@ -454,13 +526,14 @@ def test_corrupt_release_of_earlier_generation_is_skipped(procs, d):
 
 # ------------------------------------------------------------------ (9) clean
 
+
 def _gen_names(d, job=JOB):
     return sorted(n for n in os.listdir(d / job) if n.startswith("gen-"))
 
 
 def test_clean_never_touches_live_generations(procs, d):
     # three runs: generations 1-3 released (the participants' own cleaner retires generation 1)
-    for run in range(3):
+    for _run in range(3):
         results([procs.env(d, JOB, "--nnodes", 2, timeout=40, stale_after=3) for _ in range(2)], timeout=30)
     assert _gen_names(d)[-1] == "gen-00000003"
     assert "gen-00000002" in _gen_names(d)
@@ -525,6 +598,7 @@ def test_clean_removes_newest_generation_of_dead_remote_participant(procs, d):
 
 # ------------------------------------------------------------------ (10) SIGTERM / SIGINT
 
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_signal_while_waiting_exits_130_and_others_regroup(procs, d, sig):
     r0 = procs.env(d, JOB, "--nnodes", 3, "--node-rank", 0, timeout=40, stale_after=60, name="r0")
@@ -541,8 +615,9 @@ def test_signal_while_waiting_exits_130_and_others_regroup(procs, d, sig):
     # its beacon is gone: nobody has to wait --stale-after (60 s) for it
     assert beacon_of(d, JOB, 1, claim_of(d, JOB, 1, 1)["instance"]) is None
     t0 = time.monotonic()
-    late = [procs.env(d, JOB, "--nnodes", 3, "--node-rank", r, timeout=40, stale_after=60, name=f"r{r}")
-            for r in (1, 2)]
+    late = [
+        procs.env(d, JOB, "--nnodes", 3, "--node-rank", r, timeout=40, stale_after=60, name=f"r{r}") for r in (1, 2)
+    ]
     res = results([r0] + late, timeout=40)
     assert time.monotonic() - t0 < 40  # far below --stale-after (60 s): nobody waited for the leaver's heartbeat
     assert_one_world(res, 3, generation=2)

@@ -86,12 +86,20 @@ def test_verbose_prints_protocol_details_the_default_does_not(procs, d):
     plain_err = "".join(p.stderr() for p in procs.all[:2])
     loud_err = "".join(p.stderr() for p in loud)
     assert "DEBUG" not in plain_err, plain_err
-    for what in ("DEBUG: options: --dir", "DEBUG: resolved: dir", "DEBUG: timing: poll",
-                 "DEBUG: job directory", "DEBUG: state: generation 1"):
+    for what in (
+        "DEBUG: options: --dir",
+        "DEBUG: resolved: dir",
+        "DEBUG: timing: poll",
+        "DEBUG: job directory",
+        "DEBUG: state: generation 1",
+    ):
         assert what in loud_err, (what, loud_err)
     # timestamps and logger names on every verbose line
-    assert all(re.match(r"fsmingle \d\d:\d\d:\d\d\.\d{3} fsmingle[\w.]* [A-Z]+: ", ln)
-               for ln in loud_err.splitlines() if ln.strip()), loud_err
+    assert all(
+        re.match(r"fsmingle \d\d:\d\d:\d\d\.\d{3} fsmingle[\w.]* [A-Z]+: ", ln)
+        for ln in loud_err.splitlines()
+        if ln.strip()
+    ), loud_err
 
 
 # ---------------------------------------------------------------- status
@@ -111,8 +119,9 @@ def test_status_calls_exited_participants_exited_not_stale(procs, d):
 @pytest.mark.skipif(os.geteuid() != 0 or bool(have("unshare")), reason="a remote participant needs unshare (root)")
 def test_status_judges_a_remote_participant_by_heartbeat_age_against_stale_after(procs, d):
     """Another pid namespace = another host for liveness: alive until its heartbeat is --stale-after old."""
-    remote = procs.env(d, JOB, "--nnodes", 2, "--node-rank", 1, timeout=120, stale_after=3,
-                       prefix=other_pidns_prefix(), name="remote")
+    remote = procs.env(
+        d, JOB, "--nnodes", 2, "--node-rank", 1, timeout=120, stale_after=3, prefix=other_pidns_prefix(), name="remote"
+    )
     wait_claimed(d, JOB, 1, [1], procs=[remote])
     _rc, out, _err = _status(procs, d, JOB, "--json", "--stale-after", "6")
     part = json.loads(out)["participants"][0]
@@ -166,8 +175,11 @@ def test_clean_without_job_id_skips_another_users_job_directory(procs, d):
     rc, out, err = procs.cli("clean", "--dir", d)
     assert rc == 0, err
     assert [ln for ln in err.splitlines() if ln.strip()] == [
-        (f"fsmingle: skipping job directory {other} is owned by uid {NOBODY}, not by you (uid 0); another user "
-        "may have created it to redirect your job: choose another --job-id or --dir")], err
+        (
+            f"fsmingle: skipping job directory {other} is owned by uid {NOBODY}, not by you (uid 0); another user "
+            "may have created it to redirect your job: choose another --job-id or --dir"
+        )
+    ], err
     assert out.splitlines() == [f"removed {JOB}/gen-00000001: released generation"], out
     assert other.is_dir()
     # naming it is still an error: exit 4, one line
@@ -190,12 +202,34 @@ def test_sbatch_creates_fsmingle_dir_owner_only_whatever_the_umask(tmp_path, scr
     mkdir = _lines(script, r"^\(umask 077 && mkdir -p \"\$FSMINGLE_DIR\"\)$")
     assert mkdir, f"{script.name} creates FSMINGLE_DIR without umask 077"
     target = tmp_path / "home" / ".fsmingle" / "rdzv"
-    subprocess.run(["bash", "-c", f"umask 000; {mkdir}"], env={**os.environ, "FSMINGLE_DIR": str(target)},
-                   check=True, timeout=30)
+    subprocess.run(
+        ["bash", "-c", f"umask 000; {mkdir}"], env={**os.environ, "FSMINGLE_DIR": str(target)}, check=True, timeout=30
+    )
     assert target.stat().st_mode & 0o777 == 0o700
-    p = subprocess.run([sys.executable, "-m", "fsmingle", "env", "--dir", str(target), "--job-id", "j", "--nnodes", "1",
-                        "--addr", "127.0.0.1", "--format", "json", "-q"], env=clean_env(), check=False, capture_output=True,
-                       text=True, timeout=60)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fsmingle",
+            "env",
+            "--dir",
+            str(target),
+            "--job-id",
+            "j",
+            "--nnodes",
+            "1",
+            "--addr",
+            "127.0.0.1",
+            "--format",
+            "json",
+            "-q",
+        ],
+        env=clean_env(),
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert p.returncode == 0, p.stderr
 
 
@@ -203,11 +237,24 @@ def test_sbatch_creates_fsmingle_dir_owner_only_whatever_the_umask(tmp_path, scr
 def test_sbatch_train_default_is_relative_to_the_submit_dir(tmp_path, script):
     lines = _lines(script, r"^(TRAIN=|case \"\$TRAIN\")")
     assert "SLURM_SUBMIT_DIR" in lines and "submit from" in script.read_text(), script.name
-    run = subprocess.run(["bash", "-c", f"{lines}\necho \"$TRAIN\""], cwd=tmp_path, check=False, capture_output=True, text=True,
-                         env={"PATH": os.environ["PATH"], "SLURM_SUBMIT_DIR": "/submit/here"}, timeout=30)
+    run = subprocess.run(
+        ["bash", "-c", f'{lines}\necho "$TRAIN"'],
+        cwd=tmp_path,
+        check=False,
+        capture_output=True,
+        text=True,
+        env={"PATH": os.environ["PATH"], "SLURM_SUBMIT_DIR": "/submit/here"},
+        timeout=30,
+    )
     assert run.stdout.strip() == "/submit/here/examples/train_ddp.py", run
-    run = subprocess.run(["bash", "-c", f"{lines}\necho \"$TRAIN\""], check=False, capture_output=True, text=True,
-                         env={"PATH": os.environ["PATH"], "SLURM_SUBMIT_DIR": "/s", "TRAIN": "/abs/t.py"}, timeout=30)
+    run = subprocess.run(
+        ["bash", "-c", f'{lines}\necho "$TRAIN"'],
+        check=False,
+        capture_output=True,
+        text=True,
+        env={"PATH": os.environ["PATH"], "SLURM_SUBMIT_DIR": "/s", "TRAIN": "/abs/t.py"},
+        timeout=30,
+    )
     assert run.stdout.strip() == "/abs/t.py", run
 
 
@@ -249,8 +296,11 @@ def test_status_warns_once_about_an_unreadable_beacon_then_counts(procs, d):
     bad = d / JOB / "gen-00000001" / "beacon-0123456789abcdef.json"
     bad.write_text('{"schema": 2, "kind": "beacon", "trunc')
     os.chmod(bad, 0o600)
-    w = procs.spawn([sys.executable, "-m", "fsmingle", "status", "--dir", str(d), JOB, "--watch", "--interval", "0.2"],
-                    name="watch", env=clean_env())
+    w = procs.spawn(
+        [sys.executable, "-m", "fsmingle", "status", "--dir", str(d), JOB, "--watch", "--interval", "0.2"],
+        name="watch",
+        env=clean_env(),
+    )
     wait_for(lambda: "ignoring" in w.stderr(), 30, "the first warning")
     time.sleep(2.0)  # about ten more rounds of --watch
     w.signal(signal.SIGINT)
@@ -258,7 +308,9 @@ def test_status_warns_once_about_an_unreadable_beacon_then_counts(procs, d):
     err = w.stderr()
     lines = [ln for ln in err.splitlines() if ln.strip()]
     name = f"gen-00000001/{bad.name}"
-    assert [ln for ln in lines if "ignoring" in ln] == [f"fsmingle: ignoring {name}: " + lines[0].split(": ", 2)[2]], err
+    assert [ln for ln in lines if "ignoring" in ln] == [f"fsmingle: ignoring {name}: " + lines[0].split(": ", 2)[2]], (
+        err
+    )
     (count,) = [ln for ln in lines if "repeated" in ln]
     assert re.fullmatch(rf"fsmingle: \(the warning about {re.escape(name)} repeated \d+ more times\)", count), err
     assert int(re.search(r"repeated (\d+)", count).group(1)) >= 3, err
@@ -267,14 +319,19 @@ def test_status_warns_once_about_an_unreadable_beacon_then_counts(procs, d):
 
 def test_sigterm_after_the_release_says_too_late_and_exits_143():
     """The handler `fsmingle run`/`env` installs once released (the window before exec is too short to hit)."""
-    code = ("import os, signal, time; from types import SimpleNamespace as R; from fsmingle.cli import _after_release; "
-            "signal.signal(signal.SIGTERM, _after_release(R(job_id='j', generation=3))); "
-            "os.kill(os.getpid(), signal.SIGTERM); time.sleep(30)")
-    p = subprocess.run([sys.executable, "-c", code], env=clean_env(), check=False, capture_output=True, text=True,
-                       timeout=60)
+    code = (
+        "import os, signal, time; from types import SimpleNamespace as R; from fsmingle.cli import _after_release; "
+        "signal.signal(signal.SIGTERM, _after_release(R(job_id='j', generation=3))); "
+        "os.kill(os.getpid(), signal.SIGTERM); time.sleep(30)"
+    )
+    p = subprocess.run(
+        [sys.executable, "-c", code], env=clean_env(), check=False, capture_output=True, text=True, timeout=60
+    )
     assert p.returncode == 143, p
-    assert p.stderr == ("fsmingle: terminated (SIGTERM) after job j generation 3 was released with this participant "
-                        "in it, before its command started; the others will not find it\n"), p.stderr
+    assert p.stderr == (
+        "fsmingle: terminated (SIGTERM) after job j generation 3 was released with this participant "
+        "in it, before its command started; the others will not find it\n"
+    ), p.stderr
 
 
 @pytest.mark.parametrize("cmd", ["status", "clean"])

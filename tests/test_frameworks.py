@@ -25,15 +25,22 @@ EX = REPO / "examples" / "frameworks"
 FSMINGLE = f"{shlex.quote(sys.executable)} -m fsmingle"
 
 # Variables that would change what fsmingle or a framework detects (schedulers, launchers).
-_SCRUB = re.compile(r"^(SLURM_|FSMINGLE_|PET_|PBS_|LSB_|JSM_|OMPI_|PMI_|TORCHELASTIC_|ACCELERATE_|KUBERNETES_|"
-                    r"(MASTER_ADDR|MASTER_PORT|RANK|WORLD_SIZE|LOCAL_RANK|LOCAL_WORLD_SIZE|NODE_RANK|GROUP_RANK|"
-                    r"NNODES|NCCL_SOCKET_IFNAME|GLOO_SOCKET_IFNAME|JOB_COMPLETION_INDEX)$)")
+_SCRUB = re.compile(
+    r"^(SLURM_|FSMINGLE_|PET_|PBS_|LSB_|JSM_|OMPI_|PMI_|TORCHELASTIC_|ACCELERATE_|KUBERNETES_|"
+    r"(MASTER_ADDR|MASTER_PORT|RANK|WORLD_SIZE|LOCAL_RANK|LOCAL_WORLD_SIZE|NODE_RANK|GROUP_RANK|"
+    r"NNODES|NCCL_SOCKET_IFNAME|GLOO_SOCKET_IFNAME|JOB_COMPLETION_INDEX)$)"
+)
 
 
 def _env(tmp_path: Path, **extra) -> dict:
     env = {k: v for k, v in os.environ.items() if not _SCRUB.match(k)}
-    env.update(TMPDIR=str(tmp_path), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", JAX_PLATFORMS="cpu",
-               PYTHONPATH=str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else ""))
+    env.update(
+        TMPDIR=str(tmp_path),
+        OMP_NUM_THREADS="1",
+        PYTHONUNBUFFERED="1",
+        JAX_PLATFORMS="cpu",
+        PYTHONPATH=str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else ""),
+    )
     env.update(extra)
     return env
 
@@ -47,9 +54,16 @@ def run_pair(tmp_path: Path, scripts: list[str], limit: int = 150) -> list[str]:
     for i, script in enumerate(scripts):
         log = open(tmp_path / f"participant{i}.log", "w+")
         logs.append(log)
-        procs.append(subprocess.Popen(["timeout", "-k", "10", str(limit), "bash", "-c", "set -euo pipefail\n" + script],
-                                      cwd=REPO, env=_env(tmp_path), stdout=log, stderr=subprocess.STDOUT,
-                                      start_new_session=True))
+        procs.append(
+            subprocess.Popen(
+                ["timeout", "-k", "10", str(limit), "bash", "-c", "set -euo pipefail\n" + script],
+                cwd=REPO,
+                env=_env(tmp_path),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        )
     try:
         for p in procs:
             p.wait(timeout=limit + 30)
@@ -63,8 +77,9 @@ def run_pair(tmp_path: Path, scripts: list[str], limit: int = 150) -> list[str]:
         log.seek(0)
         texts.append(log.read())
         log.close()
-    report = "\n".join(f"--- participant {i} (exit {p.returncode}):\n{t[-3000:]}" for i, (p, t) in
-                       enumerate(zip(procs, texts)))
+    report = "\n".join(
+        f"--- participant {i} (exit {p.returncode}):\n{t[-3000:]}" for i, (p, t) in enumerate(zip(procs, texts))
+    )
     assert all(p.returncode == 0 for p in procs), report
     return texts
 
@@ -84,9 +99,11 @@ def test_torchrun_static_via_pet_variables(tmp_path):
     pytest.importorskip("torch")
     torchrun = shutil.which("torchrun") or f"{shlex.quote(sys.executable)} -m torch.distributed.run"
     out = tmp_path / "out"
-    node = (f'eval "$({FSMINGLE} env {rdzv_opts(tmp_path, "tr")} --nnodes 2 --format sh)"\n'
-            f'env | grep "^PET_" | sort\n'
-            f"{torchrun} --nproc-per-node 1 {EX / 'torchrun_allreduce.py'} --out {out}\n")
+    node = (
+        f'eval "$({FSMINGLE} env {rdzv_opts(tmp_path, "tr")} --nnodes 2 --format sh)"\n'
+        f'env | grep "^PET_" | sort\n'
+        f"{torchrun} --nproc-per-node 1 {EX / 'torchrun_allreduce.py'} --out {out}\n"
+    )
     logs = run_pair(tmp_path, [node, node])
     res = results(out)
     assert [r["world_size"] for r in res] == [2, 2]
@@ -101,8 +118,11 @@ def test_torchrun_static_via_pet_variables(tmp_path):
 def test_plain_torch_distributed_per_rank(tmp_path):
     pytest.importorskip("torch")
     out = tmp_path / "out"
-    scripts = [f"{shlex.quote(sys.executable)} {EX / 'plain_torch.py'} {rdzv_opts(tmp_path, 'plain')} "
-               f"--world-size 2 --rank {r} --out {out}" for r in (0, 1)]
+    scripts = [
+        f"{shlex.quote(sys.executable)} {EX / 'plain_torch.py'} {rdzv_opts(tmp_path, 'plain')} "
+        f"--world-size 2 --rank {r} --out {out}"
+        for r in (0, 1)
+    ]
     run_pair(tmp_path, scripts)
     res = results(out)
     assert [r["sum"] for r in res] == [3.0, 3.0]  # all_reduce of rank+1 over both ranks
@@ -117,8 +137,10 @@ def test_lightning_two_nodes(tmp_path):
     pytest.importorskip("torch")
     pytest.importorskip("lightning")
     out = tmp_path / "out"
-    node = (f"{FSMINGLE} run {rdzv_opts(tmp_path, 'lit')} --nnodes 2 -- "
-            f"{shlex.quote(sys.executable)} {EX / 'lightning_fit.py'} --out {out}")
+    node = (
+        f"{FSMINGLE} run {rdzv_opts(tmp_path, 'lit')} --nnodes 2 -- "
+        f"{shlex.quote(sys.executable)} {EX / 'lightning_fit.py'} --out {out}"
+    )
     run_pair(tmp_path, [node, node], limit=220)
     res = results(out)
     assert {r["cluster_environment"] for r in res} == {"LightningEnvironment"}
@@ -133,8 +155,10 @@ def test_accelerate_per_rank(tmp_path):
     pytest.importorskip("torch")
     pytest.importorskip("accelerate")
     out = tmp_path / "out"
-    rank = (f"{FSMINGLE} run {rdzv_opts(tmp_path, 'acc')} --world-size 2 -- "
-            f"{shlex.quote(sys.executable)} {EX / 'accelerate_train.py'} --out {out}")
+    rank = (
+        f"{FSMINGLE} run {rdzv_opts(tmp_path, 'acc')} --world-size 2 -- "
+        f"{shlex.quote(sys.executable)} {EX / 'accelerate_train.py'} --out {out}"
+    )
     run_pair(tmp_path, [rank, rank])
     res = results(out)
     assert {r["distributed_type"] for r in res} == {"DistributedType.MULTI_CPU"}
@@ -147,8 +171,11 @@ def test_accelerate_per_rank(tmp_path):
 def test_jax_distributed_from_env_json(tmp_path):
     pytest.importorskip("jax")
     out = tmp_path / "out"
-    scripts = [f'rdzv="$({FSMINGLE} env {rdzv_opts(tmp_path, "jax")} --world-size 2 --rank {r} --format json)"\n'
-               f'{shlex.quote(sys.executable)} {EX / "jax_allgather.py"} "$rdzv" --out {out}' for r in (0, 1)]
+    scripts = [
+        f'rdzv="$({FSMINGLE} env {rdzv_opts(tmp_path, "jax")} --world-size 2 --rank {r} --format json)"\n'
+        f'{shlex.quote(sys.executable)} {EX / "jax_allgather.py"} "$rdzv" --out {out}'
+        for r in (0, 1)
+    ]
     run_pair(tmp_path, scripts)
     res = results(out)
     assert [r["world_size"] for r in res] == [2, 2]  # jax.process_count()

@@ -36,14 +36,16 @@ FSM = [sys.executable, "-m", "fsmingle"]
 
 
 def _check(argv_dir: str, *extra: str, timeout: float = 60) -> tuple[int, dict | None, str]:
-    p = subprocess.run([*FSM, "check", "--dir", argv_dir, "--json", *extra], capture_output=True, text=True,
-                       timeout=timeout)
+    p = subprocess.run(
+        [*FSM, "check", "--dir", argv_dir, "--json", *extra], capture_output=True, text=True, timeout=timeout
+    )
     return p.returncode, (json.loads(p.stdout) if p.stdout.strip() else None), p.stderr
 
 
 def _host_check(h, d: str, *extra: str, timeout: float = 150):
-    return h.popen([*FSM, "check", "--dir", d, "--json", *extra], stdout=subprocess.PIPE,
-                   stderr=subprocess.PIPE, text=True)
+    return h.popen(
+        [*FSM, "check", "--dir", d, "--json", *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
 
 
 def _peers_check(c, d: str, n: int = 2, session: str = "s1", timeout: float = 150) -> list[dict]:
@@ -82,13 +84,18 @@ def test_table_output_and_bad_input(tmp_path):
     assert p.returncode == 0 and "verdict" in p.stdout and "link() claim" in p.stdout, p.stdout + p.stderr
     p = subprocess.run([*FSM, "check", "--dir", str(tmp_path / "nope")], capture_output=True, text=True, timeout=60)
     assert p.returncode == 5 and "does not exist" in p.stderr
-    p = subprocess.run([*FSM, "check", "--dir", str(tmp_path), "--peers", "0"], capture_output=True, text=True,
-                       timeout=60)
+    p = subprocess.run(
+        [*FSM, "check", "--dir", str(tmp_path), "--peers", "0"], capture_output=True, text=True, timeout=60
+    )
     assert p.returncode == 3 and "--peers" in p.stderr
     # a peer check nobody else joins ends at its --timeout, naming how many came
     t0 = time.monotonic()
-    p = subprocess.run([*FSM, "check", "--dir", str(tmp_path), "--peers", "2", "--timeout", "2"],
-                       capture_output=True, text=True, timeout=60)
+    p = subprocess.run(
+        [*FSM, "check", "--dir", str(tmp_path), "--peers", "2", "--timeout", "2"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert p.returncode == 7 and "1 of 2 peers" in p.stderr, p.stderr
     assert time.monotonic() - t0 < 30
     assert os.listdir(tmp_path) == []  # its scratch files went with it (the directory is kept: empty, hidden)
@@ -105,7 +112,8 @@ def test_mountinfo_parsing_picks_the_mount_on_top(tmp_path):
         "69 22 0:39 / /mnt/sh rw,relatime - fuse.glusterfs 10.0.0.1:/vol rw,user_id=0\n"
         "75 69 0:40 / /mnt/sh rw,relatime - fuse mfs\\04310.0.0.1:9421 rw,mfsnegentrycacheto=1\n"
         "80 22 0:50 / /mnt/nfs rw - nfs4 srv:/export rw,vers=4.2,actimeo=60,lookupcache=all,local_lock=none\n"
-        "81 22 0:51 / /mnt/with\\040space rw - fuse.s3fs s3fs rw\n")
+        "81 22 0:51 / /mnt/with\\040space rw - fuse.s3fs s3fs rw\n"
+    )
     m = fscheck.find_mount("/mnt/sh/a/b", str(mi))
     assert (m.fstype, m.source, m.device) == ("fuse", "mfs#10.0.0.1:9421", "0:40")
     assert fscheck.family(m) == "moosefs"
@@ -136,6 +144,7 @@ def test_each_no_hardlink_errno_refuses_with_a_clear_message(tmp_path, monkeypat
     assert os.listdir(tmp_path) == []
     # the store refuses too, never falling back to O_EXCL
     from fsmingle.store import PosixStore
+
     with pytest.raises(UnsupportedFilesystemError):
         PosixStore(str(tmp_path)).create("claim", b"{}")
     assert os.listdir(tmp_path) == []
@@ -231,8 +240,20 @@ def test_s3fs_check_is_unsafe(s3):
 
 
 def _env_argv(d: str, job: str, nnodes: int, timeout: float = 30) -> list[str]:
-    return [*FSM, "env", "--dir", d, "--job-id", job, "--nnodes", str(nnodes), "--timeout", str(timeout),
-            "--format", "json"]
+    return [
+        *FSM,
+        "env",
+        "--dir",
+        d,
+        "--job-id",
+        job,
+        "--nnodes",
+        str(nnodes),
+        "--timeout",
+        str(timeout),
+        "--format",
+        "json",
+    ]
 
 
 @pytest.mark.root
@@ -245,8 +266,7 @@ def test_s3fs_refused_on_every_node_within_5s(s3):
     procs = []
     t0 = time.monotonic()
     for h in s3:
-        procs.append(h.popen(_env_argv(d, "s3job", len(s3)), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True))
+        procs.append(h.popen(_env_argv(d, "s3job", len(s3)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     for p in procs:
         _, err = p.communicate(timeout=30)
         elapsed = time.monotonic() - t0
@@ -266,8 +286,12 @@ def test_s3fs_named_plain_fuse_is_refused_by_the_probe(s3, tmp_path):
     os.makedirs(mnt)
     s3._state["fuse_mounts"].append(mnt)
     s3._save()
-    p = subprocess.run(["s3fs", "fsmbucket", mnt, "-o", s3.fs_backend.opts + ",fsname=teamstore"],
-                       capture_output=True, text=True, timeout=30)
+    p = subprocess.run(
+        ["s3fs", "fsmbucket", mnt, "-o", s3.fs_backend.opts + ",fsname=teamstore"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert p.returncode == 0, p.stderr
     try:
         m = fscheck.find_mount(mnt)

@@ -20,13 +20,24 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SMI_2 = ("GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-0a1b2c3d-0000-1111-2222-333344445555)\n"
-         "GPU 1: NVIDIA H100 80GB HBM3 (UUID: GPU-9f8e7d6c-0000-1111-2222-333344445555)\n")
-CLEAR = ("FSMINGLE_DIR", "FSMINGLE_JOB_ID", "FSMINGLE_GPUS_PER_NODE", "CUDA_VISIBLE_DEVICES", "SLURM_JOB_ID",
-         "SLURM_NNODES", "SLURM_NODEID", "SLURM_PROCID", "SLURM_NTASKS")
+SMI_2 = (
+    "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-0a1b2c3d-0000-1111-2222-333344445555)\n"
+    "GPU 1: NVIDIA H100 80GB HBM3 (UUID: GPU-9f8e7d6c-0000-1111-2222-333344445555)\n"
+)
+CLEAR = (
+    "FSMINGLE_DIR",
+    "FSMINGLE_JOB_ID",
+    "FSMINGLE_GPUS_PER_NODE",
+    "CUDA_VISIBLE_DEVICES",
+    "SLURM_JOB_ID",
+    "SLURM_NNODES",
+    "SLURM_NODEID",
+    "SLURM_PROCID",
+    "SLURM_NTASKS",
+)
 
 NO_NVML = "raise ImportError('no NVML in this test')\n"
-FAKE_NVML = '''
+FAKE_NVML = """
 class NVMLError(Exception):
     pass
 _GPUS = [("NVIDIA A100-SXM4-40GB", "GPU-aaaa", True), ("NVIDIA A100-SXM4-40GB", "GPU-bbbb", False)]
@@ -40,7 +51,7 @@ def nvmlDeviceGetMemoryInfo(h):
     if not _GPUS[h][2]:
         raise NVMLError("GPU is lost")
     return (1, 2, 3)
-'''
+"""
 
 
 @pytest.fixture
@@ -52,13 +63,20 @@ def node(tmp_path):
     rdzv.mkdir(mode=0o700)
     (py_dir / "pynvml.py").write_text(NO_NVML)
 
-    def run(*args, smi: str | None = None, smi_rc: int = 0, nvml: str | None = None, env: dict | None = None,
-            module: str = "fsmingle"):
+    def run(
+        *args,
+        smi: str | None = None,
+        smi_rc: int = 0,
+        nvml: str | None = None,
+        env: dict | None = None,
+        module: str = "fsmingle",
+    ):
         if smi is not None:
             # shell builtins only: PATH holds nothing but this script
             lines = " ".join(shlex.quote(x) for x in smi.splitlines())
-            (bin_dir / "nvidia-smi").write_text(f"#!/bin/sh\n[ \"$1\" = -L ] || exit 9\nprintf '%s\\n' {lines}\n"
-                                               f"exit {smi_rc}\n")
+            (bin_dir / "nvidia-smi").write_text(
+                f"#!/bin/sh\n[ \"$1\" = -L ] || exit 9\nprintf '%s\\n' {lines}\nexit {smi_rc}\n"
+            )
             (bin_dir / "nvidia-smi").chmod(0o755)
         if nvml is not None:
             (py_dir / "pynvml.py").write_text(nvml)
@@ -66,8 +84,15 @@ def node(tmp_path):
         # PATH: only the fake tools (no real nvidia-smi can answer); python runs by absolute path
         e.update(PATH=str(bin_dir), PYTHONPATH=f"{py_dir}{os.pathsep}{REPO}", **(env or {}))
         t0 = time.monotonic()
-        cp = subprocess.run([sys.executable, "-m", module, *args], env=e, capture_output=True, text=True,
-                            timeout=60, check=False, cwd=REPO)
+        cp = subprocess.run(
+            [sys.executable, "-m", module, *args],
+            env=e,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+            cwd=REPO,
+        )
         return cp, time.monotonic() - t0
 
     run.rdzv = rdzv
@@ -98,16 +123,19 @@ def test_env_variable_asks_for_the_check_too(node):
 def test_fake_nvidia_smi_two_gpus_pass_and_names_logged(node):
     cp, _ = node(*_env_args(node, "two", "--gpus-per-node", "2"), smi=SMI_2)
     assert cp.returncode == 0, cp.stderr
-    assert ("GPU preflight: 2 usable GPUs (nvidia-smi -L, asked for 2): GPU 0 NVIDIA H100 80GB HBM3; "
-            "GPU 1 NVIDIA H100 80GB HBM3") in cp.stderr
+    assert (
+        "GPU preflight: 2 usable GPUs (nvidia-smi -L, asked for 2): GPU 0 NVIDIA H100 80GB HBM3; "
+        "GPU 1 NVIDIA H100 80GB HBM3"
+    ) in cp.stderr
     assert "export NNODES=1" in cp.stdout
 
 
 def test_fake_nvidia_smi_two_gpus_four_asked_fails_naming_them(node):
     cp, _ = node(*_env_args(node, "four", "--gpus-per-node", "4"), smi=SMI_2)
     assert cp.returncode == 12, cp.stderr
-    assert "this node has 2 usable GPUs (nvidia-smi -L; saw: GPU 0 NVIDIA H100 80GB HBM3; GPU 1 NVIDIA H100" \
-        in cp.stderr
+    assert (
+        "this node has 2 usable GPUs (nvidia-smi -L; saw: GPU 0 NVIDIA H100 80GB HBM3; GPU 1 NVIDIA H100" in cp.stderr
+    )
     assert os.listdir(node.rdzv) == []
 
 
@@ -117,8 +145,7 @@ def test_cuda_visible_devices_is_respected(node):
     assert "1 usable GPU (nvidia-smi -L; saw: GPU 1 NVIDIA H100" in cp.stderr
     assert "CUDA_VISIBLE_DEVICES='1' hides 1" in cp.stderr
     # by UUID prefix, as CUDA accepts it; "" hides everything
-    cp, _ = node(*_env_args(node, "uuid", "--gpus-per-node", "1"), smi=SMI_2,
-                 env={"CUDA_VISIBLE_DEVICES": "GPU-9f8e"})
+    cp, _ = node(*_env_args(node, "uuid", "--gpus-per-node", "1"), smi=SMI_2, env={"CUDA_VISIBLE_DEVICES": "GPU-9f8e"})
     assert cp.returncode == 0 and "GPU 1 NVIDIA H100" in cp.stderr, cp.stderr
     cp, _ = node(*_env_args(node, "none", "--gpus-per-node", "1"), smi=SMI_2, env={"CUDA_VISIBLE_DEVICES": ""})
     assert cp.returncode == 12 and "hides 2" in cp.stderr, cp.stderr
@@ -134,8 +161,10 @@ def test_a_gpu_nvidia_smi_cannot_open_is_not_usable(node):
 def test_nvml_is_preferred_and_a_lost_gpu_is_not_usable(node):
     cp, _ = node(*_env_args(node, "nvml", "--gpus-per-node", "2"), nvml=FAKE_NVML, smi=SMI_2)
     assert cp.returncode == 12, cp.stderr
-    assert "1 usable GPU (NVML; saw: GPU 0 NVIDIA A100-SXM4-40GB; GPU 1 NVIDIA A100-SXM4-40GB " \
-           "(NVML cannot read its memory: GPU is lost))" in cp.stderr
+    assert (
+        "1 usable GPU (NVML; saw: GPU 0 NVIDIA A100-SXM4-40GB; GPU 1 NVIDIA A100-SXM4-40GB "
+        "(NVML cannot read its memory: GPU is lost))" in cp.stderr
+    )
     cp, _ = node(*_env_args(node, "nvml1", "--gpus-per-node", "1"), nvml=FAKE_NVML)
     assert cp.returncode == 0 and "GPU preflight: 1 usable GPU (NVML" in cp.stderr, cp.stderr
 
@@ -143,8 +172,12 @@ def test_nvml_is_preferred_and_a_lost_gpu_is_not_usable(node):
 def test_module_entry_point_for_a_real_node(node):
     cp, _ = node("2", smi=SMI_2, module="fsmingle.gpu")
     assert cp.returncode == 0, cp.stderr
-    assert cp.stdout.splitlines()[0].split("\t") == ["0", "GPU-0a1b2c3d-0000-1111-2222-333344445555",
-                                                     "NVIDIA H100 80GB HBM3", "ok"]
+    assert cp.stdout.splitlines()[0].split("\t") == [
+        "0",
+        "GPU-0a1b2c3d-0000-1111-2222-333344445555",
+        "NVIDIA H100 80GB HBM3",
+        "ok",
+    ]
     cp, _ = node("3", smi=SMI_2, module="fsmingle.gpu")
     assert cp.returncode == 12 and "2 usable GPUs" in cp.stderr
 

@@ -20,18 +20,48 @@ from fsmingle.gpu import visible
 
 REPO = Path(__file__).resolve().parents[1]
 NAMES = ["node10", "node2", "gpu7"]
-CLEAR = {k: None for k in ("FSMINGLE_DIR", "FSMINGLE_JOB_ID", "FSMINGLE_RANK_ORDER", "FSMINGLE_GPUS_PER_NODE",
-                           "SLURM_JOB_ID", "SLURM_NNODES", "SLURM_NODEID", "SLURM_PROCID", "SLURM_NTASKS")}
+CLEAR = {
+    k: None
+    for k in (
+        "FSMINGLE_DIR",
+        "FSMINGLE_JOB_ID",
+        "FSMINGLE_RANK_ORDER",
+        "FSMINGLE_GPUS_PER_NODE",
+        "SLURM_JOB_ID",
+        "SLURM_NNODES",
+        "SLURM_NODEID",
+        "SLURM_PROCID",
+        "SLURM_NTASKS",
+    )
+}
 
 
 def _world(c, job: str, *args) -> dict[str, subprocess.CompletedProcess]:
     procs = []
     for k in (1, 0, 2):  # scrambled arrival
         h = c[k]
-        argv = ["timeout", "-k", "5", "60", sys.executable, "-m", "fsmingle", "env", "--dir", f"{c.shared}/rdzv",
-                "--job-id", job, "--nnodes", "3", "--timeout", "40", "--rank-order", "host", *args]
-        procs.append((h, h.popen(argv, env=CLEAR, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                 text=True)))
+        argv = [
+            "timeout",
+            "-k",
+            "5",
+            "60",
+            sys.executable,
+            "-m",
+            "fsmingle",
+            "env",
+            "--dir",
+            f"{c.shared}/rdzv",
+            "--job-id",
+            job,
+            "--nnodes",
+            "3",
+            "--timeout",
+            "40",
+            "--rank-order",
+            "host",
+            *args,
+        ]
+        procs.append((h, h.popen(argv, env=CLEAR, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)))
         time.sleep(0.3)
     out = {}
     for h, p in procs:
@@ -73,10 +103,28 @@ def test_per_rank_mode_hostfile_has_one_line_per_host(tmp_path):
     rdzv = tmp_path / "rdzv"
     rdzv.mkdir(mode=0o700)
     env = {k: v for k, v in os.environ.items() if k not in CLEAR}
-    argv = [sys.executable, "-m", "fsmingle", "env", "--dir", str(rdzv), "--job-id", "pr", "--world-size", "3",
-            "--timeout", "40", "--format", "hostfile", "--slots", "3"]
-    procs = [subprocess.Popen(argv, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for _ in range(3)]
+    argv = [
+        sys.executable,
+        "-m",
+        "fsmingle",
+        "env",
+        "--dir",
+        str(rdzv),
+        "--job-id",
+        "pr",
+        "--world-size",
+        "3",
+        "--timeout",
+        "40",
+        "--format",
+        "hostfile",
+        "--slots",
+        "3",
+    ]
+    procs = [
+        subprocess.Popen(argv, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(3)
+    ]
     outs = [p.communicate(timeout=90) for p in procs]
     assert all(p.returncode == 0 for p in procs), [e for _, e in outs]
     lines = {o for o, _ in outs}
@@ -86,7 +134,13 @@ def test_per_rank_mode_hostfile_has_one_line_per_host(tmp_path):
 def test_slots_only_with_hostfile(tmp_path):
     rdzv = tmp_path / "rdzv"
     rdzv.mkdir(mode=0o700)
-    cp = subprocess.run([sys.executable, "-m", "fsmingle", "env", "--dir", str(rdzv), "--job-id", "x", "--nnodes",
-                         "1", "--slots", "2"], capture_output=True, text=True, timeout=60, check=False, cwd=REPO)
+    cp = subprocess.run(
+        [sys.executable, "-m", "fsmingle", "env", "--dir", str(rdzv), "--job-id", "x", "--nnodes", "1", "--slots", "2"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=REPO,
+    )
     assert cp.returncode == 3 and "--slots applies to --format hostfile only" in cp.stderr, cp.stderr
     assert os.listdir(rdzv) == []

@@ -18,7 +18,7 @@ import pytest
 
 yaml = pytest.importorskip("yaml")
 
-from fsmingle import config, netaddr  # noqa: E402
+from fsmingle import config, netaddr
 
 K8S = Path(__file__).resolve().parents[1] / "examples" / "kubernetes"
 VAR_REF = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
@@ -71,7 +71,7 @@ def _argv(container) -> list[str]:
 def _split(argv):
     assert argv[:2] == ["fsmingle", "run"], argv
     i = argv.index("--")
-    return argv[2:i], argv[i + 1:]
+    return argv[2:i], argv[i + 1 :]
 
 
 def _parse_run(fsm_args: list[str]) -> dict:
@@ -140,8 +140,15 @@ def test_fsmingle_flags_parse_and_resolve_per_pod(container, job):
     # each pod of the Indexed Job resolves to its own node rank, from JOB_COMPLETION_INDEX
     for index in range(job["spec"]["completions"]):
         pod_env = {**_env_values(container), "JOB_COMPLETION_INDEX": str(index)}
-        s = config.resolve(dir=p["dir"], job_id=p["job_id"], nnodes=p["nnodes"], node_rank=p["node_rank"],
-                           world_size=p["world_size"], rank=p["rank"], env=pod_env)
+        s = config.resolve(
+            dir=p["dir"],
+            job_id=p["job_id"],
+            nnodes=p["nnodes"],
+            node_rank=p["node_rank"],
+            world_size=p["world_size"],
+            rank=p["rank"],
+            env=pod_env,
+        )
         assert (s.mode, s.size, s.rank, s.job_id) == ("node", 2, index, "ddp-train")
     assert netaddr.choose_address(addr=p["addr"], env={}) == SAMPLE["POD_IP"]
     # the command after "--" is torchrun; its workers-per-pod come from the env
@@ -158,8 +165,12 @@ def test_torchrun_part_parses(monkeypatch):
     _, cmd = _split(_expand(_argv(c), _env_values(c)))
     for k in [k for k in os.environ if k.startswith("PET_")]:
         monkeypatch.delenv(k)
-    exported = {"PET_NNODES": "2", "PET_NODE_RANK": "1", "PET_MASTER_ADDR": SAMPLE["POD_IP"],
-                "PET_MASTER_PORT": "29517"}
+    exported = {
+        "PET_NNODES": "2",
+        "PET_NODE_RANK": "1",
+        "PET_MASTER_ADDR": SAMPLE["POD_IP"],
+        "PET_MASTER_PORT": "29517",
+    }
     for k, v in exported.items():
         monkeypatch.setenv(k, v)
     args = torch_run.get_args_parser().parse_args(cmd[1:])

@@ -79,8 +79,16 @@ Crash, FakeClock, FakeFS, FakeStore = fakefs.Crash, fakefs.FakeClock, fakefs.Fak
 FakeNet = fakenet.FakeNet
 
 # Fast fake-time settings: liveness judged after 10 s, views lag at most a few seconds.
-TIMING = Timing(poll_min=0.05, poll_max=1.0, backoff=1.6, jitter=0.1, stale_after=10.0,
-                scan_interval=1.0, status_interval=30.0, probe_timeout=2.0)
+TIMING = Timing(
+    poll_min=0.05,
+    poll_max=1.0,
+    backoff=1.6,
+    jitter=0.1,
+    stale_after=10.0,
+    scan_interval=1.0,
+    status_interval=30.0,
+    probe_timeout=2.0,
+)
 LONG = 1e6  # a timeout that never fires
 JOB = "job-model"
 GLUSTER_NEG = 61.0  # seconds a looked-up-too-early name stays ENOENT on a GlusterFS nl-cache client (measured)
@@ -144,10 +152,24 @@ class World:
         initial_lag (float): fraction of the staleness bound new hosts' views lag by.
     """
 
-    def __init__(self, size: int, *, mode: str = "node", ranks=None, sizes=None, staleness: float = 0.0,
-                 pidns: str = "host", cleaner: bool = True, partitioned=(), master_port: int | None = None,
-                 timeout: float = LONG, timing: Timing = TIMING, initial_lag: float = 0.0, addrs=None,
-                 rank_order: str = "arrival"):
+    def __init__(
+        self,
+        size: int,
+        *,
+        mode: str = "node",
+        ranks=None,
+        sizes=None,
+        staleness: float = 0.0,
+        pidns: str = "host",
+        cleaner: bool = True,
+        partitioned=(),
+        master_port: int | None = None,
+        timeout: float = LONG,
+        timing: Timing = TIMING,
+        initial_lag: float = 0.0,
+        addrs=None,
+        rank_order: str = "arrival",
+    ):
         self.size, self.mode, self.pidns, self.timing = size, mode, pidns, timing
         self.ranks = list(ranks) if ranks is not None else [None] * size
         self.sizes = list(sizes) if sizes is not None else [size] * size
@@ -183,7 +205,10 @@ class World:
         if key not in self.hosts:
             node = f"h{key}"
             self.hosts[key] = Host(
-                key=key, node=node, addr=f"10.0.{key // 250}.{key % 250 + 1}", boot_id=f"boot-{key}",
+                key=key,
+                node=node,
+                addr=f"10.0.{key // 250}.{key % 250 + 1}",
+                boot_id=f"boot-{key}",
                 # monotonic clocks share no origin; wall clocks are minutes apart
                 clock=FakeClock(self.fs, mono_offset=1000.0 * key + 17.25, skew=(-1) ** key * 150.0 * key),
                 store=self.fs.view(node),
@@ -228,11 +253,13 @@ class World:
             for x in gens:
                 if x < g - 1 and store.read(release_name(x)) is not None:
                     store.retire(gen_name(x))
+
         return cleaner
 
     # ------------------------------------------------------------------ processes
-    def start(self, slot: int | None, *, rank: int | None = None, new_host: bool = False,
-              timeout: float | None = None) -> Proc:
+    def start(
+        self, slot: int | None, *, rank: int | None = None, new_host: bool = False, timeout: float | None = None
+    ) -> Proc:
         """Start a process for ``slot`` (its requested rank), or an intruder with ``rank``."""
         size = self.size
         if slot is not None:
@@ -253,12 +280,23 @@ class World:
         instance = f"{self._counter:04x}{'ab' * 6}"
         q = Proc(slot=slot, host=host, hid=hid, instance=instance, wake=self.fs.now)
         q.p = Participant(
-            host.store, job_id=JOB, mode=self.mode, size=size, rank=rank, addr=self.addrs.get(slot, host.addr),
-            instance=instance, me=hid, timeout=self.timeout if timeout is None else timeout, timing=self.timing,
-            master_port=self.master_port, clock=host.clock, local_alive=self._local_alive,
+            host.store,
+            job_id=JOB,
+            mode=self.mode,
+            size=size,
+            rank=rank,
+            addr=self.addrs.get(slot, host.addr),
+            instance=instance,
+            me=hid,
+            timeout=self.timeout if timeout is None else timeout,
+            timing=self.timing,
+            master_port=self.master_port,
+            clock=host.clock,
+            local_alive=self._local_alive,
             transport=self.net.transport(host.key, instance, self.timing.ping_interval),
             cleaner=self._cleaner_for(host.store) if self.use_cleaner else None,
-            rng=random.Random(self._counter), rank_order=self.rank_order,
+            rng=random.Random(self._counter),
+            rank_order=self.rank_order,
         )
         self.procs.append(q)
         self.by_instance[instance] = q
@@ -285,17 +323,22 @@ class World:
         if gen_before is not None and (p.gen != gen_before or q.status == "exited"):
             self.left.setdefault(q.instance, set()).add(gen_before)
             rel = self.releases.get(gen_before)
-            assert rel is None or release_name(gen_before) in self.corrupted or all(
-                m.instance != q.instance for m in rel.members), (
+            assert (
+                rel is None
+                or release_name(gen_before) in self.corrupted
+                or all(m.instance != q.instance for m in rel.members)
+            ), (
                 f"{q.instance} left generation {gen_before} although its release names it as rank "
-                f"{[m.rank for m in rel.members if m.instance == q.instance]}: the others start without it")
+                f"{[m.rank for m in rel.members if m.instance == q.instance]}: the others start without it"
+            )
             if p.gen != gen_before:
                 self.say(f"{q.instance[:4]} left generation {gen_before} for {p.gen}")
         if p.left:
             self.left.setdefault(q.instance, set()).update(range(1, p.left + 1))
 
-    def step(self, q: Proc, crash_at: int | None = None, after_effect: bool = False,
-             preempt: tuple[int, Proc] | None = None) -> Placement | None:
+    def step(
+        self, q: Proc, crash_at: int | None = None, after_effect: bool = False, preempt: tuple[int, Proc] | None = None
+    ) -> Placement | None:
         """One ``Participant.step`` (as ``Participant.run`` would do it), then the invariants."""
         assert q.status == "running"
         p, store = q.p, q.host.store
@@ -342,8 +385,9 @@ class World:
         q.wake = self.fs.now + delay
         if pl is not None:
             q.status, q.result = "done", pl
-            self.say(f"released {q.instance[:4]} gen {pl.generation} rank {pl.rank} master "
-                     f"{pl.master_addr}:{pl.master_port}")
+            self.say(
+                f"released {q.instance[:4]} gen {pl.generation} rank {pl.rank} master {pl.master_addr}:{pl.master_port}"
+            )
             self._check_released(q, pl)
         self.check()
         return pl
@@ -365,12 +409,18 @@ class World:
             same = same + 1 if self.fs.now == last_now else 0
             last_now = self.fs.now
             if same > 1990:
-                self.say(f"livelock step {q.instance[:4]} {q.p.state.value} rank {q.p.rank} role "
-                         f"{type(q.p.role).__name__} note {q.p.note[:80]!r}")
+                self.say(
+                    f"livelock step {q.instance[:4]} {q.p.state.value} rank {q.p.rank} role "
+                    f"{type(q.p.role).__name__} note {q.p.note[:80]!r}"
+                )
             assert same < 2000, (
-                "livelock: 2000 steps without time passing: " + ", ".join(
-                    f"{x.instance[:4]}({x.p.state.value}, gen {x.p.gen}, rank {x.p.rank}, wake {x.wake})" for x in run)
-                + "\n" + "\n".join(self.log[-30:]))
+                "livelock: 2000 steps without time passing: "
+                + ", ".join(
+                    f"{x.instance[:4]}({x.p.state.value}, gen {x.p.gen}, rank {x.p.rank}, wake {x.wake})" for x in run
+                )
+                + "\n"
+                + "\n".join(self.log[-30:])
+            )
             self.step(q)
         self.fs.now = max(self.fs.now, end)
 
@@ -403,40 +453,53 @@ class World:
         for q, what in ((master, "master"), (writer, "coordinator")):
             assert q.alive, (
                 f"generation {g} released naming {what} {q.instance} ({q.host.node}), "
-                f"which {q.status} at t={q.died_at} before the release was written (t={ev.t})")
+                f"which {q.status} at t={q.died_at} before the release was written (t={ev.t})"
+            )
         assert writer.p.rank == 0 and writer.p.gen == g, "a release written by a participant not rank 0 of it"
         assert rel.master_addr == master.p.addr
         port_hub = self.net.hubs.get((master.host.key, rel.master_port))
-        assert port_hub is not None and port_hub.owner == master.instance and not port_hub.closed, \
+        assert port_hub is not None and port_hub.owner == master.instance and not port_hub.closed, (
             "the release names a port the master does not hold"
+        )
         hub = writer.p.hub
         held = set()
         for m in rel.members:
             q = self.by_instance[m.instance]
             assert q.status != "exited", (
                 f"generation {g} released naming {m.instance} (rank {m.rank}), which had left "
-                f"({q.error.__class__.__name__}) at t={q.died_at}")
+                f"({q.error.__class__.__name__}) at t={q.died_at}"
+            )
             assert g not in self.left.get(m.instance, ()), (
-                f"generation {g} released naming {m.instance} (rank {m.rank}), which had left the generation")
+                f"generation {g} released naming {m.instance} (rank {m.rank}), which had left the generation"
+            )
             claims = [n for n in self.fs.present_files(gen_name(g)) if n.endswith(".claim")]
-            mine = [n for n in claims if n not in self.corrupted and decode(self.fs.current(n), Claim).instance == m.instance]
-            assert mine or any(n in self.corrupted for n in claims), \
+            mine = [
+                n
+                for n in claims
+                if n not in self.corrupted and decode(self.fs.current(n), Claim).instance == m.instance
+            ]
+            assert mine or any(n in self.corrupted for n in claims), (
                 f"generation {g} released naming {m.instance} as rank {m.rank}, which holds no claim in it"
+            )
             assert len(mine) <= 1, f"{m.instance} holds {len(mine)} claims in generation {g}"
             held.update(mine)
             if q is writer:
                 continue
             # Alive, connected to rank 0 and acknowledged -- or its loss not observable by rank 0 yet.
             pipes = [pp for pp in self.net.pipes if pp.hub is hub and pp.link.owner == m.instance and g in pp.acked]
-            assert pipes, (f"generation {g} released naming rank {m.rank} ({m.instance}), which never acknowledged "
-                           "the release on a connection to rank 0")
+            assert pipes, (
+                f"generation {g} released naming rank {m.rank} ({m.instance}), which never acknowledged "
+                "the release on a connection to rank 0"
+            )
             pp = pipes[-1]
             unseen = hub.last_poll_seq
             assert not pp.hub_lost or (pp.lost_seq or -1) > unseen, (
-                f"generation {g} released although rank 0 had seen rank {m.rank}'s connection lost")
+                f"generation {g} released although rank 0 had seen rank {m.rank}'s connection lost"
+            )
             assert q.alive or q.died_seq > unseen or self.net.blocked(pp), (
                 f"generation {g} released naming rank {m.rank} ({m.instance}), which {q.status} at t={q.died_at} "
-                "where rank 0 could see it")
+                "where rank 0 could see it"
+            )
 
     def _check_released(self, q: Proc, pl: Placement) -> None:
         truth = self.releases.get(pl.generation)
@@ -456,7 +519,8 @@ class World:
             assert rel is None or all(m.instance != q.instance for m in rel.members), (
                 f"{q.instance} raised {e.__class__.__name__} although generation {p.gen} was released "
                 f"with it as rank {[m.rank for m in rel.members if m.instance == q.instance]}: "
-                "the others run without it")
+                "the others run without it"
+            )
             return
         if isinstance(e, WorldSizeMismatchError):
             assert len(set(self.sizes)) > 1, f"WorldSizeMismatchError although every size is {self.size}: {e}"
@@ -482,12 +546,16 @@ class World:
             lower = (prev_step if prev_step is not None else self.fs.now) - self.fs.max_staleness
             assert holder.alive or holder.died_at > lower - 1e-9, (
                 f"RankConflictError although the holder {holder.instance} of rank {r} "
-                f"{holder.status} at t={holder.died_at}: {e}")
+                f"{holder.status} at t={holder.died_at}: {e}"
+            )
             return
         if isinstance(e, CorruptStateError) and p.gen is not None and release_name(p.gen) in self.corrupted:
             return
-        if isinstance(e, ConfigError) and "already in use" in str(e) and (self.intruders or (
-                None in self.ranks and 0 in self.ranks)):
+        if (
+            isinstance(e, ConfigError)
+            and "already in use" in str(e)
+            and (self.intruders or (None in self.ranks and 0 in self.ranks))
+        ):
             return  # an explicit --port rank 0 next to first-come processes of the same host
         raise AssertionError(f"unexpected {e.__class__.__name__} from {q.instance}: {e}") from e
 
@@ -538,8 +606,14 @@ class World:
         t = self.timing
         # detect the dead (stale_after + a heartbeat + visibility) in each generation that holds dead
         # claims, then join, claim and release (visibility twice, polls, a scan, connect timeouts).
-        per_gen = (t.stale_after + 2 * t.heartbeat_period + 4 * self.fs.max_staleness + 4 * t.poll_max
-                   + 2 * t.probe_timeout + 2)
+        per_gen = (
+            t.stale_after
+            + 2 * t.heartbeat_period
+            + 4 * self.fs.max_staleness
+            + 4 * t.poll_max
+            + 2 * t.probe_timeout
+            + 2
+        )
         dead = sum(1 for q in self.procs if not q.alive)
         neg = max([0.0, *(h.store.neg_remaining() for h in self.hosts.values())])
         return (2 + dead) * per_gen + neg + 10
@@ -559,21 +633,25 @@ class World:
             self.say(f"liveness not checked: {why}")
             # Safety still: whoever is named in a release and alive must get it.
             self.tick(self.bound(), stop=lambda: not self.running())
-            assert not self.waiting_named() or "corrupted" in why, \
+            assert not self.waiting_named() or "corrupted" in why, (
                 f"named in a release but never released: {[q.instance for q in self.waiting_named()]}"
+            )
             return None
         start, bound = self.fs.now, self.bound()
         self.tick(bound, stop=lambda: self.released_any() and not self.waiting_named())
         assert self.released_any(), (
             f"not released within {bound:.0f} fake seconds with all {self.size} slots alive: "
-            + ", ".join(f"{q.instance[:4]}(slot {q.slot}, {q.p.state.value}, gen {q.p.gen}, rank {q.p.rank})"
-                        for q in self.running()))
+            + ", ".join(
+                f"{q.instance[:4]}(slot {q.slot}, {q.p.state.value}, gen {q.p.gen}, rank {q.p.rank})"
+                for q in self.running()
+            )
+        )
         stuck = self.waiting_named()
         assert not stuck, f"named in a release but not released after {bound:.0f} s: {[q.instance for q in stuck]}"
         # v2 releases only members that acknowledged over a live connection, so a live slot left
         # out is legitimate only if a member died after acknowledging (undetectable in time: torch
         # fails, the scheduler restarts the job).
-        (g, rel), = self.releases.items()
+        ((g, rel),) = self.releases.items()
         left_out = [q for q in self.running() if q.slot is not None]
         if left_out:
             dead = [m.instance for m in rel.members if not self.by_instance[m.instance].alive]
@@ -629,20 +707,46 @@ class RendezvousMachine(RuleBasedStateMachine):
         initial_lag=st.sampled_from([0.0, 0.5, 1.0]),
         rank_order=st.sampled_from(["arrival", "arrival", "host"]),
     )
-    def setup(self, size, mode, rank_policy, staleness, pidns, cleaner, partitioned, fixed_port,
-              short_timeout, mixed_seed, joined, initial_lag, rank_order):
+    def setup(
+        self,
+        size,
+        mode,
+        rank_policy,
+        staleness,
+        pidns,
+        cleaner,
+        partitioned,
+        fixed_port,
+        short_timeout,
+        mixed_seed,
+        joined,
+        initial_lag,
+        rank_order,
+    ):
         if rank_policy == "explicit":
             ranks = list(range(size))
         elif rank_policy == "first":
             ranks = [None] * size
         else:
             ranks = [s if mixed_seed >> s & 1 else None for s in range(size)]
-        self.w = World(size, mode=mode, ranks=ranks, staleness=staleness, pidns=pidns, cleaner=cleaner,
-                       partitioned=partitioned, master_port=29500 if fixed_port else None,
-                       timeout=40.0 if short_timeout == 0 else LONG, initial_lag=initial_lag, rank_order=rank_order)
-        note(f"World(size={size}, mode={mode!r}, ranks={ranks}, rank_order={rank_order!r}, staleness={staleness}, pidns={pidns!r}, "
-             f"cleaner={cleaner}, partitioned={partitioned}, fixed_port={fixed_port}, "
-             f"timeout={self.w.timeout}, joined={joined})")
+        self.w = World(
+            size,
+            mode=mode,
+            ranks=ranks,
+            staleness=staleness,
+            pidns=pidns,
+            cleaner=cleaner,
+            partitioned=partitioned,
+            master_port=29500 if fixed_port else None,
+            timeout=40.0 if short_timeout == 0 else LONG,
+            initial_lag=initial_lag,
+            rank_order=rank_order,
+        )
+        note(
+            f"World(size={size}, mode={mode!r}, ranks={ranks}, rank_order={rank_order!r}, staleness={staleness}, pidns={pidns!r}, "
+            f"cleaner={cleaner}, partitioned={partitioned}, fixed_port={fixed_port}, "
+            f"timeout={self.w.timeout}, joined={joined})"
+        )
         for slot in range(min(joined, size)):
             self.w.start(slot)
 
@@ -659,7 +763,7 @@ class RendezvousMachine(RuleBasedStateMachine):
                         event(f"exit: {q.error.__class__.__name__}")
                 event(f"rules: {getattr(self, 'n_rules', 0) // 10 * 10}+")
                 event(f"processes: {len(w.procs)}")
-                if any(q.status == 'crashed' for q in w.procs):
+                if any(q.status == "crashed" for q in w.procs):
                     event("some crashed")
                 if any(h.store.lost_replies for h in w.hosts.values()):
                     event("a create reply was lost")
@@ -781,8 +885,10 @@ class RendezvousMachine(RuleBasedStateMachine):
     def spurious_enoent(self, h, i, secs):
         """A node's lookups of a name that exists (a generation, master/, a claim, a release) fail for a while."""
         host = self._host(h)
-        names = sorted([d for d in self.w.fs.dirs if d and self.w.fs.dir_exists(d)]
-                       + [n for n in self.w.fs.present_files() if not fakefs.basename(n).startswith(".")])
+        names = sorted(
+            [d for d in self.w.fs.dirs if d and self.w.fs.dir_exists(d)]
+            + [n for n in self.w.fs.present_files() if not fakefs.basename(n).startswith(".")]
+        )
         if host is not None and names:
             n = names[i % len(names)]
             self.w.say(f"{host.node} blind to {n} for {secs:g} s")
@@ -822,9 +928,11 @@ class RendezvousMachine(RuleBasedStateMachine):
     @rule(i=st.integers(0, 63), g=st.integers(0, len(GARBAGE) - 1), kinds=st.sampled_from(["beacon", "beacon", "any"]))
     def corrupt(self, i, g, kinds):
         """A hostile or broken writer replaces a record with garbage."""
-        names = [n for n in self.w.fs.present_files()
-                 if not fakefs.basename(n).startswith(".")
-                 and (fakefs.basename(n).startswith("beacon-") or kinds == "any")]
+        names = [
+            n
+            for n in self.w.fs.present_files()
+            if not fakefs.basename(n).startswith(".") and (fakefs.basename(n).startswith("beacon-") or kinds == "any")
+        ]
         if names:
             n = names[i % len(names)]
             self.w.corrupted.add(n)
@@ -960,7 +1068,7 @@ def test_acked_member_reads_the_decision_through_its_negative_cache():
     assert a.p.role.preparing_since is not None, "rank 0 never prepared"
     w.fs.advance(9.0)  # B's deadline is near: the release will show to B only after it
     w.step(b)  # B acknowledges
-    pipe, = [pp for pp in w.net.open_pipes() if pp.link.owner == b.instance]
+    (pipe,) = [pp for pp in w.net.open_pipes() if pp.link.owner == b.instance]
     w.step(a)  # rank 0 commits: release.json, go
     assert 1 in w.releases
     w.net.reset(pipe, lose_unread=True)  # the go never reaches B

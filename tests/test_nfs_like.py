@@ -17,7 +17,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from helpers import (
     Procs,
     assert_one_world,
@@ -69,8 +68,18 @@ class Views:
         for i in range(n):
             m = tmp / f"node{i}"
             m.mkdir(mode=0o700)
-            subprocess.run(["bindfs", "-o", f"attr_timeout={CACHE},entry_timeout={CACHE},negative_timeout={CACHE}",
-                            str(self.backing), str(m)], check=True, capture_output=True, timeout=30)
+            subprocess.run(
+                [
+                    "bindfs",
+                    "-o",
+                    f"attr_timeout={CACHE},entry_timeout={CACHE},negative_timeout={CACHE}",
+                    str(self.backing),
+                    str(m),
+                ],
+                check=True,
+                capture_output=True,
+                timeout=30,
+            )
             self.mounts.append(m)
 
     def dir(self, node: int) -> Path:
@@ -95,16 +104,29 @@ def views(tmp_path, procs):
 
 def test_views_are_fuse_mounts_of_one_directory(views):
     for m in views.mounts:
-        assert subprocess.run(["stat", "-f", "-c", "%T", str(m)], capture_output=True, text=True).stdout.strip() \
-            in ("fuseblk", "fuse")
+        assert subprocess.run(["stat", "-f", "-c", "%T", str(m)], capture_output=True, text=True).stdout.strip() in (
+            "fuseblk",
+            "fuse",
+        )
     (views.mounts[0] / "probe").write_text("x")
     assert (views.backing / "probe").read_text() == "x"
 
 
 @pytest.mark.parametrize("ranks", ["explicit", "first-come"])
 def test_rendezvous_across_four_views(procs, views, ranks):
-    ps = [procs.env(views.dir(i), JOB, "--nnodes", NODES, *(["--node-rank", i] if ranks == "explicit" else []),
-                    timeout=40, stale_after=4 * CACHE, name=f"node{i}") for i in range(NODES)]
+    ps = [
+        procs.env(
+            views.dir(i),
+            JOB,
+            "--nnodes",
+            NODES,
+            *(["--node-rank", i] if ranks == "explicit" else []),
+            timeout=40,
+            stale_after=4 * CACHE,
+            name=f"node{i}",
+        )
+        for i in range(NODES)
+    ]
     res = results(ps, timeout=40)
     w = assert_one_world(res, NODES, generation=1)
     if ranks == "explicit":
@@ -116,16 +138,24 @@ def test_rendezvous_across_four_views(procs, views, ranks):
 
 def test_kill_and_replace_across_views_same_host(procs, views):
     stale = 30  # far above the time allowed: only the direct same-host check explains a fast recovery
-    first = [procs.env(views.dir(i), JOB, "--nnodes", NODES, "--node-rank", i, timeout=40, stale_after=stale,
-                       name=f"node{i}") for i in range(3)]
+    first = [
+        procs.env(
+            views.dir(i), JOB, "--nnodes", NODES, "--node-rank", i, timeout=40, stale_after=stale, name=f"node{i}"
+        )
+        for i in range(3)
+    ]
     wait_claimed(views.real, JOB, 1, [0, 1, 2], procs=first)
     victim = first[1]
     victim.signal(signal.SIGKILL)
     victim.wait(5)
     t0 = time.monotonic()
     # the replacement comes up on another node (another view of the directory)
-    late = [procs.env(views.dir(3), JOB, "--nnodes", NODES, "--node-rank", r, timeout=40, stale_after=stale,
-                      name=f"late{r}") for r in (1, 3)]
+    late = [
+        procs.env(
+            views.dir(3), JOB, "--nnodes", NODES, "--node-rank", r, timeout=40, stale_after=stale, name=f"late{r}"
+        )
+        for r in (1, 3)
+    ]
     res = results([first[0], first[2]] + late, timeout=40)
     assert time.monotonic() - t0 < stale
     w = assert_one_world(res, NODES)
@@ -138,8 +168,18 @@ def test_kill_and_replace_across_views_by_heartbeat(procs, views):
     """The victim is 'remote' (own pid namespace): its death is seen only through heartbeats on cached views."""
     stale = 4 * CACHE  # must exceed the attribute cache several times over
     r0 = procs.env(views.dir(0), JOB, "--nnodes", 2, "--node-rank", 0, timeout=60, stale_after=stale, name="node0")
-    victim = procs.env(views.dir(1), JOB, "--nnodes", 2, "--node-rank", 1, timeout=60, stale_after=stale,
-                       prefix=other_pidns_prefix(), name="victim")
+    victim = procs.env(
+        views.dir(1),
+        JOB,
+        "--nnodes",
+        2,
+        "--node-rank",
+        1,
+        timeout=60,
+        stale_after=stale,
+        prefix=other_pidns_prefix(),
+        name="victim",
+    )
     # a remote participant seen through cached views takes part normally, ...
     b = wait_claimed(views.real, JOB, 1, [0, 1], procs=[r0, victim])
     assert b[1]["host"]["pid"] == 1
@@ -148,8 +188,18 @@ def test_kill_and_replace_across_views_by_heartbeat(procs, views):
     assert_one_world(results([r0, victim], timeout=20), 2, generation=1)
     # ... and a dead one is replaced after --stale-after (re-run, same job id, next generation)
     r0 = procs.env(views.dir(0), JOB, "--nnodes", 3, "--node-rank", 0, timeout=60, stale_after=stale, name="r0")
-    victim = procs.env(views.dir(1), JOB, "--nnodes", 3, "--node-rank", 1, timeout=60, stale_after=stale,
-                       prefix=other_pidns_prefix(), name="victim2")
+    victim = procs.env(
+        views.dir(1),
+        JOB,
+        "--nnodes",
+        3,
+        "--node-rank",
+        1,
+        timeout=60,
+        stale_after=stale,
+        prefix=other_pidns_prefix(),
+        name="victim2",
+    )
     wait_claimed(views.real, JOB, 2, [0, 1], procs=[r0, victim])
     ns_python(victim).kill()
     victim.wait(5)
@@ -165,8 +215,20 @@ def test_rerun_across_views(procs, views):
     """Three runs with one job id, each node on its own view, rotating: a new generation every time."""
     gens = []
     for run in range(3):
-        ps = [procs.env(views.dir(i + run), JOB, "--nnodes", 2, "--node-rank", i, timeout=40, stale_after=4 * CACHE,
-                        name=f"run{run}-{i}") for i in range(2)]
+        ps = [
+            procs.env(
+                views.dir(i + run),
+                JOB,
+                "--nnodes",
+                2,
+                "--node-rank",
+                i,
+                timeout=40,
+                stale_after=4 * CACHE,
+                name=f"run{run}-{i}",
+            )
+            for i in range(2)
+        ]
         w = assert_one_world(results(ps, timeout=40), 2)
         gens.append(w["generation"])
         rel = release_of(views.real, JOB, w["generation"])

@@ -34,7 +34,8 @@ def test_every_option_is_a_cli_option_with_its_flags_and_default(command):
         assert p.default == o.default, o.name
         assert o.help.split(";")[0] in " ".join(p.help.split()), o.name
     assert {n for n, p in params.items() if p.param_type_name == "option"} - {o.name for o in options.OPTIONS} == (
-        {"format", "slots"} if command == "env" else set())
+        {"format", "slots"} if command == "env" else set()
+    )
 
 
 def test_the_python_api_takes_every_non_cli_option_as_a_keyword():
@@ -67,8 +68,11 @@ def test_validate_fills_poll_max_and_refuses_combinations_that_cannot_work():
     assert v.poll_max == 0.25 and v.timeout == 600.0 and v.addr_not_local is False
     assert options.validate(options.Values()).poll_max == options.POLL_MAX_DEFAULT
     assert options.validate(options.Values(stale_after=4.0, poll_max=1.0)).poll_max == 1.0
-    with pytest.raises(ConfigError, match=r"--poll-max 1\.5 is too long for --stale-after 4.*lower --poll-max or "
-                                          r"raise --stale-after"):
+    with pytest.raises(
+        ConfigError,
+        match=r"--poll-max 1\.5 is too long for --stale-after 4.*lower --poll-max or "
+        r"raise --stale-after",
+    ):
         options.validate(options.Values(stale_after=4.0, poll_max=1.5))
 
 
@@ -87,7 +91,9 @@ def test_addr_must_be_this_hosts_unless_addr_not_local():
 
 def test_torchrun_rdzv_conf_keys_are_parsed_by_the_same_rows():
     assert options.from_rdzv_conf({"addr": "127.0.0.1", "iface": "lo", "join_timeout": "5"}) == {
-        "addr": "127.0.0.1", "iface": "lo"}
+        "addr": "127.0.0.1",
+        "iface": "lo",
+    }
     assert options.from_rdzv_conf({"addr": "10.9.9.9", "addr_not_local": "true"})["addr_not_local"] is True
     with pytest.raises(ConfigError, match=r"^--rdzv-conf addr= 'host.example' is not an IP address"):
         options.from_rdzv_conf({"addr": "host.example"})
@@ -96,7 +102,7 @@ def test_torchrun_rdzv_conf_keys_are_parsed_by_the_same_rows():
 
 
 def test_scheduler_fallbacks_are_the_env_column():
-    for name, var, value in (("nnodes", "PET_NNODES", "3"), ("node_rank", "JOB_COMPLETION_INDEX", "1")):
+    for name, var, _value in (("nnodes", "PET_NNODES", "3"), ("node_rank", "JOB_COMPLETION_INDEX", "1")):
         assert var in options.get(name).env
     s = resolve(dir="/x", job_id="j", env={"PET_NNODES": "3", "JOB_COMPLETION_INDEX": "1"})
     assert (s.size, s.rank) == (3, 1)
@@ -106,11 +112,20 @@ def test_scheduler_fallbacks_are_the_env_column():
 
 def test_values_not_accepted_by_an_option_are_one_line_exit_3(tmp_path):
     for argv, line in (
-            (["--nnodes", "two"], "fsmingle: error: --nnodes 'two' is not a whole number; give e.g. --nnodes 2"),
-            (["--stale-after", "x"], "fsmingle: error: --stale-after 'x' is not a number; give e.g. --stale-after 30"),
-            (["--port", "0"], "fsmingle: error: --port 0 is outside 1..65535; choose a free port in 1..65535"),
-            (["--addr", "a.b"], ("fsmingle: error: --addr 'a.b' is not an IP address; give the IP other nodes reach "
-                                "this one at"))):
-        p = subprocess.run([sys.executable, "-m", "fsmingle", "env", "--dir", str(tmp_path), "--job-id", "j", *argv],
-                           env=clean_env(), check=False, capture_output=True, text=True, timeout=60)
+        (["--nnodes", "two"], "fsmingle: error: --nnodes 'two' is not a whole number; give e.g. --nnodes 2"),
+        (["--stale-after", "x"], "fsmingle: error: --stale-after 'x' is not a number; give e.g. --stale-after 30"),
+        (["--port", "0"], "fsmingle: error: --port 0 is outside 1..65535; choose a free port in 1..65535"),
+        (
+            ["--addr", "a.b"],
+            ("fsmingle: error: --addr 'a.b' is not an IP address; give the IP other nodes reach this one at"),
+        ),
+    ):
+        p = subprocess.run(
+            [sys.executable, "-m", "fsmingle", "env", "--dir", str(tmp_path), "--job-id", "j", *argv],
+            env=clean_env(),
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert (p.returncode, p.stderr, p.stdout) == (3, line + "\n", ""), (argv, p.stderr)

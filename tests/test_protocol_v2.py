@@ -16,17 +16,23 @@ import time
 from pathlib import Path
 
 import pytest
-
 from helpers import results, wait_for
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
 
-
 def _env(procs, host, job: str, *args, timeout: float = 60, stale_after: float = 4, name: str = ""):
     """``fsmingle env`` on ``host`` as a user would run it there (the address is its own choice)."""
-    return procs.env(f"{host.cluster.shared}/rdzv", job, *args, timeout=timeout, stale_after=stale_after,
-                     addr=None, host=host, name=name or None)
+    return procs.env(
+        f"{host.cluster.shared}/rdzv",
+        job,
+        *args,
+        timeout=timeout,
+        stale_after=stale_after,
+        addr=None,
+        host=host,
+        name=name or None,
+    )
 
 
 def _wait_text(p, needle: str, timeout: float) -> None:
@@ -51,8 +57,9 @@ def _decisions(cluster, job: str) -> dict[int, dict]:
 
 def _claim_instance(cluster, job: str, g: int, rank: int) -> str | None:
     try:
-        return json.loads((Path(cluster.shared) / "rdzv" / job / f"gen-{g:08d}" / f"rank-{rank:05d}.claim")
-                          .read_text())["instance"]
+        return json.loads(
+            (Path(cluster.shared) / "rdzv" / job / f"gen-{g:08d}" / f"rank-{rank:05d}.claim").read_text()
+        )["instance"]
     except (FileNotFoundError, ValueError):
         return None
 
@@ -115,8 +122,7 @@ def test_master_address_that_does_not_answer_is_never_released(make_cluster, pro
     bogus = "10.255.255.1"  # in no namespace: connects time out (no route -> no answer)
     p1 = _env(procs, c[1], "bogus", "--nnodes", 2, "--node-rank", 1, timeout=12)
     time.sleep(1)
-    p0 = _env(procs, c[0], "bogus", "--nnodes", 2, "--node-rank", 0, "--addr", bogus, "--addr-not-local",
-              timeout=12)
+    p0 = _env(procs, c[0], "bogus", "--nnodes", 2, "--node-rank", 0, "--addr", bogus, "--addr-not-local", timeout=12)
     assert p0.wait(60) == 7, p0.stderr()
     assert p1.wait(60) == 7, p1.stderr()
     err1 = p1.stderr()
@@ -149,7 +155,7 @@ def test_negative_cache_like_glusterfs_reruns(make_cluster, procs):
     assert gens == sorted(set(gens)), gens  # each re-run a new generation
 
 
-_V6_TRAIN = r'''
+_V6_TRAIN = r"""
 import os, torch, torch.distributed as dist
 dist.init_process_group("gloo", init_method="env://")
 t = torch.ones(1) * (dist.get_rank() + 1)
@@ -157,7 +163,7 @@ dist.all_reduce(t)
 print("SUM", int(t.item()), os.environ["MASTER_ADDR"], flush=True)
 dist.barrier()
 dist.destroy_process_group()
-'''
+"""
 
 
 def test_ipv6_only_hosts_run_torch_gloo(make_cluster, procs, tmp_path):
@@ -167,13 +173,32 @@ def test_ipv6_only_hosts_run_torch_gloo(make_cluster, procs, tmp_path):
     net = f"fd42:{random.randrange(1 << 16):x}:{random.randrange(1 << 16):x}:2"
     for k, h in enumerate(c):
         subprocess.run(["ip", "-n", h.netns, "addr", "flush", "dev", "eth0", "scope", "global"], check=True)
-        subprocess.run(["ip", "-n", h.netns, "-6", "addr", "add", f"{net}::{k + 10}/64", "dev", "eth0", "nodad"],
-                       check=True)
+        subprocess.run(
+            ["ip", "-n", h.netns, "-6", "addr", "add", f"{net}::{k + 10}/64", "dev", "eth0", "nodad"], check=True
+        )
     script = tmp_path / "v6.py"
     script.write_text(_V6_TRAIN)
-    ps = [procs.env(f"{c.shared}/rdzv", "v6torch", "--world-size", 2, "--rank", k, "--", sys.executable, script,
-                    cmd="run", timeout=60, stale_after=None, addr=None, host=h, prefix=["timeout", "-k", "5", "90"],
-                    extra_env={"GLOO_SOCKET_IFNAME": "eth0"}) for k, h in enumerate(c)]
+    ps = [
+        procs.env(
+            f"{c.shared}/rdzv",
+            "v6torch",
+            "--world-size",
+            2,
+            "--rank",
+            k,
+            "--",
+            sys.executable,
+            script,
+            cmd="run",
+            timeout=60,
+            stale_after=None,
+            addr=None,
+            host=h,
+            prefix=["timeout", "-k", "5", "90"],
+            extra_env={"GLOO_SOCKET_IFNAME": "eth0"},
+        )
+        for k, h in enumerate(c)
+    ]
     for p in ps:
         assert p.wait(120) == 0, p.stderr()
         assert f"SUM 3 {net}::10" in p.stdout(), p.stdout() + p.stderr()
@@ -188,10 +213,17 @@ def test_check_mesh_refuses_a_broken_path_between_members(make_cluster, procs):
     """
     c = make_cluster(4)
     subprocess.run(["ip", "-n", c[1].netns, "route", "add", "blackhole", f"{c[2].ip}/32"], check=True)
-    ps = [_env(procs, c[r], "mesh", "--nnodes", 4, "--node-rank", r, "--check-mesh", timeout=60, stale_after=8)
-          for r in range(4)]
-    wait_for(lambda: any("cannot reach its ring neighbour" in rel.get("reason", "")
-                         for rel in _decisions(c, "mesh").values()), 30, "the mesh check to void generation 1")
+    ps = [
+        _env(procs, c[r], "mesh", "--nnodes", 4, "--node-rank", r, "--check-mesh", timeout=60, stale_after=8)
+        for r in range(4)
+    ]
+    wait_for(
+        lambda: any(
+            "cannot reach its ring neighbour" in rel.get("reason", "") for rel in _decisions(c, "mesh").values()
+        ),
+        30,
+        "the mesh check to void generation 1",
+    )
     assert all(rel["state"] == "restart" for rel in _decisions(c, "mesh").values())
     reason = next(rel["reason"] for rel in _decisions(c, "mesh").values() if "ring neighbour" in rel["reason"])
     assert f"{c[1].name} ({c[1].ip}, interface eth0)" in reason and c[2].name in reason and c[2].ip in reason, reason

@@ -22,8 +22,19 @@ def _run_world(procs, c, job: str, per_host_args, env_of=lambda h: {}) -> dict[s
     ps = {}
     for k in (2, 0, 3, 1):  # scrambled arrival
         h = c[k]
-        ps[h.name] = procs.env(f"{c.shared}/rdzv", job, "--nnodes", 4, *per_host_args(h), timeout=40,
-                               stale_after=None, addr=None, host=h, extra_env=env_of(h), name=h.name)
+        ps[h.name] = procs.env(
+            f"{c.shared}/rdzv",
+            job,
+            "--nnodes",
+            4,
+            *per_host_args(h),
+            timeout=40,
+            stale_after=None,
+            addr=None,
+            host=h,
+            extra_env=env_of(h),
+            name=h.name,
+        )
         time.sleep(0.3)
     out = {name: p.result(timeout=90) for name, p in ps.items()}
     assert len({(r["master_addr"], r["master_port"], r["generation"]) for r in out.values()}) == 1, out
@@ -46,8 +57,13 @@ def test_rank_order_host_is_natural_hostname_order(make_cluster, procs):
 def test_rank_order_key_sorts_by_topology_key_then_hostname(make_cluster, procs):
     c = make_cluster(4, host_names=NAMES)
     keys = {"node10": "rack1/sw2", "node2": "rack2/sw1", "gpu7": "rack2/sw1", "node1": "rack10/sw1"}
-    out = _run_world(procs, c, "by-key", lambda h: [], env_of=lambda h: {"FSMINGLE_RANK_ORDER": "key",
-                                                                   "FSMINGLE_TOPOLOGY_KEY": keys[h.name]})
+    out = _run_world(
+        procs,
+        c,
+        "by-key",
+        lambda h: [],
+        env_of=lambda h: {"FSMINGLE_RANK_ORDER": "key", "FSMINGLE_TOPOLOGY_KEY": keys[h.name]},
+    )
     _check(c, out, ["node10", "gpu7", "node2", "node1"])  # rack1 < rack2 (gpu7 < node2) < rack10
 
 
@@ -56,18 +72,25 @@ def test_rank_order_nodelist_follows_slurm_order_and_explicit_ranks_win(make_clu
     nodelist = "node[2,10],gpu7,node1"
     assert expand_nodelist(nodelist) == ["node2", "node10", "gpu7", "node1"]
     # node1 insists on node rank 3: explicit ranks win; the others follow the nodelist
-    out = _run_world(procs, c, "by-list", lambda h: ["--rank-order", "nodelist"] + (["--node-rank", "3"]
-                                                                             if h.name == "node1" else []),
-                     env_of=lambda h: {"SLURM_JOB_NODELIST": nodelist})
+    out = _run_world(
+        procs,
+        c,
+        "by-list",
+        lambda h: ["--rank-order", "nodelist"] + (["--node-rank", "3"] if h.name == "node1" else []),
+        env_of=lambda h: {"SLURM_JOB_NODELIST": nodelist},
+    )
     _check(c, out, ["node2", "node10", "gpu7", "node1"])
 
 
-@pytest.mark.parametrize("spec, hosts", [
-    ("node[1-3,7]", ["node1", "node2", "node3", "node7"]),
-    ("gpu[08-10],login", ["gpu08", "gpu09", "gpu10", "login"]),
-    ("rack[1-2]-n[1-2]", ["rack1-n1", "rack1-n2", "rack2-n1", "rack2-n2"]),
-    ("a1,b[2],c", ["a1", "b2", "c"]),
-])
+@pytest.mark.parametrize(
+    "spec, hosts",
+    [
+        ("node[1-3,7]", ["node1", "node2", "node3", "node7"]),
+        ("gpu[08-10],login", ["gpu08", "gpu09", "gpu10", "login"]),
+        ("rack[1-2]-n[1-2]", ["rack1-n1", "rack1-n2", "rack2-n1", "rack2-n2"]),
+        ("a1,b[2],c", ["a1", "b2", "c"]),
+    ],
+)
 def test_expand_nodelist_as_slurm_does(spec, hosts):
     assert expand_nodelist(spec) == hosts
 

@@ -52,11 +52,31 @@ FILESYSTEMS = ["glusterfs-tuned", "glusterfs-nfs60", "moosefs"]
 STALE = "8"  # --stale-after: small, so that dead nodes are noticed within a test's time
 SLACK = 15.0  # seconds a failing participant may take beyond its --timeout (interpreter start, loaded CI)
 
-_CLEAR = {k: None for k in (
-    "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK", "NNODES",
-    "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "FSMINGLE_DIR", "FSMINGLE_JOB_ID",
-    "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "JOB_COMPLETION_INDEX", "PET_NNODES",
-    "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT", "SLURM_JOB_ID")}
+_CLEAR = {
+    k: None
+    for k in (
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "LOCAL_WORLD_SIZE",
+        "GROUP_RANK",
+        "NODE_RANK",
+        "NNODES",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "TORCHELASTIC_RUN_ID",
+        "FSMINGLE_DIR",
+        "FSMINGLE_JOB_ID",
+        "NCCL_SOCKET_IFNAME",
+        "GLOO_SOCKET_IFNAME",
+        "JOB_COMPLETION_INDEX",
+        "PET_NNODES",
+        "PET_NODE_RANK",
+        "PET_MASTER_ADDR",
+        "PET_MASTER_PORT",
+        "SLURM_JOB_ID",
+    )
+}
 _ENV = {**_CLEAR, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
 _RELEASED = re.compile(r"released: master (\S+):(\d+), node rank (\d+)/(\d+), generation (\d+)")
 
@@ -120,23 +140,46 @@ class Part:
         for line in self.out.splitlines():
             if line.startswith("{") and '"master_addr"' in line:
                 d = json.loads(line)
-                return {"master": d["master_addr"], "port": d["master_port"], "rank": d["node_rank"],
-                        "nnodes": d["nnodes"], "generation": d["generation"]}
+                return {
+                    "master": d["master_addr"],
+                    "port": d["master_port"],
+                    "rank": d["node_rank"],
+                    "nnodes": d["nnodes"],
+                    "generation": d["generation"],
+                }
         return None
 
 
-def _start(c, k: int, job: str, nnodes: int, timeout: float = 60, tag: str = "", cmd=None,
-           wall: float | None = None) -> Part:
+def _start(
+    c, k: int, job: str, nnodes: int, timeout: float = 60, tag: str = "", cmd=None, wall: float | None = None
+) -> Part:
     """Start ``fsmingle env`` (or ``run -- cmd``) on host ``k``; ``wall``: seconds before the
     whole command is killed (default ``timeout + 60``; longer for training)."""
     h = c[k]
-    argv = ["fsmingle", "run" if cmd else "env", "--dir", c.rdzv, "--job-id", job, "--nnodes", str(nnodes),
-            "--timeout", f"{timeout:g}", "--stale-after", STALE]
+    argv = [
+        "fsmingle",
+        "run" if cmd else "env",
+        "--dir",
+        c.rdzv,
+        "--job-id",
+        job,
+        "--nnodes",
+        str(nnodes),
+        "--timeout",
+        f"{timeout:g}",
+        "--stale-after",
+        STALE,
+    ]
     argv += ["--", *cmd] if cmd else ["--format", "json"]
     log = c.logs / f"{job}{tag}-{h.name}.log"
     with open(log, "w") as f:
-        p = h.popen(["timeout", "-k", "5", f"{wall or timeout + 60:g}", *argv], env=_ENV, cwd=REPO,
-                    stdout=f, stderr=subprocess.STDOUT)
+        p = h.popen(
+            ["timeout", "-k", "5", f"{wall or timeout + 60:g}", *argv],
+            env=_ENV,
+            cwd=REPO,
+            stdout=f,
+            stderr=subprocess.STDOUT,
+        )
     return Part(h, p, log, timeout, time.monotonic(), wall=wall or timeout + 60)
 
 
@@ -147,8 +190,9 @@ def _wait(parts: list[Part]) -> list[Part]:
 
 
 def _dump(parts: list[Part]) -> str:
-    return "\n".join(f"===== {p.host.name} rc={p.rc} after {p.elapsed:.1f}s (timeout {p.timeout:g})\n{p.out[-2500:]}"
-                     for p in parts)
+    return "\n".join(
+        f"===== {p.host.name} rc={p.rc} after {p.elapsed:.1f}s (timeout {p.timeout:g})\n{p.out[-2500:]}" for p in parts
+    )
 
 
 def _oracle(c, parts: list[Part], nnodes: int, expect_released: list[Part] | None = None, what: str = "") -> dict:
@@ -162,11 +206,15 @@ def _oracle(c, parts: list[Part], nnodes: int, expect_released: list[Part] | Non
     agreed = {(v["master"], v["port"], v["generation"]) for v in views}
     assert len(agreed) == 1, f"released participants disagree: {agreed}\n{info}"
     ranks = sorted(v["rank"] for v in views)
-    assert ranks == list(range(nnodes)), f"node ranks {ranks} are not a permutation of 0..{nnodes - 1} (a dead " \
-                                         f"or missing member in the released world)\n{info}"
+    assert ranks == list(range(nnodes)), (
+        f"node ranks {ranks} are not a permutation of 0..{nnodes - 1} (a dead "
+        f"or missing member in the released world)\n{info}"
+    )
     assert {v["nnodes"] for v in views} == {nnodes}, info
     rank0 = next(p for p, v in zip(rel, views) if v["rank"] == 0)
-    assert views[0]["master"] == rank0.host.ip, f"master {views[0]['master']} is not rank 0's host {rank0.host.ip}\n{info}"
+    assert views[0]["master"] == rank0.host.ip, (
+        f"master {views[0]['master']} is not rank 0's host {rank0.host.ip}\n{info}"
+    )
     for p in parts:
         if p.rc not in (0, None):
             assert p.elapsed < p.timeout + SLACK, f"{p.host.name} failed only after {p.elapsed:.1f}s\n{info}"
@@ -183,8 +231,12 @@ def _wait_claimed(c, job: str, n: int, limit: float = 30.0) -> None:
     """Until ``fsmingle status`` (test process, its own client) counts ``n`` live participants."""
     deadline = time.monotonic() + limit
     while time.monotonic() < deadline:
-        p = subprocess.run([*FSM, "status", job, "--dir", c.rdzv, "--json", "--stale-after", STALE],
-                           capture_output=True, text=True, timeout=30)
+        p = subprocess.run(
+            [*FSM, "status", job, "--dir", c.rdzv, "--json", "--stale-after", STALE],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         try:
             d = json.loads(p.stdout)
             d = d[0] if isinstance(d, list) else d
@@ -210,8 +262,18 @@ def test_ddp_torchrun_across_hosts(fresh):
     c = fresh
     out = c.workdir / "out-ddp"
     out.mkdir(mode=0o777)
-    cmd = ["env", "GLOO_SOCKET_IFNAME=eth0", "torchrun", "--nproc-per-node", "1",
-           str(REPO / "examples" / "train_ddp.py"), "--steps", "10", "--out", str(out)]
+    cmd = [
+        "env",
+        "GLOO_SOCKET_IFNAME=eth0",
+        "torchrun",
+        "--nproc-per-node",
+        "1",
+        str(REPO / "examples" / "train_ddp.py"),
+        "--steps",
+        "10",
+        "--out",
+        str(out),
+    ]
     # wall 420 s: torch's import and gloo's start crawl on a loaded 2-core CI machine
     parts = _wait([_start(c, k, "ddp", 3, timeout=120, cmd=cmd, wall=420) for k in range(3)])
     assert all(p.rc == 0 for p in parts), _dump(parts)
@@ -294,8 +356,12 @@ def test_harness_hosts_have_own_clients_and_pid_namespaces(fresh):
     fuse = {"glusterfs-tuned": "fuse.glusterfs", "glusterfs-nfs60": "fuse.glusterfs", "moosefs": "fuse"}[c.fs]
     devs = set()
     for h in c:
-        r = h.sh(f"awk '$5 == \"{c.shared}\" {{print $3, $(NF-2)}}' /proc/self/mountinfo | tail -1; echo $$; "
-                 f"ls /proc | grep -c '^[0-9]'", timeout=20, check=True)
+        r = h.sh(
+            f"awk '$5 == \"{c.shared}\" {{print $3, $(NF-2)}}' /proc/self/mountinfo | tail -1; echo $$; "
+            f"ls /proc | grep -c '^[0-9]'",
+            timeout=20,
+            check=True,
+        )
         (dev, typ), pid, nproc = r.stdout.split("\n")[0].split(), int(r.stdout.split()[2]), int(r.stdout.split()[3])
         assert typ == fuse
         devs.add(dev)

@@ -23,11 +23,27 @@ HOST = HostId(hostname="node0001", boot_id="b" * 36, pidns="pid:[4026531836]", p
 
 
 def _release(n: int) -> Release:
-    members = tuple(Member(rank=i, instance=f"{i:016x}", addr=f"10.{i >> 16 & 255}.{i >> 8 & 255}.{i & 255}",
-                           host=dataclasses.replace(HOST, hostname=f"node{i:06d}", pid=1000 + i), arrival=i / 1000)
-                    for i in range(n))
-    return Release(job_id="big", generation=7, state="released", mode="rank", size=n, master_addr=members[0].addr,
-                   master_port=29500, members=members, writer="ab" * 8)
+    members = tuple(
+        Member(
+            rank=i,
+            instance=f"{i:016x}",
+            addr=f"10.{i >> 16 & 255}.{i >> 8 & 255}.{i & 255}",
+            host=dataclasses.replace(HOST, hostname=f"node{i:06d}", pid=1000 + i),
+            arrival=i / 1000,
+        )
+        for i in range(n)
+    )
+    return Release(
+        job_id="big",
+        generation=7,
+        state="released",
+        mode="rank",
+        size=n,
+        master_addr=members[0].addr,
+        master_port=29500,
+        members=members,
+        writer="ab" * 8,
+    )
 
 
 @pytest.mark.parametrize("n", [1, MEMBERS_PER_CHUNK, MEMBERS_PER_CHUNK + 1, 131_072])

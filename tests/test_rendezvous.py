@@ -15,8 +15,20 @@ FSMINGLE = [sys.executable, "-m", "fsmingle"]
 def spawn_env(d, job, *args, timeout=60, extra_env=None):
     env = dict(os.environ, **(extra_env or {}))
     env.pop("SLURM_JOB_ID", None)
-    cmd = FSMINGLE + ["env", "--dir", str(d), "--job-id", job, "--addr", "127.0.0.1", "--timeout", str(timeout),
-                      "--format", "json", *map(str, args)]
+    cmd = FSMINGLE + [
+        "env",
+        "--dir",
+        str(d),
+        "--job-id",
+        job,
+        "--addr",
+        "127.0.0.1",
+        "--timeout",
+        str(timeout),
+        "--format",
+        "json",
+        *map(str, args),
+    ]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
 
@@ -42,10 +54,14 @@ def test_import_does_not_import_torch():
 @pytest.mark.parametrize("ranks", ["explicit", "first-come"])
 def test_eight_nodes_released_with_same_master(tmp_path, ranks):
     n = 8
-    procs = [spawn_env(tmp_path, "eight", "--nnodes", n, *(["--node-rank", i] if ranks == "explicit" else []))
-             for i in range(n)]
+    procs = [
+        spawn_env(tmp_path, "eight", "--nnodes", n, *(["--node-rank", i] if ranks == "explicit" else []))
+        for i in range(n)
+    ]
     res = collect(procs)
-    assert {(r["master_addr"], r["master_port"], r["generation"]) for r in res} == {("127.0.0.1", res[0]["master_port"], 1)}
+    assert {(r["master_addr"], r["master_port"], r["generation"]) for r in res} == {
+        ("127.0.0.1", res[0]["master_port"], 1)
+    }
     assert sorted(r["node_rank"] for r in res) == list(range(n))
     assert all(r["nnodes"] == n and r["job_id"] == "eight" for r in res)
     if ranks == "explicit":
@@ -80,8 +96,15 @@ def test_scheduler_env_fallbacks(tmp_path):
     for i in range(2):
         e = dict(os.environ, **env, SLURM_NODEID=str(i), FSMINGLE_DIR=str(tmp_path))
         e.pop("FSMINGLE_JOB_ID", None)
-        procs.append(subprocess.Popen(FSMINGLE + ["env", "--addr", "127.0.0.1", "--format", "json", "--timeout", "60"],
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=e))
+        procs.append(
+            subprocess.Popen(
+                FSMINGLE + ["env", "--addr", "127.0.0.1", "--format", "json", "--timeout", "60"],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=e,
+            )
+        )
     res = collect(procs)
     assert [r["node_rank"] for r in res] == [0, 1]
     assert {r["job_id"] for r in res} == {"4242"}
@@ -95,10 +118,32 @@ def test_run_exports_env_and_execs(tmp_path):
     procs = []
     for i in range(2):
         script = f"import os, json; json.dump(dict(os.environ), open({str(out)!r} + '/{i}.json', 'w'))"
-        procs.append(subprocess.Popen(
-            FSMINGLE + ["run", "--dir", str(tmp_path / "d"), "--job-id", "runjob", "--nnodes", "2", "--node-rank", str(i),
-                        "--addr", "127.0.0.1", "--timeout", "60", "--", sys.executable, "-c", script],
-            stderr=subprocess.PIPE, text=True))
+        procs.append(
+            subprocess.Popen(
+                FSMINGLE
+                + [
+                    "run",
+                    "--dir",
+                    str(tmp_path / "d"),
+                    "--job-id",
+                    "runjob",
+                    "--nnodes",
+                    "2",
+                    "--node-rank",
+                    str(i),
+                    "--addr",
+                    "127.0.0.1",
+                    "--timeout",
+                    "60",
+                    "--",
+                    sys.executable,
+                    "-c",
+                    script,
+                ],
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
     for p in procs:
         _, err = p.communicate(timeout=90)
         assert p.returncode == 0, err
@@ -114,37 +159,106 @@ def test_run_exports_env_and_execs(tmp_path):
 
 def test_run_child_flags_are_not_parsed_and_exit_code_propagates(tmp_path):
     # --nnodes after the command word belongs to the child; exit code is the child's own.
-    p = subprocess.run(FSMINGLE + ["run", "--dir", str(tmp_path), "--job-id", "solo", "--nnodes", "1", "--addr",
-                                   "127.0.0.1", "--", sys.executable, "-c",
-                                   "import sys; print(sys.argv[1:]); sys.exit(3)", "--nnodes", "99", "--timeout", "x"],
-                       capture_output=True, text=True, timeout=60, check=False)
+    p = subprocess.run(
+        FSMINGLE
+        + [
+            "run",
+            "--dir",
+            str(tmp_path),
+            "--job-id",
+            "solo",
+            "--nnodes",
+            "1",
+            "--addr",
+            "127.0.0.1",
+            "--",
+            sys.executable,
+            "-c",
+            "import sys; print(sys.argv[1:]); sys.exit(3)",
+            "--nnodes",
+            "99",
+            "--timeout",
+            "x",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert p.returncode == 3, p.stderr
     assert "['--nnodes', '99', '--timeout', 'x']" in p.stdout
     # without "--": parsing stops at the first positional word
-    p = subprocess.run(FSMINGLE + ["run", "--dir", str(tmp_path), "--job-id", "solo2", "--nnodes", "1", "--addr",
-                                   "127.0.0.1", sys.executable, "-c", "import sys; print(sys.argv[1:])", "--rank", "5"],
-                       capture_output=True, text=True, timeout=60, check=False)
+    p = subprocess.run(
+        FSMINGLE
+        + [
+            "run",
+            "--dir",
+            str(tmp_path),
+            "--job-id",
+            "solo2",
+            "--nnodes",
+            "1",
+            "--addr",
+            "127.0.0.1",
+            sys.executable,
+            "-c",
+            "import sys; print(sys.argv[1:])",
+            "--rank",
+            "5",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert p.returncode == 0, p.stderr
     assert "['--rank', '5']" in p.stdout
 
 
 def test_misspelt_option_is_an_error(tmp_path):
-    p = subprocess.run(FSMINGLE + ["run", "--dir", str(tmp_path), "--nnode", "2", "--", "true"],
-                       capture_output=True, text=True, timeout=60, check=False)
+    p = subprocess.run(
+        FSMINGLE + ["run", "--dir", str(tmp_path), "--nnode", "2", "--", "true"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert p.returncode == 2
     assert "--nnode" in p.stderr
 
 
 def test_env_formats(tmp_path):
     for fmt, check in [("sh", "export MASTER_ADDR=127.0.0.1"), ("dotenv", "MASTER_ADDR=127.0.0.1")]:
-        p = subprocess.run(FSMINGLE + ["env", "--dir", str(tmp_path), "--job-id", f"fmt-{fmt}", "--nnodes", "1",
-                                       "--addr", "127.0.0.1", "--format", fmt, "--quiet"],
-                           capture_output=True, text=True, timeout=60, check=False)
+        p = subprocess.run(
+            FSMINGLE
+            + [
+                "env",
+                "--dir",
+                str(tmp_path),
+                "--job-id",
+                f"fmt-{fmt}",
+                "--nnodes",
+                "1",
+                "--addr",
+                "127.0.0.1",
+                "--format",
+                fmt,
+                "--quiet",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
         assert p.returncode == 0, p.stderr
         assert check in p.stdout.splitlines()
         if fmt == "sh":
-            out = subprocess.run(["bash", "-c", 'eval "$1"; echo $NODE_RANK:$PET_NNODES:$FSMINGLE_JOB_ID', "_", p.stdout],
-                                 capture_output=True, text=True, check=False).stdout.strip()
+            out = subprocess.run(
+                ["bash", "-c", 'eval "$1"; echo $NODE_RANK:$PET_NNODES:$FSMINGLE_JOB_ID', "_", p.stdout],
+                capture_output=True,
+                text=True,
+                check=False,
+            ).stdout.strip()
             assert out == "0:1:fmt-sh"
 
 

@@ -6,6 +6,7 @@ wrapper -- is compared with the simulator at the same N and arrival pattern.  Th
 do not depend on timing (directories made, claims linked, records renamed into place, temp
 files created) must match exactly; the total may differ only by timing-dependent polls.
 """
+
 from __future__ import annotations
 
 import os
@@ -49,17 +50,29 @@ def _real_run(base: str) -> tuple[list[dict], list[float]]:
 
     try:
         for i in range(N):
-            parts.append(Participant(
-                open_job_dir(base, "simcheck", create_base=False), job_id="simcheck", mode="node", size=N,
-                rank=None, addr=f"127.0.0.{i + 1}", instance=secrets.token_hex(8), me=this_process(),
-                timeout=60, timing=timing, transport=TcpTransport(ping_interval=timing.ping_interval)))
+            parts.append(
+                Participant(
+                    open_job_dir(base, "simcheck", create_base=False),
+                    job_id="simcheck",
+                    mode="node",
+                    size=N,
+                    rank=None,
+                    addr=f"127.0.0.{i + 1}",
+                    instance=secrets.token_hex(8),
+                    me=this_process(),
+                    timeout=60,
+                    timing=timing,
+                    transport=TcpTransport(ping_interval=timing.ping_interval),
+                )
+            )
         threads = [threading.Thread(target=go, args=(i,), daemon=True) for i in range(N)]
         for t in threads[:-1]:
             t.start()
             time.sleep(0.3)  # staggered arrivals, as the simulator's spread
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and not any(
-                p.rank == 0 and p.role is not None and len(getattr(p.role, "rank_conn", ())) >= N - 2 for p in parts):
+            p.rank == 0 and p.role is not None and len(getattr(p.role, "rank_conn", ())) >= N - 2 for p in parts
+        ):
             time.sleep(0.05)
         time.sleep(2.0)  # settle, as the simulator's
         t_last = time.monotonic()

@@ -45,12 +45,25 @@ def _env(s, **extra) -> dict:
     tmp = s.cluster.workdir / "tmp" / "jobs"
     tmp.mkdir(parents=True, exist_ok=True)
     tmp.chmod(0o1777)
-    env = {"FSMINGLE_DIR": f"{s.cluster.shared}/rdzv", "TRAIN": TRAIN, "RUN_TIMEOUT": str(RUN_TIMEOUT),
-           "TMPDIR": str(tmp), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
-           # whatever the test process carries must not leak into the jobs
-           "FSMINGLE_JOB_ID": None, "NNODES": None, "NODE_RANK": None, "NCCL_SOCKET_IFNAME": None,
-           "GLOO_SOCKET_IFNAME": None, "MASTER_ADDR": None, "MASTER_PORT": None, "RANK": None,
-           "WORLD_SIZE": None, "LOCAL_RANK": None}
+    env = {
+        "FSMINGLE_DIR": f"{s.cluster.shared}/rdzv",
+        "TRAIN": TRAIN,
+        "RUN_TIMEOUT": str(RUN_TIMEOUT),
+        "TMPDIR": str(tmp),
+        "OMP_NUM_THREADS": "1",
+        "PYTHONUNBUFFERED": "1",
+        # whatever the test process carries must not leak into the jobs
+        "FSMINGLE_JOB_ID": None,
+        "NNODES": None,
+        "NODE_RANK": None,
+        "NCCL_SOCKET_IFNAME": None,
+        "GLOO_SOCKET_IFNAME": None,
+        "MASTER_ADDR": None,
+        "MASTER_PORT": None,
+        "RANK": None,
+        "WORLD_SIZE": None,
+        "LOCAL_RANK": None,
+    }
     env.update({k: (str(v) if v is not None else None) for k, v in extra.items()})
     return env
 
@@ -59,9 +72,17 @@ def _submit(s, script: str, sbatch_args=(), script_args=(), env=None) -> str:
     """sbatch [sbatch_args] SCRIPT [script_args] on the login side; returns the job id.
     (``SlurmCluster.sbatch`` puts every argument before the script, so it cannot pass
     arguments to the script itself.)"""
-    argv = ["sbatch", "--parsable", f"--output={s.outdir}/slurm-%A_%a.out" if any(
-        a.startswith("--array") for a in sbatch_args) else f"--output={s.outdir}/slurm-%j.out",
-        f"--chdir={s.cluster.shared}", *sbatch_args, str(SLURM / script), *script_args]
+    argv = [
+        "sbatch",
+        "--parsable",
+        f"--output={s.outdir}/slurm-%A_%a.out"
+        if any(a.startswith("--array") for a in sbatch_args)
+        else f"--output={s.outdir}/slurm-%j.out",
+        f"--chdir={s.cluster.shared}",
+        *sbatch_args,
+        str(SLURM / script),
+        *script_args,
+    ]
     p = s.login(argv, env=env, timeout=15)
     assert p.returncode == 0, f"sbatch failed: {p.stderr}"
     return p.stdout.strip().split(";")[0]
@@ -95,8 +116,12 @@ def _check_master(s, recs):
 
 
 def _status(s, job: str) -> dict:
-    p = subprocess.run([sys.executable, "-m", "fsmingle", "status", job, "--dir", f"{s.cluster.shared}/rdzv",
-                        "--json"], capture_output=True, text=True, timeout=60)
+    p = subprocess.run(
+        [sys.executable, "-m", "fsmingle", "status", job, "--dir", f"{s.cluster.shared}/rdzv", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert p.returncode == 0, p.stderr
     d = json.loads(p.stdout)
     return d[0] if isinstance(d, list) else d
@@ -105,8 +130,13 @@ def _status(s, job: str) -> dict:
 def test_ddp_torchrun_three_nodes(slurm):
     """ddp_torchrun.sbatch, zero-config fsmingle: 3 nodes x 2 workers = 6 ranks."""
     out = Path(slurm.cluster.shared) / "out-torchrun"
-    jid = _submit(slurm, "ddp_torchrun.sbatch", ["--nodes=3"], ["--steps", STEPS, "--out", str(out)],
-                  env=_env(slurm, NPROC_PER_NODE=2))
+    jid = _submit(
+        slurm,
+        "ddp_torchrun.sbatch",
+        ["--nodes=3"],
+        ["--steps", STEPS, "--out", str(out)],
+        env=_env(slurm, NPROC_PER_NODE=2),
+    )
     text = _wait_ok(slurm, jid)
     m = _SUMMARY.search(text)
     assert m and m.group(1) == "6" and m.group(2) == "True", text[-4000:]
@@ -144,8 +174,13 @@ def test_separate_jobs_join_then_resubmit_and_requeue(slurm):
     job = "join-exp"
 
     def submit(out):
-        return _submit(slurm, "join_job.sbatch", ["--exclusive"], ["--steps", STEPS, "--out", str(out)],
-                       env=_env(slurm, FSMINGLE_JOB_ID=job, NNODES=2, NPROC_PER_NODE=1))
+        return _submit(
+            slurm,
+            "join_job.sbatch",
+            ["--exclusive"],
+            ["--steps", STEPS, "--out", str(out)],
+            env=_env(slurm, FSMINGLE_JOB_ID=job, NNODES=2, NPROC_PER_NODE=1),
+        )
 
     out1 = shared / "out-join-1"
     a = submit(out1)
@@ -179,8 +214,13 @@ def test_separate_jobs_join_then_resubmit_and_requeue(slurm):
 def test_job_array_is_one_training(slurm):
     """join_job.sbatch as an array: job id SLURM_ARRAY_JOB_ID, nnodes = task count, node rank = task index."""
     out = Path(slurm.cluster.shared) / "out-array"
-    jid = _submit(slurm, "join_job.sbatch", ["--array=0-1", "--exclusive"], ["--steps", STEPS, "--out", str(out)],
-                  env=_env(slurm, NPROC_PER_NODE=1))
+    jid = _submit(
+        slurm,
+        "join_job.sbatch",
+        ["--array=0-1", "--exclusive"],
+        ["--steps", STEPS, "--out", str(out)],
+        env=_env(slurm, NPROC_PER_NODE=1),
+    )
     text = _wait_ok(slurm, jid)
     assert "world_size=2 ranks_agree=True" in text, text[-4000:]
     recs = _records(out, 2)

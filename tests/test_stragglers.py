@@ -17,14 +17,29 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-CLEAR = ("FSMINGLE_DIR", "FSMINGLE_JOB_ID", "FSMINGLE_RANK_ORDER", "FSMINGLE_GPUS_PER_NODE", "SLURM_JOB_ID",
-         "SLURM_NNODES", "SLURM_NODEID")
+CLEAR = (
+    "FSMINGLE_DIR",
+    "FSMINGLE_JOB_ID",
+    "FSMINGLE_RANK_ORDER",
+    "FSMINGLE_GPUS_PER_NODE",
+    "SLURM_JOB_ID",
+    "SLURM_NNODES",
+    "SLURM_NODEID",
+)
 STAGGER = 1.5  # seconds between starts
 
 
 def _fsmingle(*args, env=None, **kw):
-    return subprocess.run([sys.executable, "-m", "fsmingle", *args], env=env, capture_output=True, text=True,
-                          timeout=120, check=False, cwd=REPO, **kw)
+    return subprocess.run(
+        [sys.executable, "-m", "fsmingle", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=REPO,
+        **kw,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -35,9 +50,29 @@ def released(tmp_path_factory):
     env = {k: v for k, v in os.environ.items() if k not in CLEAR}
     procs = []
     for _ in range(3):
-        procs.append(subprocess.Popen(
-            [sys.executable, "-m", "fsmingle", "env", "--dir", str(rdzv), "--job-id", "slow", "--nnodes", "3",
-             "--timeout", "60"], env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        procs.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "fsmingle",
+                    "env",
+                    "--dir",
+                    str(rdzv),
+                    "--job-id",
+                    "slow",
+                    "--nnodes",
+                    "3",
+                    "--timeout",
+                    "60",
+                ],
+                env=env,
+                cwd=REPO,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
         time.sleep(STAGGER)
     for p in procs:
         _, err = p.communicate(timeout=90)
@@ -92,11 +127,19 @@ def test_plot_errors_are_one_clear_line(released, tmp_path):
     stub = tmp_path / "nompl" / "matplotlib"
     stub.mkdir(parents=True)
     (stub / "__init__.py").write_text("raise ImportError('not installed here')\n")
-    cp = _fsmingle("status", "--dir", str(rdzv), "slow", "--plot", str(tmp_path / "a.png"),
-                   env={**env, "PYTHONPATH": f"{stub.parent}{os.pathsep}{REPO}"})
+    cp = _fsmingle(
+        "status",
+        "--dir",
+        str(rdzv),
+        "slow",
+        "--plot",
+        str(tmp_path / "a.png"),
+        env={**env, "PYTHONPATH": f"{stub.parent}{os.pathsep}{REPO}"},
+    )
     assert cp.returncode == 3, cp.stderr
-    assert cp.stderr.strip().splitlines()[-1] == ("fsmingle: error: --plot needs matplotlib, which is not "
-                                                  "installed: pip install 'fsmingle[plot]'")
+    assert cp.stderr.strip().splitlines()[-1] == (
+        "fsmingle: error: --plot needs matplotlib, which is not installed: pip install 'fsmingle[plot]'"
+    )
     assert not (tmp_path / "a.png").exists()
 
 
@@ -113,9 +156,16 @@ def test_a_big_world_is_read_from_its_member_chunks(tmp_path):
 
     n = MEMBERS_PER_CHUNK + 5
     writer = "ab" * 8
-    members = tuple(Member(k, f"{k:016x}", f"10.1.{k // 250}.{k % 250 + 1}",
-                           HostId(f"node{k}", "boot", "pid:[1]", 1000 + k, 1.0), arrival=k / 100)
-                    for k in range(n))
+    members = tuple(
+        Member(
+            k,
+            f"{k:016x}",
+            f"10.1.{k // 250}.{k % 250 + 1}",
+            HostId(f"node{k}", "boot", "pid:[1]", 1000 + k, 1.0),
+            arrival=k / 100,
+        )
+        for k in range(n)
+    )
     rel = Release("big", 1, "released", "node", n, "10.1.0.1", 29500, members, writer, wall_time=time.time())
     header, chunks = encode_release(rel)
     assert len(chunks) == 2
@@ -130,5 +180,9 @@ def test_a_big_world_is_read_from_its_member_chunks(tmp_path):
     cp = _fsmingle("status", "--dir", str(tmp_path / "rdzv"), "big", "--json", env=env)
     assert cp.returncode == 0, cp.stderr
     world = json.loads(cp.stdout)["release"]["world"]
-    assert len(world) == n and world[-1] == {"rank": n - 1, "host": f"node{n - 1}", "addr": members[-1].addr,
-                                             "arrival": round((n - 1) / 100, 3)}
+    assert len(world) == n and world[-1] == {
+        "rank": n - 1,
+        "host": f"node{n - 1}",
+        "addr": members[-1].addr,
+        "arrival": round((n - 1) / 100, 3),
+    }

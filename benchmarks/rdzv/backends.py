@@ -8,6 +8,7 @@
   (``registry.get_rendezvous_handler(RendezvousParameters(backend="c10d", ...))``) on a FileStore
   on the shared directory, or on a TCPStore hosted by participant 0.
 """
+
 from __future__ import annotations
 
 import os
@@ -63,14 +64,26 @@ class TorchC10d:
         else:
             endpoint = cfg["tcp_endpoint"]
             conf = {"is_host": "1" if p == cfg["tcp_host"] else "0"}
-        params = self.Params(backend="c10d", endpoint=endpoint, run_id=cfg["job_id"], min_nodes=cfg["nnodes"],
-                             max_nodes=cfg["nnodes"], local_addr=cfg["addrs"][p], **conf)
+        params = self.Params(
+            backend="c10d",
+            endpoint=endpoint,
+            run_id=cfg["job_id"],
+            min_nodes=cfg["nnodes"],
+            max_nodes=cfg["nnodes"],
+            local_addr=cfg["addrs"][p],
+            **conf,
+        )
         handler = self.get_handler(params)
         self.handlers.append(handler)
         info = handler.next_rendezvous()
         bs = info.bootstrap_store_info
-        return {"rank": info.rank, "world": info.world_size, "master_addr": bs.master_addr,
-                "master_port": bs.master_port, "generation": None}
+        return {
+            "rank": info.rank,
+            "world": info.world_size,
+            "master_addr": bs.master_addr,
+            "master_port": bs.master_port,
+            "generation": None,
+        }
 
 
 class Fsmingle:
@@ -99,10 +112,15 @@ class Fsmingle:
             # Rank 0 knows who is connected (v2) / present (v1): all but the
             # last participant means the world is ready for the last arrival.
             present = getattr(pr, "present", None)
-            if getattr(pr, "rank", None) == 0 and present is not None and len(present) >= n - 1 \
-                    and not self.world_ready:
+            if (
+                getattr(pr, "rank", None) == 0
+                and present is not None
+                and len(present) >= n - 1
+                and not self.world_ready
+            ):
                 self.world_ready = True
                 self.emit(ev="world_ready", p=p, t=time.monotonic(), present=len(present))
+
         return on_progress
 
     def join(self, p: int) -> dict:
@@ -111,10 +129,23 @@ class Fsmingle:
         kw = {}
         if cfg.get("progress", True):
             kw["on_progress"] = self._progress(p)
-        r = self.fn(cfg["dirs"][p], cfg["job_id"], nnodes=cfg["nnodes"], node_rank=None, addr=cfg["addrs"][p],
-                    timeout=cfg["rdzv_timeout"], **kw)
-        return {"rank": r.node_rank, "world": r.nnodes, "master_addr": r.master_addr, "master_port": r.master_port,
-                "generation": getattr(r, "generation", None), "ops": dict(self.counter.counts.get(p, {}))}
+        r = self.fn(
+            cfg["dirs"][p],
+            cfg["job_id"],
+            nnodes=cfg["nnodes"],
+            node_rank=None,
+            addr=cfg["addrs"][p],
+            timeout=cfg["rdzv_timeout"],
+            **kw,
+        )
+        return {
+            "rank": r.node_rank,
+            "world": r.nnodes,
+            "master_addr": r.master_addr,
+            "master_port": r.master_port,
+            "generation": getattr(r, "generation", None),
+            "ops": dict(self.counter.counts.get(p, {})),
+        }
 
 
 def make(cfg: dict, emit: Callable[..., None]):

@@ -3,6 +3,7 @@
 Exit status: 0 when every requested configuration ran and was valid; 1 when one failed, was
 invalid or its backend was unavailable; 2 for bad arguments; 130 when interrupted.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,8 +38,10 @@ def check_backend(backend: str, v1_root: str) -> str | None:
     """Why ``backend`` cannot run here, or None."""
     if backend == "fsmingle-v1":
         if not os.path.isfile(os.path.join(v1_root, "fsmingle", "api.py")):
-            return (f"fsmingle-v1 not available: no fsmingle package in {v1_root}; make one with "
-                    f"`git worktree add --detach {v1_root} 3be66ce` or pass --v1-root")
+            return (
+                f"fsmingle-v1 not available: no fsmingle package in {v1_root}; make one with "
+                f"`git worktree add --detach {v1_root} 3be66ce` or pass --v1-root"
+            )
         return None
     if backend == "fsmingle":
         return None if importlib.util.find_spec("fsmingle") else "fsmingle not available: not importable"
@@ -47,8 +50,14 @@ def check_backend(backend: str, v1_root: str) -> str | None:
 
 def write_outputs(out: str, command: str, env_info: dict, rows: list[dict], notes: list[str], extra: dict) -> str:
     table = render_tables(rows, notes)
-    results = {"command": command, "environment": env_info, "loadavg_end": os.getloadavg(), "rows": rows,
-               "notes": notes, **extra}
+    results = {
+        "command": command,
+        "environment": env_info,
+        "loadavg_end": os.getloadavg(),
+        "rows": rows,
+        "notes": notes,
+        **extra,
+    }
     with open(os.path.join(out, "results.json"), "w") as fh:
         json.dump(results, fh, indent=1, default=str)
     with open(os.path.join(out, "results.md"), "w") as fh:
@@ -60,36 +69,58 @@ def write_outputs(out: str, command: str, env_info: dict, rows: list[dict], note
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.rdzv",
-                                 description="Rendezvous benchmark: fsmingle vs torch c10d (last-arrival scenario).",
-                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m benchmarks.rdzv",
+        description="Rendezvous benchmark: fsmingle vs torch c10d (last-arrival scenario).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     ap.add_argument("--n", default="2,4,16,64", help="comma-separated participant counts")
     ap.add_argument("--backends", default="fsmingle,torch-file,torch-tcp", help=f"any of {', '.join(BACKENDS)}")
-    ap.add_argument("--fs", default="local,bindfs", help=f"any of {', '.join(FS_MODES)}; torch-tcp ignores it (fs 'net')")
+    ap.add_argument(
+        "--fs", default="local,bindfs", help=f"any of {', '.join(FS_MODES)}; torch-tcp ignores it (fs 'net')"
+    )
     ap.add_argument("--reps", type=int, default=3, help="repetitions per configuration")
-    ap.add_argument("--settle", type=float, default=6.0,
-                    help="seconds between 'all early participants joined' and the last arrival")
+    ap.add_argument(
+        "--settle", type=float, default=6.0, help="seconds between 'all early participants joined' and the last arrival"
+    )
     ap.add_argument("--strace-secs", type=float, default=4.0, help="strace/counting window inside the settle period")
     ap.add_argument("--strace-procs", type=int, default=2, help="waiting processes sampled with strace (0: none)")
-    ap.add_argument("--max-procs", type=int, default=16,
-                    help="participant processes at most; beyond, participants are threads")
-    ap.add_argument("--max-mounts", type=int, default=64, help="bindfs mounts at most (participant p uses mount p %% M)")
+    ap.add_argument(
+        "--max-procs", type=int, default=16, help="participant processes at most; beyond, participants are threads"
+    )
+    ap.add_argument(
+        "--max-mounts", type=int, default=64, help="bindfs mounts at most (participant p uses mount p %% M)"
+    )
     ap.add_argument("--timeout", type=float, default=120.0, help="per-phase timeout (s) and fsmingle's --timeout")
     ap.add_argument("--ready-timeout", type=float, default=300.0, help="time allowed for spawning and imports")
-    ap.add_argument("--budget", type=float, default=900.0,
-                    help="stop escalating N for a backend/fs once one configuration takes longer (s)")
+    ap.add_argument(
+        "--budget",
+        type=float,
+        default=900.0,
+        help="stop escalating N for a backend/fs once one configuration takes longer (s)",
+    )
     ap.add_argument("--v1-root", default="/tmp/v1", help="checkout holding the previous release (fsmingle-v1)")
-    ap.add_argument("--fsmingle-root", default=None,
-                    help="checkout whose fsmingle package the fsmingle backend runs (default: the installed one, "
-                         "i.e. this working tree); e.g. a `git worktree add --detach /tmp/v2 HEAD` to measure a commit")
-    ap.add_argument("--no-progress", action="store_true",
-                    help="call fsmingle.rendezvous without on_progress (the join is then detected by N-1 beacons, "
-                         "and --settle must cover the connections); the callback costs O(N) per update in v2")
+    ap.add_argument(
+        "--fsmingle-root",
+        default=None,
+        help="checkout whose fsmingle package the fsmingle backend runs (default: the installed one, "
+        "i.e. this working tree); e.g. a `git worktree add --detach /tmp/v2 HEAD` to measure a commit",
+    )
+    ap.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="call fsmingle.rendezvous without on_progress (the join is then detected by N-1 beacons, "
+        "and --settle must cover the connections); the callback costs O(N) per update in v2",
+    )
     ap.add_argument("--out", default=os.path.join(REPO, "benchmarks", "results"))
     ap.add_argument("--workdir", default=None, help="scratch directory (default: a new temp dir)")
     ap.add_argument("--keep-logs", action="store_true")
-    ap.add_argument("--replot", metavar="RESULTS_JSON", default=None,
-                    help="only re-render the table and plot of an earlier results.json into --out")
+    ap.add_argument(
+        "--replot",
+        metavar="RESULTS_JSON",
+        default=None,
+        help="only re-render the table and plot of an earlier results.json into --out",
+    )
     args = ap.parse_args(argv)
     raw = list(argv) if argv is not None else sys.argv[1:]
 
@@ -115,10 +146,18 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--n: every N must be >= 2")
     os.makedirs(args.out, exist_ok=True)
     command = " ".join(shlex.quote(x) for x in ["python", "-m", "benchmarks.rdzv"] + raw)
-    sc = Scenario(settle=args.settle, strace_secs=args.strace_secs, strace_procs=args.strace_procs,
-                  max_procs=args.max_procs, timeout=args.timeout, ready_timeout=args.ready_timeout,
-                  keep_logs=args.keep_logs, v1_root=args.v1_root,
-                  fsmingle_root=args.fsmingle_root, progress=not args.no_progress)
+    sc = Scenario(
+        settle=args.settle,
+        strace_secs=args.strace_secs,
+        strace_procs=args.strace_procs,
+        max_procs=args.max_procs,
+        timeout=args.timeout,
+        ready_timeout=args.ready_timeout,
+        keep_logs=args.keep_logs,
+        v1_root=args.v1_root,
+        fsmingle_root=args.fsmingle_root,
+        progress=not args.no_progress,
+    )
 
     def log(msg: str) -> None:
         print(msg, flush=True)
@@ -128,7 +167,9 @@ def main(argv: list[str] | None = None) -> int:
     workdir = args.workdir or tempfile.mkdtemp(prefix="fsmingle-bench-")
     os.makedirs(workdir, exist_ok=True)
     env_info = environment()
-    log(f"# workdir {workdir}; torch {env_info.get('torch')}; {env_info['cpus']} CPUs; load {env_info['loadavg_start']}")
+    log(
+        f"# workdir {workdir}; torch {env_info.get('torch')}; {env_info['cpus']} CPUs; load {env_info['loadavg_start']}"
+    )
     unavailable = {b: check_backend(b, args.v1_root) for b in backends}
     for b, why in unavailable.items():
         if why:
@@ -165,8 +206,10 @@ def main(argv: list[str] | None = None) -> int:
                 need = len(groups) * PER_PROC_BYTES[b]
                 avail = mem_available_bytes()
                 if avail is not None and need > 0.7 * avail:
-                    stopped = (f"stopped before N={n}: {len(groups)} processes need ~{need / 2**30:.1f} GiB, "
-                               f"only {avail / 2**30:.1f} GiB available")
+                    stopped = (
+                        f"stopped before N={n}: {len(groups)} processes need ~{need / 2**30:.1f} GiB, "
+                        f"only {avail / 2**30:.1f} GiB available"
+                    )
                     row["status"] = f"not run: {stopped}"
                     notes.append(f"{b}/{f}: {stopped}")
                     continue
@@ -184,8 +227,10 @@ def main(argv: list[str] | None = None) -> int:
                     backing = os.path.join(workdir, "local")
                     os.makedirs(backing, mode=0o700, exist_ok=True)
                     dirs_for = [backing]
-                log(f"## {b} fs={f} N={n}: {len(groups)} processes (≤{max(len(g) for g in groups)} participants "
-                    f"each){'' if f not in FS_OPTS else f', {len(dirs_for)} mounts'}")
+                log(
+                    f"## {b} fs={f} N={n}: {len(groups)} processes (≤{max(len(g) for g in groups)} participants "
+                    f"each){'' if f not in FS_OPTS else f', {len(dirs_for)} mounts'}"
+                )
                 t_cfg = time.monotonic()
                 for rep in range(args.reps):
                     try:
@@ -222,18 +267,27 @@ def main(argv: list[str] | None = None) -> int:
             ms.close()
 
     if any(max(len(g) for g in layout(n, args.max_procs)) > 1 for n in ns):
-        notes.append(f"At most {args.max_procs} processes per configuration; beyond that participants are threads "
-                     "(own identity each); the last participant always has a process of its own.")
-    notes.append(f"Settle {args.settle:g}s after the early participants joined; waiting-load window "
-                 f"{args.strace_secs:g}s (counting wrapper on every fsmingle participant; strace on "
-                 f"≤{args.strace_procs} processes, detached before the last arrival).")
+        notes.append(
+            f"At most {args.max_procs} processes per configuration; beyond that participants are threads "
+            "(own identity each); the last participant always has a process of its own."
+        )
+    notes.append(
+        f"Settle {args.settle:g}s after the early participants joined; waiting-load window "
+        f"{args.strace_secs:g}s (counting wrapper on every fsmingle participant; strace on "
+        f"≤{args.strace_procs} processes, detached before the last arrival)."
+    )
     for f in fss:
         if f in FS_OPTS and not bindfs_reason:
-            notes.append(f"{f}: bindfs mounts (one per participant up to {args.max_mounts}, then shared round-robin) "
-                         f"of one backing directory, -o {FS_OPTS[f]}.")
+            notes.append(
+                f"{f}: bindfs mounts (one per participant up to {args.max_mounts}, then shared round-robin) "
+                f"of one backing directory, -o {FS_OPTS[f]}."
+            )
     if "fsmingle-v1" in backends:
         notes.append(f"fsmingle-v1: the previous release's package from {args.v1_root} (git worktree of 3be66ce).")
-    for b, root in (("fsmingle", args.fsmingle_root), ("fsmingle-v1", args.v1_root if "fsmingle-v1" in backends else None)):
+    for b, root in (
+        ("fsmingle", args.fsmingle_root),
+        ("fsmingle-v1", args.v1_root if "fsmingle-v1" in backends else None),
+    ):
         if root:
             rev = subprocess.run(["git", "-C", root, "log", "-1", "--format=%h %s"], capture_output=True, text=True)
             notes.append(f"{b} ran the package of {root} at commit {rev.stdout.strip()[:100]}")

@@ -1,4 +1,5 @@
 """Small shared pieces of the rendezvous benchmark: names, layout of participants, addresses, statistics."""
+
 from __future__ import annotations
 
 import math

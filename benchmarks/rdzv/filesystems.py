@@ -10,6 +10,7 @@ Modes (``FS_OPTS``):
 * ``bindfs-coherent``: no caches, locks forwarded: NFS with a working lock manager (torch's
   FileStore's best case: it appends to one file under ``flock``).
 """
+
 from __future__ import annotations
 
 import os
@@ -21,7 +22,7 @@ FS_OPTS = {
     "bindfs": "attr_timeout=1,entry_timeout=1,negative_timeout=1",
     "bindfs5": "attr_timeout=5,entry_timeout=5,negative_timeout=5",
     "bindfs-coherent": "attr_timeout=0,entry_timeout=0,negative_timeout=0,enable-lock-forwarding,"
-                       "multithreaded,direct_io",
+    "multithreaded,direct_io",
 }
 
 
@@ -58,8 +59,7 @@ class MountSet:
             for i in range(count):
                 mnt = os.path.join(root, f"mnt{i:04d}")
                 os.makedirs(mnt, exist_ok=True)
-                r = subprocess.run(["bindfs", "-o", self.opts, self.backing, mnt],
-                                   capture_output=True, text=True)
+                r = subprocess.run(["bindfs", "-o", self.opts, self.backing, mnt], capture_output=True, text=True)
                 if r.returncode != 0:
                     raise RuntimeError(f"bindfs mount {i} failed: {r.stderr.strip()}")
                 self.mounts.append(mnt)

@@ -11,6 +11,7 @@
 2. **strace** (any backend, torch's C++ FileStore included): ``strace -f -y`` attached to a sample
    of waiting processes for a window, classified per thread (:func:`classify_strace_by_tid`).
 """
+
 from __future__ import annotations
 
 import os
@@ -24,8 +25,22 @@ import time
 
 #: Categories of the counting wrapper.  ``fs_ops`` (see :func:`fs_ops`) is every one but
 #: ``entries`` (directory entries read, a cost inside a readdir) and ``close``.
-KINDS = ("create", "open", "readdir", "entries", "read", "write", "fsync", "stat", "rename", "link",
-         "unlink", "mkdir", "rmdir", "close")
+KINDS = (
+    "create",
+    "open",
+    "readdir",
+    "entries",
+    "read",
+    "write",
+    "fsync",
+    "stat",
+    "rename",
+    "link",
+    "unlink",
+    "mkdir",
+    "rmdir",
+    "close",
+)
 METADATA = ("create", "open", "readdir", "stat", "rename", "link", "unlink", "mkdir", "rmdir")
 
 
@@ -71,8 +86,7 @@ class _CountingOs:
         return getattr(self._real, name)
 
     def open(self, path, flags, *a, **k):
-        self._c.add("create" if flags & os.O_CREAT else "readdir" if flags & getattr(os, "O_DIRECTORY", 0)
-                    else "open")
+        self._c.add("create" if flags & os.O_CREAT else "readdir" if flags & getattr(os, "O_DIRECTORY", 0) else "open")
         return self._real.open(path, flags, *a, **k)
 
     def read(self, fd, n):
@@ -95,6 +109,7 @@ class _CountingOs:
         def f(*a, **k):
             self._c.add("stat")
             return real(*a, **k)
+
         return f
 
     @property
@@ -113,6 +128,7 @@ class _CountingOs:
         def f(*a, **k):
             self._c.add(kind)
             return real(*a, **k)
+
         return f
 
     @property
@@ -184,33 +200,93 @@ STRACE_SET = (
     "fstat,lseek,fsync,fdatasync,ftruncate,%network,poll,ppoll"
 )
 _OPEN = {"open", "openat", "openat2", "creat"}
-_STAT = {"stat", "lstat", "fstat", "newfstatat", "fstatat64", "statx", "access",
-         "faccessat", "faccessat2", "readlink", "readlinkat", "statfs", "fstatfs"}
-_MUT = {"rename", "renameat", "renameat2", "unlink", "unlinkat", "link", "linkat",
-        "mkdir", "mkdirat", "rmdir", "symlink", "symlinkat", "chmod", "fchmodat",
-        "utimensat", "truncate", "ftruncate", "fsync", "fdatasync"}
+_STAT = {
+    "stat",
+    "lstat",
+    "fstat",
+    "newfstatat",
+    "fstatat64",
+    "statx",
+    "access",
+    "faccessat",
+    "faccessat2",
+    "readlink",
+    "readlinkat",
+    "statfs",
+    "fstatfs",
+}
+_MUT = {
+    "rename",
+    "renameat",
+    "renameat2",
+    "unlink",
+    "unlinkat",
+    "link",
+    "linkat",
+    "mkdir",
+    "mkdirat",
+    "rmdir",
+    "symlink",
+    "symlinkat",
+    "chmod",
+    "fchmodat",
+    "utimensat",
+    "truncate",
+    "ftruncate",
+    "fsync",
+    "fdatasync",
+}
 _RW_FD = {"read", "write", "pread64", "pwrite64", "readv", "writev"}
 _LINE = re.compile(r"^(?:\[pid\s+)?(\d+)\]?\s+(\w+)\((.*)$")
 _FD0 = re.compile(r"^\s*(-?\d+|AT_FDCWD)<([^>]*)>")
 _PATHARG = re.compile(r'"((?:[^"\\]|\\.)*)"')
-_NET = {"sendto", "recvfrom", "sendmsg", "recvmsg", "connect", "accept", "accept4", "socket",
-        "poll", "ppoll", "shutdown", "setsockopt", "getsockopt", "bind", "listen",
-        "getsockname", "getpeername"}
+_NET = {
+    "sendto",
+    "recvfrom",
+    "sendmsg",
+    "recvmsg",
+    "connect",
+    "accept",
+    "accept4",
+    "socket",
+    "poll",
+    "ppoll",
+    "shutdown",
+    "setsockopt",
+    "getsockopt",
+    "bind",
+    "listen",
+    "getsockname",
+    "getpeername",
+}
 
 
 def classify_strace(text: str, prefixes: tuple[str, ...] = ()) -> dict[str, int]:
     return classify_strace_by_tid(text, prefixes)["total"]
 
 
-_CATS = ("opens", "stats", "listdirs", "getdents", "locks", "reads",
-         "writes", "closes", "mutations", "other_file", "net", "outside")
+_CATS = (
+    "opens",
+    "stats",
+    "listdirs",
+    "getdents",
+    "locks",
+    "reads",
+    "writes",
+    "closes",
+    "mutations",
+    "other_file",
+    "net",
+    "outside",
+)
 
 
 def _finish(c: dict[str, int]) -> dict[str, int]:
     # Operations that can reach a shared filesystem's server (NFS/Lustre):
     # everything file-related except close/lseek-style local bookkeeping.
-    c["fs_ops"] = (c["opens"] + c["stats"] + c["listdirs"] + c["getdents"] + c["locks"]
-                   + c["reads"] + c["writes"] + c["mutations"])
+    c["fs_ops"] = (
+        c["opens"] + c["stats"] + c["listdirs"] + c["getdents"] + c["locks"] + c["reads"] + c["writes"] + c["mutations"]
+    )
     c["fs_syscalls"] = c["fs_ops"] + c["closes"] + c["other_file"]
     return c
 
@@ -282,8 +358,11 @@ def classify_strace_by_tid(text: str, prefixes: tuple[str, ...] = ()) -> dict:
             if fdm and fdkind != "file":
                 continue
             cat = "other_file"
-        if cat != "net" and path is not None and prefixes and not any(
-            path == pf or path.startswith(pf.rstrip("/") + "/") for pf in prefixes
+        if (
+            cat != "net"
+            and path is not None
+            and prefixes
+            and not any(path == pf or path.startswith(pf.rstrip("/") + "/") for pf in prefixes)
         ):
             cat = "outside"
         total[cat] += 1
@@ -294,8 +373,7 @@ def classify_strace_by_tid(text: str, prefixes: tuple[str, ...] = ()) -> dict:
     return {"total": _finish(total), "tids": {k: _finish(v) for k, v in tids.items()}}
 
 
-def strace_sample(pids: list[int], seconds: float, logdir: str,
-                  prefixes: tuple[str, ...] = ()) -> list[dict]:
+def strace_sample(pids: list[int], seconds: float, logdir: str, prefixes: tuple[str, ...] = ()) -> list[dict]:
     """Attach strace -f -y to each pid for `seconds`; return per-pid counts."""
     procs = []
     for pid in pids:
@@ -320,6 +398,14 @@ def strace_sample(pids: list[int], seconds: float, logdir: str,
         except OSError:
             text = ""
         cl = classify_strace_by_tid(text, prefixes)
-        res.append({"pid": pid, "seconds": t_end - t_start, "counts": cl["total"], "tids": cl["tids"],
-                    "strace_rc": sp.returncode, "strace_err": err.decode(errors="replace")[-500:]})
+        res.append(
+            {
+                "pid": pid,
+                "seconds": t_end - t_start,
+                "counts": cl["total"],
+                "tids": cl["tids"],
+                "strace_rc": sp.returncode,
+                "strace_err": err.decode(errors="replace")[-500:],
+            }
+        )
     return res

@@ -13,6 +13,7 @@
    (``CLOCK_MONOTONIC`` is system-wide, so times compare across processes).
 6. Validate: ranks a permutation of 0..N-1, one world size, one master.
 """
+
 from __future__ import annotations
 
 import json
@@ -94,8 +95,9 @@ class Scenario:
     extra: dict = field(default_factory=dict)
 
 
-def run_once(sc: Scenario, backend: str, fs: str, n: int, rep: int, dirs_for: list[str],
-             backing_root: str, workdir: str, log) -> dict:
+def run_once(
+    sc: Scenario, backend: str, fs: str, n: int, rep: int, dirs_for: list[str], backing_root: str, workdir: str, log
+) -> dict:
     """One repetition of the last-arrival scenario.
 
     Returns:
@@ -111,16 +113,27 @@ def run_once(sc: Scenario, backend: str, fs: str, n: int, rep: int, dirs_for: li
     os.makedirs(os.path.join(backing_root, run_rel), mode=0o700)
     if backend != "torch-tcp":
         # fsmingle never creates --dir (nor the job dir's parent); torch's FileStore needs its parent.
-        os.makedirs(os.path.join(backing_root, run_rel, job_id) if backend == "torch-file"
-                    else os.path.join(backing_root, run_rel), mode=0o700, exist_ok=True)
+        os.makedirs(
+            os.path.join(backing_root, run_rel, job_id)
+            if backend == "torch-file"
+            else os.path.join(backing_root, run_rel),
+            mode=0o700,
+            exist_ok=True,
+        )
     dirs = [os.path.join(dirs_for[p % len(dirs_for)], run_rel) for p in range(n)]
     logdir = os.path.join(workdir, "logs", job_id)
     os.makedirs(logdir, exist_ok=True)
     cfg = {
-        "backend": backend, "nnodes": n, "job_id": job_id, "dirs": dirs,
-        "addrs": [participant_addr(p) for p in range(n)], "rdzv_timeout": float(sc.timeout),
-        "tcp_endpoint": f"127.0.0.1:{free_port()}" if backend == "torch-tcp" else None, "tcp_host": 0,
-        "groups": [g for g in groups], "progress": sc.progress,
+        "backend": backend,
+        "nnodes": n,
+        "job_id": job_id,
+        "dirs": dirs,
+        "addrs": [participant_addr(p) for p in range(n)],
+        "rdzv_timeout": float(sc.timeout),
+        "tcp_endpoint": f"127.0.0.1:{free_port()}" if backend == "torch-tcp" else None,
+        "tcp_host": 0,
+        "groups": [g for g in groups],
+        "progress": sc.progress,
         "impl_root": sc.v1_root if backend == "fsmingle-v1" else sc.fsmingle_root if backend == "fsmingle" else None,
     }
     cfg_path = os.path.join(logdir, "config.json")
@@ -133,8 +146,16 @@ def run_once(sc: Scenario, backend: str, fs: str, n: int, rep: int, dirs_for: li
 
     evq: queue.Queue[tuple[int, dict]] = queue.Queue()
     workers: list[Worker] = []
-    st: dict[str, Any] = {"ready": {}, "entered": {}, "joined": {}, "released": {}, "errors": {},
-                          "world_ready": None, "counts": {}, "tid": {}}
+    st: dict[str, Any] = {
+        "ready": {},
+        "entered": {},
+        "joined": {},
+        "released": {},
+        "errors": {},
+        "world_ready": None,
+        "counts": {},
+        "tid": {},
+    }
     t_spawn = time.monotonic()
 
     def send(ws, line: str) -> None:
@@ -185,16 +206,24 @@ def run_once(sc: Scenario, backend: str, fs: str, n: int, rep: int, dirs_for: li
     try:
         for i, grp in enumerate(groups):
             with open(os.path.join(logdir, f"worker{i}.stderr"), "w") as errf:
-                proc = subprocess.Popen([sys.executable, "-m", "benchmarks.rdzv.worker", cfg_path, str(i)],
-                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errf, text=True,
-                                        env=env, cwd=REPO, bufsize=1)
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", "benchmarks.rdzv.worker", cfg_path, str(i)],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=errf,
+                    text=True,
+                    env=env,
+                    cwd=REPO,
+                    bufsize=1,
+                )
             w = Worker(i, grp, proc, proc.pid)
             workers.append(w)
             threading.Thread(target=_reader, args=(w, evq), daemon=True).start()
         pump(lambda: len(st["ready"]) == len(workers), sc.ready_timeout, "workers to import")
         t_ready = time.monotonic()
-        torch_in_fsmingle = (any(ev["torch_imported"] for ev in st["ready"].values())
-                             if backend.startswith("fsmingle") else None)
+        torch_in_fsmingle = (
+            any(ev["torch_imported"] for ev in st["ready"].values()) if backend.startswith("fsmingle") else None
+        )
         send(workers[:-1], "go")
         t_go = time.monotonic()
         pump(lambda: len(st["entered"]) == n - 1, sc.timeout, "early participants to start")
@@ -231,8 +260,12 @@ def run_once(sc: Scenario, backend: str, fs: str, n: int, rep: int, dirs_for: li
             send(workers[:-1], "snap b")
             pump(lambda: len(st["counts"].get("b@t", [])) == len(workers) - 1, sc.timeout, "operation counts")
             ta, tb = min(st["counts"]["a@t"]), max(st["counts"]["b@t"])
-            window = {"seconds": tb - ta, "per_participant": {
-                p: diff_counts(st["counts"]["a"].get(p, {}), c) for p, c in st["counts"]["b"].items()}}
+            window = {
+                "seconds": tb - ta,
+                "per_participant": {
+                    p: diff_counts(st["counts"]["a"].get(p, {}), c) for p, c in st["counts"]["b"].items()
+                },
+            }
         pump(lambda: time.monotonic() - t_joined >= sc.settle, sc.settle + 5, "settle")
         if st["released"]:
             raise RunError(f"{len(st['released'])} participants released before the last arrived")
@@ -258,7 +291,7 @@ def run_once(sc: Scenario, backend: str, fs: str, n: int, rep: int, dirs_for: li
     problems = []
     ranks = sorted(rel[p]["rank"] for p in range(n))
     if ranks != list(range(n)):
-        problems.append(f"ranks are not a permutation of 0..{n-1}: {ranks[:10]}...")
+        problems.append(f"ranks are not a permutation of 0..{n - 1}: {ranks[:10]}...")
     if {rel[p]["world"] for p in range(n)} != {n}:
         problems.append("world size differs from N")
     masters = {(rel[p]["master_addr"], rel[p]["master_port"]) for p in range(n)}
@@ -272,25 +305,43 @@ def run_once(sc: Scenario, backend: str, fs: str, n: int, rep: int, dirs_for: li
     if all("ops" in rel[p] for p in range(n)):
         ops = _ops_summary(rel, n, window)
     result = {
-        "backend": backend, "fs": fs, "n": n, "rep": rep, "job_id": job_id,
-        "procs": len(groups), "max_threads_per_proc": max(len(g) for g in groups),
-        "last_own_s": rel[n - 1]["t_rel"] - t_arr_last, "last_all_s": max(after),
-        "waiters_after_last_s": after[:-1], "spawn_to_ready_s": t_ready - t_spawn,
-        "go_to_joined_s": t_joined - t_go, "join_detection": join_how, "wall_s": t_end - t_spawn,
-        "settle_s": sc.settle, "strace_s": strace_secs, "fsops": fsops, "ops": ops,
+        "backend": backend,
+        "fs": fs,
+        "n": n,
+        "rep": rep,
+        "job_id": job_id,
+        "procs": len(groups),
+        "max_threads_per_proc": max(len(g) for g in groups),
+        "last_own_s": rel[n - 1]["t_rel"] - t_arr_last,
+        "last_all_s": max(after),
+        "waiters_after_last_s": after[:-1],
+        "spawn_to_ready_s": t_ready - t_spawn,
+        "go_to_joined_s": t_joined - t_go,
+        "join_detection": join_how,
+        "wall_s": t_end - t_spawn,
+        "settle_s": sc.settle,
+        "strace_s": strace_secs,
+        "fsops": fsops,
+        "ops": ops,
         "generations": sorted({rel[p].get("generation") for p in range(n)}, key=str),
-        "master": min(masters), "torch_imported_in_fsmingle": torch_in_fsmingle,
+        "master": min(masters),
+        "torch_imported_in_fsmingle": torch_in_fsmingle,
         "impl": next(iter(st["ready"].values())).get("impl"),
-        "valid": not problems, "problems": problems,
+        "valid": not problems,
+        "problems": problems,
     }
     o = ops or {}
-    log(f"    rep {rep}: last->own {result['last_own_s']:.3f}s  last->all {result['last_all_s']:.3f}s  "
+    log(
+        f"    rep {rep}: last->own {result['last_own_s']:.3f}s  last->all {result['last_all_s']:.3f}s  "
         f"wall {result['wall_s']:.1f}s  join {result['go_to_joined_s']:.2f}s"
-        + (f"  fs ops/participant {o['fs_ops_mean']:.1f} (max {o['fs_ops_max']}), entries {o['entries_mean']:.0f}"
-           if ops else "")
-        + (f"  waiter {o['waiter_fs_ops_per_s_p50']:.3f} ops/s" if o.get("waiter_fs_ops_per_s_p50") is not None
-           else "")
-        + ("" if not problems else f"  INVALID: {problems}"))
+        + (
+            f"  fs ops/participant {o['fs_ops_mean']:.1f} (max {o['fs_ops_max']}), entries {o['entries_mean']:.0f}"
+            if ops
+            else ""
+        )
+        + (f"  waiter {o['waiter_fs_ops_per_s_p50']:.3f} ops/s" if o.get("waiter_fs_ops_per_s_p50") is not None else "")
+        + ("" if not problems else f"  INVALID: {problems}")
+    )
     if not sc.keep_logs:
         shutil.rmtree(logdir, ignore_errors=True)
     shutil.rmtree(os.path.join(backing_root, run_rel), ignore_errors=True)
@@ -307,10 +358,15 @@ def _ops_summary(rel: dict, n: int, window: dict | None) -> dict:
     fo = [fs_ops(c) for c in per]
     out = {
         "per_kind_mean": {k: v / n for k, v in totals.items()},
-        "fs_ops_mean": sum(fo) / n, "fs_ops_p50": pct(fo, 50), "fs_ops_max": max(fo),
-        "fs_ops_rank0": fs_ops(per[r0]), "fs_ops_last": fs_ops(per[n - 1]),
-        "entries_mean": totals["entries"] / n, "entries_rank0": per[r0].get("entries", 0),
-        "entries_last": per[n - 1].get("entries", 0), "rank0_participant": r0,
+        "fs_ops_mean": sum(fo) / n,
+        "fs_ops_p50": pct(fo, 50),
+        "fs_ops_max": max(fo),
+        "fs_ops_rank0": fs_ops(per[r0]),
+        "fs_ops_last": fs_ops(per[n - 1]),
+        "entries_mean": totals["entries"] / n,
+        "entries_rank0": per[r0].get("entries", 0),
+        "entries_last": per[n - 1].get("entries", 0),
+        "rank0_participant": r0,
     }
     if window and window["seconds"] > 0:
         secs = window["seconds"]
@@ -321,8 +377,12 @@ def _ops_summary(rel: dict, n: int, window: dict | None) -> dict:
         out["waiter_fs_ops_per_s_max"] = max(waiters) if waiters else None
         out["waiter_fs_ops_per_s_mean"] = sum(waiters) / len(waiters) if waiters else None
         out["rank0_fs_ops_per_s"] = rates.get(r0)
-        out["window_by_kind_mean"] = {k: sum(c.get(k, 0) for p, c in window["per_participant"].items()
-                                             if int(p) != r0) / max(1, len(waiters)) / secs for k in KINDS}
+        out["window_by_kind_mean"] = {
+            k: sum(c.get(k, 0) for p, c in window["per_participant"].items() if int(p) != r0)
+            / max(1, len(waiters))
+            / secs
+            for k in KINDS
+        }
     return out
 
 
@@ -342,10 +402,20 @@ def _strace(sc, backend, cfg, workers, dirs_for, secs, logdir, st) -> list[dict]
             p = tidmap.get(int(tid))
             if p is not None:
                 own[p] = {c: v / r["seconds"] for c, v in cnt.items()}
-        helpers = {c: sum(cnt[c] for tid, cnt in r["tids"].items() if int(tid) not in tidmap) / r["seconds"]
-                   for c in r["counts"]}
-        per.append({"participants": k, "participant_ids": list(w.participants), "seconds": r["seconds"],
-                    "counts": r["counts"], "per_participant_per_s": {c: v / r["seconds"] / k
-                                                                     for c, v in r["counts"].items()},
-                    "own_thread_per_s": own, "helper_threads_per_s": helpers, "strace_rc": r["strace_rc"]})
+        helpers = {
+            c: sum(cnt[c] for tid, cnt in r["tids"].items() if int(tid) not in tidmap) / r["seconds"]
+            for c in r["counts"]
+        }
+        per.append(
+            {
+                "participants": k,
+                "participant_ids": list(w.participants),
+                "seconds": r["seconds"],
+                "counts": r["counts"],
+                "per_participant_per_s": {c: v / r["seconds"] / k for c, v in r["counts"].items()},
+                "own_thread_per_s": own,
+                "helper_threads_per_s": helpers,
+                "strace_rc": r["strace_rc"],
+            }
+        )
     return per

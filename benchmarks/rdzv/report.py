@@ -1,4 +1,5 @@
 """Statistics, markdown tables and the plot -- all from the rows of one results.json."""
+
 from __future__ import annotations
 
 import os
@@ -29,8 +30,18 @@ def summarize(runs: list[dict]) -> dict:
     s["max_threads_per_proc"] = ok[0]["max_threads_per_proc"]
     ops = [r["ops"] for r in ok if r.get("ops")]
     if ops:
-        for k in ("fs_ops_mean", "fs_ops_max", "fs_ops_rank0", "fs_ops_last", "entries_mean", "entries_rank0",
-                  "entries_last", "waiter_fs_ops_per_s_p50", "waiter_fs_ops_per_s_max", "rank0_fs_ops_per_s"):
+        for k in (
+            "fs_ops_mean",
+            "fs_ops_max",
+            "fs_ops_rank0",
+            "fs_ops_last",
+            "entries_mean",
+            "entries_rank0",
+            "entries_last",
+            "waiter_fs_ops_per_s_p50",
+            "waiter_fs_ops_per_s_max",
+            "rank0_fs_ops_per_s",
+        ):
             vals = [o.get(k) for o in ops if o.get(k) is not None]
             s[f"ops_{k}"] = pct(vals, 50) if vals else None
         kinds = ops[0]["per_kind_mean"].keys()
@@ -40,8 +51,7 @@ def summarize(runs: list[dict]) -> dict:
         cats = samples[0]["per_participant_per_s"].keys()
         s["ops_per_s"] = {c: sum(x["per_participant_per_s"][c] for x in samples) / len(samples) for c in cats}
         s["ops_samples"] = len(samples)
-        own = [(x["ranks"].get(str(p)), v) for x in samples for p, v in x["own_thread_per_s"].items()
-               if "ranks" in x]
+        own = [(x["ranks"].get(str(p)), v) for x in samples for p, v in x["own_thread_per_s"].items() if "ranks" in x]
         if own:
             non0 = [v for r, v in own if r != 0]
             r0 = [v for r, v in own if r == 0]
@@ -56,11 +66,15 @@ def _f(x, nd=2):
 
 def render_tables(rows: list[dict], notes: list[str]) -> str:
     """The markdown report: one main table, the counted-operations table, ratios, notes."""
-    out = ["### Last arrival → release (seconds), waiting load, operations per participant\n",
-           ("| backend | fs | N | procs × threads | reps | last→own p50 / max | last→all p50 / max | any waiter p50 "
-           "| wall p50 | waiter fs ops/s (strace, own thread) | waiter fs ops/s (counted) | rank 0 fs ops/s (counted) "
-           "| fs ops / participant / generation (counted) | entries read / participant | status |"),
-           "|" + "---|" * 15]
+    out = [
+        "### Last arrival → release (seconds), waiting load, operations per participant\n",
+        (
+            "| backend | fs | N | procs × threads | reps | last→own p50 / max | last→all p50 / max | any waiter p50 "
+            "| wall p50 | waiter fs ops/s (strace, own thread) | waiter fs ops/s (counted) | rank 0 fs ops/s (counted) "
+            "| fs ops / participant / generation (counted) | entries read / participant | status |"
+        ),
+        "|" + "---|" * 15,
+    ]
     for r in rows:
         s = r.get("summary", {})
         lay = f"{s.get('procs', '—')} × ≤{s.get('max_threads_per_proc', '—')}" if s.get("procs") else "—"
@@ -74,7 +88,8 @@ def render_tables(rows: list[dict], notes: list[str]) -> str:
             f"| {_f(s.get('wall_p50'), 1)} | {_f(tw)} | {_f(s.get('ops_waiter_fs_ops_per_s_p50'), 3)} "
             f"| {_f(s.get('ops_rank0_fs_ops_per_s'))} | {_f(s.get('ops_fs_ops_mean'), 1)} "
             f"(max {_f(s.get('ops_fs_ops_max'), 0)}, rank 0 {_f(s.get('ops_fs_ops_rank0'), 0)}) "
-            f"| {_f(s.get('ops_entries_mean'), 0)} (rank 0 {_f(s.get('ops_entries_rank0'), 0)}) | {status} |")
+            f"| {_f(s.get('ops_entries_mean'), 0)} (rank 0 {_f(s.get('ops_entries_rank0'), 0)}) | {status} |"
+        )
     kinds_rows = [r for r in rows if r.get("summary", {}).get("ops_per_kind_mean")]
     if kinds_rows:
         kinds = list(kinds_rows[0]["summary"]["ops_per_kind_mean"])
@@ -110,22 +125,42 @@ def plot(rows: list[dict], path: str, title: str = "") -> None:
         (line,) = ax1.plot(xs, [p[1]["last_all_p50"] for p in pts], marker="o", label=f"{b} / {fs}")
         ax1.plot(xs, [p[1]["last_own_p50"] for p in pts], ls="--", marker="x", color=line.get_color(), alpha=0.6)
         c = line.get_color()
-        cnt = [(p[0], p[1]["ops_waiter_fs_ops_per_s_p50"]) for p in pts
-               if p[1].get("ops_waiter_fs_ops_per_s_p50") is not None]
-        stc = [(p[0], (p[1].get("own_non_rank0_p50") or {}).get("fs_ops")) for p in pts
-               if (p[1].get("own_non_rank0_p50") or {}).get("fs_ops") is not None]
+        cnt = [
+            (p[0], p[1]["ops_waiter_fs_ops_per_s_p50"])
+            for p in pts
+            if p[1].get("ops_waiter_fs_ops_per_s_p50") is not None
+        ]
+        stc = [
+            (p[0], (p[1].get("own_non_rank0_p50") or {}).get("fs_ops"))
+            for p in pts
+            if (p[1].get("own_non_rank0_p50") or {}).get("fs_ops") is not None
+        ]
         if cnt:
-            ax2.plot([x for x, _ in cnt], [max(v, 1e-3) for _, v in cnt], marker="o", color=c,
-                     label=f"{b} / {fs} (counted)")
+            ax2.plot(
+                [x for x, _ in cnt], [max(v, 1e-3) for _, v in cnt], marker="o", color=c, label=f"{b} / {fs} (counted)"
+            )
         if stc:
-            ax2.plot([x for x, _ in stc], [max(v, 1e-3) for _, v in stc], marker="s", ls=":", color=c,
-                     label=f"{b} / {fs} (strace)")
+            ax2.plot(
+                [x for x, _ in stc],
+                [max(v, 1e-3) for _, v in stc],
+                marker="s",
+                ls=":",
+                color=c,
+                label=f"{b} / {fs} (strace)",
+            )
         tot = [(p[0], p[1]["ops_fs_ops_mean"]) for p in pts if p[1].get("ops_fs_ops_mean") is not None]
         if tot:
             ax3.plot([x for x, _ in tot], [v for _, v in tot], marker="o", color=c, label=f"{b} / {fs}: mean")
             mx = [(p[0], p[1]["ops_fs_ops_rank0"]) for p in pts if p[1].get("ops_fs_ops_rank0") is not None]
-            ax3.plot([x for x, _ in mx], [v for _, v in mx], marker="^", ls=":", color=c, alpha=0.7,
-                     label=f"{b} / {fs}: rank 0")
+            ax3.plot(
+                [x for x, _ in mx],
+                [v for _, v in mx],
+                marker="^",
+                ls=":",
+                color=c,
+                alpha=0.7,
+                label=f"{b} / {fs}: rank 0",
+            )
     ax2.axhline(0.2, color="grey", ls="--", lw=0.8)
     ax3.axhline(10, color="grey", ls="--", lw=0.8)
     ax1.axhline(0.3, color="grey", ls="--", lw=0.8)
@@ -151,8 +186,11 @@ def plot(rows: list[dict], path: str, title: str = "") -> None:
 
 def environment() -> dict:
     env: dict[str, Any] = {
-        "python": sys.version.split()[0], "platform": platform.platform(), "cpus": os.cpu_count(),
-        "loadavg_start": os.getloadavg(), "mem_available_gib": (mem_available_bytes() or 0) / 2**30,
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "loadavg_start": os.getloadavg(),
+        "mem_available_gib": (mem_available_bytes() or 0) / 2**30,
     }
     from importlib.metadata import version
 
@@ -162,8 +200,12 @@ def environment() -> dict:
         except Exception:
             env[dist] = None
     try:
-        r = subprocess.run(["git", "-C", os.path.dirname(os.path.dirname(HERE)), "rev-parse", "HEAD"],
-                           capture_output=True, text=True, timeout=10)
+        r = subprocess.run(
+            ["git", "-C", os.path.dirname(os.path.dirname(HERE)), "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
         env["git_commit"] = r.stdout.strip() or None
     except Exception:
         env["git_commit"] = None

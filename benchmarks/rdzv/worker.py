@@ -12,6 +12,7 @@ makes no system calls of its own that strace would count):
 * stdout: ``@@ {json}`` events: ready, entered, joined (torch), world_ready (fsmingle rank 0),
   released (with rank, master and the participant's operation counts), error, counts, fatal.
 """
+
 from __future__ import annotations
 
 import json
@@ -54,8 +55,15 @@ def main(cfg_path: str, group: int) -> None:
     except Exception:
         emit(ev="fatal", error=traceback.format_exc())
         os._exit(4)
-    emit(ev="ready", pid=os.getpid(), import_s=time.monotonic() - t0, torch_imported="torch" in sys.modules,
-         nofile=list(nofile), impl=getattr(backend, "where", None), patched=getattr(backend, "patched", None))
+    emit(
+        ev="ready",
+        pid=os.getpid(),
+        import_s=time.monotonic() - t0,
+        torch_imported="torch" in sys.modules,
+        nofile=list(nofile),
+        impl=getattr(backend, "where", None),
+        patched=getattr(backend, "patched", None),
+    )
 
     def participant(p: int) -> None:
         t_arr = time.monotonic()
@@ -75,8 +83,12 @@ def main(cfg_path: str, group: int) -> None:
                 threading.Thread(target=participant, args=(p,), daemon=True, name=f"p{p}").start()
         elif cmd[0] == "snap":
             counter = getattr(backend, "counter", None)
-            emit(ev="counts", tag=cmd[1], t=time.monotonic(),
-                 counts={str(p): c for p, c in (counter.snapshot() if counter else {}).items()})
+            emit(
+                ev="counts",
+                tag=cmd[1],
+                t=time.monotonic(),
+                counts={str(p): c for p, c in (counter.snapshot() if counter else {}).items()},
+            )
         elif cmd[0] == "exit":
             break
     # Never shut torch's handlers down (that closes the rendezvous for everyone); leave hard.

@@ -2,6 +2,7 @@
 
 Exit status: 0 when every size completed with a valid release; 1 otherwise; 2 for bad arguments.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -11,10 +12,12 @@ import sys
 import time
 
 
-
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.sim", description=__doc__.splitlines()[0],
-                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m benchmarks.sim",
+        description=__doc__.splitlines()[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     ap.add_argument("--n", default="16,256,1024", help="comma-separated participant counts")
     ap.add_argument("--op-latency", type=float, default=0.0005, help="MDS round trip per operation (s)")
     ap.add_argument("--ops-per-s", type=float, default=5000.0, help="MDS ceiling (operations/s)")
@@ -28,8 +31,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--horizon", type=float, default=3600.0, help="virtual seconds before giving up")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--json", default=None, help="write the results here")
-    ap.add_argument("--fsmingle-root", default=None,
-                    help="checkout whose fsmingle package runs (e.g. a `git worktree add --detach /tmp/v2 HEAD`)")
+    ap.add_argument(
+        "--fsmingle-root",
+        default=None,
+        help="checkout whose fsmingle package runs (e.g. a `git worktree add --detach /tmp/v2 HEAD`)",
+    )
     a = ap.parse_args(argv)
     if a.fsmingle_root:
         sys.path.insert(0, a.fsmingle_root)  # before fsmingle is first imported (by .engine)
@@ -41,26 +47,44 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--n: every N must be >= 2")
     cost = CostModel(op_latency=a.op_latency, ops_per_s=a.ops_per_s, entry_cost=a.entry_cost)
     out, ok = [], True
-    print("| N | completed | release after last arrival: own / everyone (s) | fs ops / participant (rank 0) "
-          "| entries / participant (rank 0) | waiter fs ops/s | peak MDS op/s | MDS busy s | sim CPU s |")
+    print(
+        "| N | completed | release after last arrival: own / everyone (s) | fs ops / participant (rank 0) "
+        "| entries / participant (rank 0) | waiter fs ops/s | peak MDS op/s | MDS busy s | sim CPU s |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     for n in ns:
         t0 = time.monotonic()
-        r = run(Config(n=n, cost=cost, net_latency=a.net_latency, arrival_spread=a.spread, settle=a.settle,
-                       cores=a.cores, cpu_scale=a.cpu_scale, syscall_cost=a.syscall_cost, horizon=a.horizon,
-                       seed=a.seed))
+        r = run(
+            Config(
+                n=n,
+                cost=cost,
+                net_latency=a.net_latency,
+                arrival_spread=a.spread,
+                settle=a.settle,
+                cores=a.cores,
+                cpu_scale=a.cpu_scale,
+                syscall_cost=a.syscall_cost,
+                horizon=a.horizon,
+                seed=a.seed,
+            )
+        )
         r["wall_s"] = time.monotonic() - t0
         out.append(r)
         ok = ok and r["completed"] and r.get("valid", False)
-        f = lambda x, d=2: "—" if x is None else f"{x:.{d}f}"  # noqa: E731
-        print(f"| {n} | {r['completed']} | {f(r.get('last_own_s'), 3)} / {f(r.get('last_all_s'), 3)} "
-              f"| {f(r['fs_ops_per_participant_mean'], 1)} ({r['fs_ops_rank0']}) "
-              f"| {f(r['entries_per_participant_mean'], 0)} ({r['entries_rank0']}) "
-              f"| {f(r.get('waiter_fs_ops_per_s_mean'), 3)} | {r['mds_peak_ops_per_s']} | {f(r['mds_busy_s'])} "
-              f"| {f(r['sim_cpu_s'], 1)} |", flush=True)
+        f = lambda x, d=2: "—" if x is None else f"{x:.{d}f}"
+        print(
+            f"| {n} | {r['completed']} | {f(r.get('last_own_s'), 3)} / {f(r.get('last_all_s'), 3)} "
+            f"| {f(r['fs_ops_per_participant_mean'], 1)} ({r['fs_ops_rank0']}) "
+            f"| {f(r['entries_per_participant_mean'], 0)} ({r['entries_rank0']}) "
+            f"| {f(r.get('waiter_fs_ops_per_s_mean'), 3)} | {r['mds_peak_ops_per_s']} | {f(r['mds_busy_s'])} "
+            f"| {f(r['sim_cpu_s'], 1)} |",
+            flush=True,
+        )
         if a.json:  # after every size: a long run that is cut off keeps what it finished
-            cmd = " ".join(shlex.quote(x) for x in
-                           ["python", "-m", "benchmarks.sim", *(argv if argv is not None else sys.argv[1:])])
+            cmd = " ".join(
+                shlex.quote(x)
+                for x in ["python", "-m", "benchmarks.sim", *(argv if argv is not None else sys.argv[1:])]
+            )
             with open(a.json, "w") as fh:
                 json.dump({"command": cmd, "results": out}, fh, indent=1, default=str)
     return 0 if ok else 1

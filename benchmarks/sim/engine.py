@@ -1,4 +1,5 @@
 """The event loop: virtual time, one local clock per participant, optional CPU cores."""
+
 from __future__ import annotations
 
 import heapq
@@ -110,11 +111,20 @@ def run(cfg: Config) -> dict:
     def make(i: int, t: float):
         clocks[i].t = t
         return Participant(
-            SimStore(fs, clocks[i], counts[i]), job_id="sim", mode="node", size=n, rank=None,
-            addr=f"10.{(i >> 16) & 255}.{(i >> 8) & 255}.{i & 255}", instance=f"{i + 1:016x}",
+            SimStore(fs, clocks[i], counts[i]),
+            job_id="sim",
+            mode="node",
+            size=n,
+            rank=None,
+            addr=f"10.{(i >> 16) & 255}.{(i >> 8) & 255}.{i & 255}",
+            instance=f"{i + 1:016x}",
             me=HostId(hostname=f"h{i}", boot_id=f"b{i}", pidns="p", pid=1000 + i, pid_start=1.0),
-            timeout=cfg.horizon, timing=cfg.timing, clock=clocks[i], transport=SimTransport(net, i),
-            rng=random.Random(cfg.seed * 1_000_003 + i))
+            timeout=cfg.horizon,
+            timing=cfg.timing,
+            clock=clocks[i],
+            transport=SimTransport(net, i),
+            rng=random.Random(cfg.seed * 1_000_003 + i),
+        )
 
     while heap and len(released) < n:
         t, _, i = heapq.heappop(heap)
@@ -153,8 +163,7 @@ def run(cfg: Config) -> dict:
                 t_last = t_ready + cfg.settle
                 arrival[n - 1] = t_last
                 wake(n - 1, t_last)
-                window = {"t_ready": t_ready, "t_last": t_last,
-                          "before": [dict(x) for x in counts]}
+                window = {"t_ready": t_ready, "t_last": t_last, "before": [dict(x) for x in counts]}
         if window and "after" not in window and c.t >= window["t_last"]:
             window["after"] = [dict(x) for x in counts]
         # Messages that arrived after this step's poll (their wake-up was absorbed by an earlier
@@ -177,16 +186,25 @@ def _measure(cfg, n, counts, released, arrival, window, mds, steps, wall, rank0,
     done = len(released) == n
     per = [_server_ops(c) for c in counts]
     res = {
-        "n": n, "completed": done, "released": len(released), "steps": steps, "sim_cpu_s": wall,
-        "cost": vars(cfg.cost), "net_latency": cfg.net_latency, "cores": cfg.cores, "cpu_scale": cfg.cpu_scale,
+        "n": n,
+        "completed": done,
+        "released": len(released),
+        "steps": steps,
+        "sim_cpu_s": wall,
+        "cost": vars(cfg.cost),
+        "net_latency": cfg.net_latency,
+        "cores": cfg.cores,
+        "cpu_scale": cfg.cpu_scale,
         "syscall_cost": cfg.syscall_cost,
-        "fs_ops_per_participant_mean": sum(per) / n, "fs_ops_max": max(per),
+        "fs_ops_per_participant_mean": sum(per) / n,
+        "fs_ops_max": max(per),
         "fs_ops_rank0": per[rank0] if rank0 is not None else None,
         "entries_per_participant_mean": sum(c["entries"] for c in counts) / n,
         "entries_rank0": counts[rank0]["entries"] if rank0 is not None else None,
         "per_kind_mean": {k: sum(c[k] for c in counts) / n for k in KINDS},
         "msgs_per_participant_mean": sum(c["msgs_in"] + c["msgs_out"] for c in counts) / n,
-        "mds_ops": mds.ops, "mds_busy_s": mds.busy,
+        "mds_ops": mds.ops,
+        "mds_busy_s": mds.busy,
         "mds_peak_ops_per_s": max(mds.per_second.values()) if mds.per_second else 0,
         "generations": sorted({p.gen for p in parts if p is not None and p.gen is not None}),
     }

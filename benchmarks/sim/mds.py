@@ -1,12 +1,27 @@
 """In-memory shared filesystem with a metadata-server (MDS) cost model, as a :class:`fsmingle.store.Store`."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from fsmingle.store import Store
 
-KINDS = ("create", "open", "readdir", "entries", "read", "write", "fsync", "stat", "rename", "link",
-         "unlink", "mkdir", "rmdir", "close")
+KINDS = (
+    "create",
+    "open",
+    "readdir",
+    "entries",
+    "read",
+    "write",
+    "fsync",
+    "stat",
+    "rename",
+    "link",
+    "unlink",
+    "mkdir",
+    "rmdir",
+    "close",
+)
 #: Operations the server sees (close and entries are not requests of their own).
 SERVER_KINDS = tuple(k for k in KINDS if k not in ("entries", "close"))
 

@@ -5,16 +5,17 @@ receiver (the engine's ``wake``).  Connecting costs one round trip.  Pings are n
 nothing fails in the simulated scenario, so ``silent_for`` is 0 on an open connection (the real
 channel pings every ``ping_interval`` of quiet; :func:`ping_messages` counts them analytically).
 """
+
 from __future__ import annotations
 
 from fsmingle.channel import EventKind, HubEvent, Outcome, Transport
 
 
 class SimHub:
-    def __init__(self, net: "SimNet", owner: int, addr: str, port: int):
+    def __init__(self, net: SimNet, owner: int, addr: str, port: int):
         self.net, self.owner, self.addr, self.port = net, owner, addr, port
         self.inbox: list[tuple[float, HubEvent]] = []
-        self.links: dict[int, "SimLink"] = {}
+        self.links: dict[int, SimLink] = {}
         self.closed = False
         self.last_delivery = 0.0
 
@@ -66,7 +67,7 @@ class SimHub:
 
 
 class SimLink:
-    def __init__(self, net: "SimNet", owner: int, hub: SimHub, conn: int):
+    def __init__(self, net: SimNet, owner: int, hub: SimHub, conn: int):
         self.net, self.owner, self.hub, self.conn = net, owner, hub, conn
         self.inbox: list[tuple[float, dict]] = []
         self._lost, self._why = False, ""
@@ -116,7 +117,7 @@ class SimLink:
 
 
 class SimTransport(Transport):
-    def __init__(self, net: "SimNet", owner: int):
+    def __init__(self, net: SimNet, owner: int):
         self.net, self.owner = net, owner
 
     def listen(self, addr: str, port: int, size: int) -> SimHub:

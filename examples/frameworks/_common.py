@@ -11,8 +11,20 @@ def write_result(out: str | None, rank: int, **fields) -> None:
     if not out:
         return
     os.makedirs(out, exist_ok=True)
-    env = {k: os.environ.get(k) for k in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK",
-                                          "NODE_RANK", "NNODES", "FSMINGLE_JOB_ID", "FSMINGLE_GENERATION")}
+    env = {
+        k: os.environ.get(k)
+        for k in (
+            "MASTER_ADDR",
+            "MASTER_PORT",
+            "RANK",
+            "WORLD_SIZE",
+            "LOCAL_RANK",
+            "NODE_RANK",
+            "NNODES",
+            "FSMINGLE_JOB_ID",
+            "FSMINGLE_GENERATION",
+        )
+    }
     data = dict(rank=rank, env=env, **fields)
     tmp = os.path.join(out, f".rank{rank}.json.tmp")
     with open(tmp, "w") as f:

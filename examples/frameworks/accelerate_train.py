@@ -28,7 +28,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import write_result  # noqa: E402
+from _common import write_result
 
 
 def main() -> int:
@@ -52,10 +52,19 @@ def main() -> int:
     total = acc.reduce(torch.tensor([float(acc.process_index)], device=acc.device), reduction="sum")
     params = torch.cat([p.detach().flatten().cpu() for p in acc.unwrap_model(model).parameters()])
     digest = hashlib.sha256(params.double().numpy().tobytes()).hexdigest()[:16]
-    print(f"accelerate: process {acc.process_index}/{acc.num_processes} local {acc.local_process_index} "
-          f"{acc.distributed_type} sum of ranks {total.item():g} weights {digest}", flush=True)
-    write_result(args.out, acc.process_index, world_size=acc.num_processes, distributed_type=str(acc.distributed_type),
-                 sum=total.item(), digest=digest)
+    print(
+        f"accelerate: process {acc.process_index}/{acc.num_processes} local {acc.local_process_index} "
+        f"{acc.distributed_type} sum of ranks {total.item():g} weights {digest}",
+        flush=True,
+    )
+    write_result(
+        args.out,
+        acc.process_index,
+        world_size=acc.num_processes,
+        distributed_type=str(acc.distributed_type),
+        sum=total.item(),
+        digest=digest,
+    )
     acc.wait_for_everyone()
     acc.end_training()  # destroys the process group
     return 0

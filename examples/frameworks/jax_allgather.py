@@ -22,7 +22,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import write_result  # noqa: E402
+from _common import write_result
 
 
 def main() -> int:
@@ -46,10 +46,19 @@ def main() -> int:
     jax.distributed.initialize(coordinator_address=f"{addr}:{port}", num_processes=world, process_id=rank)
     ids = multihost_utils.process_allgather(jnp.array([jax.process_index()]))
     gathered = [int(i) for i in ids.reshape(-1)]
-    print(f"jax: process {jax.process_index()}/{jax.process_count()} devices {jax.device_count()} "
-          f"(local {jax.local_device_count()}) allgather {gathered}", flush=True)
-    write_result(args.out, rank, world_size=jax.process_count(), process_index=jax.process_index(),
-                 device_count=jax.device_count(), allgather=gathered)
+    print(
+        f"jax: process {jax.process_index()}/{jax.process_count()} devices {jax.device_count()} "
+        f"(local {jax.local_device_count()}) allgather {gathered}",
+        flush=True,
+    )
+    write_result(
+        args.out,
+        rank,
+        world_size=jax.process_count(),
+        process_index=jax.process_index(),
+        device_count=jax.device_count(),
+        allgather=gathered,
+    )
     jax.distributed.shutdown()
     return 0 if jax.process_count() == world and gathered == list(range(world)) else 1
 

@@ -31,7 +31,7 @@ except ImportError:  # pragma: no cover - the standalone package
     import pytorch_lightning as pl  # pip install pytorch-lightning
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import write_result  # noqa: E402
+from _common import write_result
 
 
 class Tiny(pl.LightningModule):
@@ -58,8 +58,14 @@ def main() -> int:
     x = torch.randn(64, 8)
     y = x.sum(dim=1, keepdim=True)
     trainer = pl.Trainer(
-        accelerator="cpu", devices=args.devices, num_nodes=int(os.environ.get("NNODES", "1")), strategy="ddp",
-        max_epochs=args.epochs, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        accelerator="cpu",
+        devices=args.devices,
+        num_nodes=int(os.environ.get("NNODES", "1")),
+        strategy="ddp",
+        max_epochs=args.epochs,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
         enable_model_summary=False,
     )
     model = Tiny()
@@ -67,10 +73,19 @@ def main() -> int:
     params = torch.cat([p.detach().flatten() for p in model.parameters()])
     digest = hashlib.sha256(params.double().numpy().tobytes()).hexdigest()[:16]
     env = type(trainer.strategy.cluster_environment).__name__
-    print(f"lightning: global_rank {trainer.global_rank}/{trainer.world_size} node_rank {trainer.node_rank} "
-          f"environment {env} weights {digest}", flush=True)
-    write_result(args.out, trainer.global_rank, world_size=trainer.world_size, node_rank=trainer.node_rank,
-                 cluster_environment=env, digest=digest)
+    print(
+        f"lightning: global_rank {trainer.global_rank}/{trainer.world_size} node_rank {trainer.node_rank} "
+        f"environment {env} weights {digest}",
+        flush=True,
+    )
+    write_result(
+        args.out,
+        trainer.global_rank,
+        world_size=trainer.world_size,
+        node_rank=trainer.node_rank,
+        cluster_environment=env,
+        digest=digest,
+    )
     return 0
 
 

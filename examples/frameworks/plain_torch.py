@@ -23,7 +23,7 @@ import torch.distributed as dist
 import fsmingle
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import write_result  # noqa: E402
+from _common import write_result
 
 
 def main() -> int:
@@ -37,13 +37,23 @@ def main() -> int:
     ap.add_argument("--out", help="directory for rank<R>.json results")
     args = ap.parse_args()
 
-    r = fsmingle.init_process_group("gloo", dir=args.dir, job_id=args.job_id, world_size=args.world_size,
-                                    rank=args.rank, addr=args.addr, timeout=args.timeout)
+    r = fsmingle.init_process_group(
+        "gloo",
+        dir=args.dir,
+        job_id=args.job_id,
+        world_size=args.world_size,
+        rank=args.rank,
+        addr=args.addr,
+        timeout=args.timeout,
+    )
     t = torch.tensor([float(r.rank + 1)])
     dist.all_reduce(t)  # sum of 1..W
     world = dist.get_world_size()
-    print(f"rank {dist.get_rank()}/{world} (generation {r.generation}, master {r.master_addr}:{r.master_port}): "
-          f"all_reduce = {t.item():g}", flush=True)
+    print(
+        f"rank {dist.get_rank()}/{world} (generation {r.generation}, master {r.master_addr}:{r.master_port}): "
+        f"all_reduce = {t.item():g}",
+        flush=True,
+    )
     write_result(args.out, r.rank, world_size=world, sum=t.item(), generation=r.generation)
     dist.barrier()
     dist.destroy_process_group()
