@@ -125,6 +125,12 @@ def inspect(store: Store, g: int, stale_after: float = 0.0, clock=time, warnings
     return GenerationInfo(g, state, rel, list(beacons.values()), alive, claims)
 
 
+def _made_ahead(store: Store, gens: list[int]) -> bool:
+    """True if the newest generation follows a decided one: made ahead by its decider
+    (``Participant.prepare_next``), where the next run will meet."""
+    return len(gens) > 1 and gens[-2] == gens[-1] - 1 and inspect(store, gens[-2]).state in ("released", "restart")
+
+
 def clean_job(
     store: Store, *, keep_decided: int = 1, stale_after: float = 0.0, dry_run: bool = False, below: int | None = None
 ) -> list[tuple[int, str]]:
@@ -156,6 +162,8 @@ def clean_job(
             decided.append(g)
             if len(decided) > keep_decided:
                 out.append((g, f"{info.state} generation"))
+        elif info.state == "empty" and g == gens[-1] and below is None and _made_ahead(store, gens):
+            continue  # the next generation, made ahead by whoever decided the last one: not stale
         elif info.state in ("stale", "empty") or (stale_after > 0 and inspect(store, g, stale_after).state == "stale"):
             out.append((g, "no live participants"))
     if not dry_run:

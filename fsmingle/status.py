@@ -10,6 +10,7 @@ import time
 from .cleanup import generations, inspect
 from .config import validate_job_id
 from .errors import ConfigError, FsmingleError, StorageError
+from .layout import MASTER_DIR, gen_name
 from .progress import WarnOnce
 from .store import PosixStore, check_owned_dir
 
@@ -34,6 +35,19 @@ def judge(alive_here: bool | None, heartbeat_age: float, stale_after: float) -> 
     return "alive" if heartbeat_age < stale_after else "stale"
 
 
+def newest_started(store: PosixStore, gens: list[int]) -> int:
+    """The newest generation anyone entered.
+
+    The participant that decides a generation makes the next one first (so that
+    nobody looks its name up before it exists, see ``Participant.prepare_next``):
+    an empty newest generation is "next, not started", not news.
+    """
+    for g in reversed(gens):
+        if any(n != MASTER_DIR for n in store.listdir(gen_name(g))):
+            return g
+    return gens[-1]
+
+
 def job_summary(base: str, job: str, stale_after: float = 30.0, warnings: WarnOnce | None = None) -> dict:
     """A JSON-ready description of one job's newest generation and its participants.
 
@@ -54,7 +68,7 @@ def job_summary(base: str, job: str, stale_after: float = 30.0, warnings: WarnOn
             "release": None,
             "generations": [],
         }
-    g = gens[-1]
+    g = newest_started(store, gens)
     info = inspect(store, g, stale_after=0.0, warnings=warnings)
     now = time.time()
     parts = []

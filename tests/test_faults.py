@@ -532,10 +532,11 @@ def _gen_names(d, job=JOB):
 
 
 def test_clean_never_touches_live_generations(procs, d):
-    # three runs: generations 1-3 released (the participants' own cleaner retires generation 1)
+    # three runs: generations 1-3 released (the participants' own cleaner retires generation 1);
+    # generation 4 was made ahead, empty, by the decider of generation 3 (the next run meets there)
     for _run in range(3):
         results([procs.env(d, JOB, "--nnodes", 2, timeout=40, stale_after=3) for _ in range(2)], timeout=30)
-    assert _gen_names(d)[-1] == "gen-00000003"
+    assert _gen_names(d)[-2:] == ["gen-00000003", "gen-00000004"]
     assert "gen-00000002" in _gen_names(d)
     before = _gen_names(d)
     rc, out, err = procs.cli("clean", "--dir", d, "--dry-run")
@@ -543,9 +544,10 @@ def test_clean_never_touches_live_generations(procs, d):
     assert _gen_names(d) == before, "--dry-run removed something"
     assert f"would remove {JOB}/gen-00000002: released generation" in out, out
     assert "gen-00000003" not in out, "the newest decided generation is kept"
+    assert "gen-00000004" not in out, "the generation made ahead for the next run is kept"
     rc, out, err = procs.cli("clean", "--dir", d, JOB)
     assert rc == 0 and f"removed {JOB}/gen-00000002" in out, out + err
-    assert _gen_names(d) == ["gen-00000003"]
+    assert _gen_names(d) == ["gen-00000003", "gen-00000004"]
 
     # a live participant waits in generation 4; an empty generation 5 appears above it
     waiter = procs.env(d, JOB, "--nnodes", 2, "--node-rank", 0, timeout=40, stale_after=3, name="waiter")
