@@ -386,6 +386,10 @@ class Participant(GenerationReader, OutsideWorld):
         gens = [int(m.group(1)) for m in map(GEN_RE.match, names) if m]
         g = max([*gens, self.left + 1, 1])
         created = False
+        if g - 1 in gens and g - 1 > self.left:
+            # The newest generation was made ahead by the decider of the one before it:
+            # say so if that one was released (a late participant, or a re-run).
+            self._note_released(g - 1, self.read_release(g - 1))
         while True:
             if g > MAX_GENERATION:
                 raise CorruptStateError(f"job {self.job_id} exhausted generation numbers; run `fsmingle clean`")
@@ -397,11 +401,7 @@ class Participant(GenerationReader, OutsideWorld):
             rel = self.read_release(g)
             if rel is None:
                 break
-            if isinstance(rel, Release) and rel.state == "released":
-                self.set_note(
-                    f"generation {g} was already released to {rel.size} participant(s) before this one "
-                    f"arrived; waiting in generation {g + 1} (a late participant, or a re-run)"
-                )
+            self._note_released(g, rel)
             g += 1
         self.gen = g
         self._reset_gen_state()
@@ -415,6 +415,13 @@ class Participant(GenerationReader, OutsideWorld):
         self._enoent_since = None
         self.emit()
         return self._claim()
+
+    def _note_released(self, g: int, rel) -> None:
+        if isinstance(rel, Release) and rel.state == "released":
+            self.set_note(
+                f"generation {g} was already released to {rel.size} participant(s) before this one "
+                f"arrived; waiting in generation {g + 1} (a late participant, or a re-run)"
+            )
 
     def _ensure_hub(self) -> None:
         if self.hub is None:
