@@ -22,7 +22,7 @@ import filelock
 
 from .errors import RecordError
 from .hostinfo import local_process_alive, this_process
-from .protocol import CLAIM_RE, GEN_RE, gen_name, release_name
+from .layout import CLAIM_RE, GEN_RE, gen_name, release_name
 from .records import Beacon, Release, decode
 from .store import PosixStore, Store
 

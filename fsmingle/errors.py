@@ -51,7 +51,7 @@ class ConfigError(FsmingleError, ValueError):
     """
 
     exit_code = 3
-    meaning: str = "invalid value (job id, nnodes, rank, port, address, interface, option combination), or participants that disagree on the world size"
+    meaning: str = "invalid value (job id, nnodes, rank, port, address, interface, option combination)"
 
 
 class UnsafeDirectoryError(FsmingleError, PermissionError):

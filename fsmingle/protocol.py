@@ -39,42 +39,33 @@ The rules (``docs/protocol.md`` gives the reason for each):
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import random
 from collections.abc import Callable
 
 from .decision import Placement
 from .errors import (
-    ConfigError,
-    CorruptStateError,
     FsmingleError,
-    RecordError,
     RendezvousTimeoutError,
 )
 from .genreader import GenerationReader
+from .joining import Joining
 from .layout import (
-    GEN_RE,
-    MAX_GENERATION,
     beacon_name,
-    claim_name,
-    claimed_ranks,
     gen_name,
     master_dir,
-    ranges,
     release_name,
 )
+from .leaving import Leaving
 from .liveness import Judge
 from .outside import OutsideWorld
-from .records import Beacon, Claim, HostId, Release, encode
+from .records import Beacon, HostId, Release, encode
 from .states import Progress, State
 from .store import Store
 from .timing import Clock, SystemClock, Timing
 
 log = logging.getLogger("fsmingle")
 
-SPREAD_ABOVE = 32  # free ranks above which first-come claimers spread by instance hash
-BLIND_GUESSES = 3  # hash-drawn claim attempts before a first-come joiner lists a big generation
 
 # Re-exported for callers of v1 (cleanup, status, tests).
 from .layout import CLAIM_RE, RELEASE  # noqa: E402,F401
@@ -82,7 +73,7 @@ from .layout import CLAIM_RE, RELEASE  # noqa: E402,F401
 __all__ = ["Participant", "Progress", "State", "SystemClock", "Timing", "Clock"]
 
 
-class Participant(GenerationReader, OutsideWorld):
+class Participant(Joining, Leaving, GenerationReader, OutsideWorld):
     """One participant's side of the protocol, driven by :meth:`step` (or :meth:`run`).
 
     Args:
@@ -381,115 +372,6 @@ class Participant(GenerationReader, OutsideWorld):
         self.delay = self.timing.poll_min
         self._enoent_since = None
 
-    def _step_join(self) -> Placement | None:
-        names = self.store.listdir("")
-        gens = [int(m.group(1)) for m in map(GEN_RE.match, names) if m]
-        g = max([*gens, self.left + 1, 1])
-        created = False
-        if g - 1 in gens and g - 1 > self.left:
-            # The newest generation was made ahead by the decider of the one before it:
-            # say so if that one was released (a late participant, or a re-run).
-            self._note_released(g - 1, self.read_release(g - 1))
-        while True:
-            if g > MAX_GENERATION:
-                raise CorruptStateError(f"job {self.job_id} exhausted generation numbers; run `fsmingle clean`")
-            # mkdir before any lookup of the name: a name looked up before it
-            # exists can stay "absent" in a negative cache (GlusterFS nl-cache:
-            # 61 s measured).  mkdir goes to the server and is exclusive.
-            created = self.store.mkdir(gen_name(g))
-            self.store.mkdir(master_dir(g))
-            rel = self.read_release(g)
-            if rel is None:
-                break
-            self._note_released(g, rel)
-            g += 1
-        self.gen = g
-        self._reset_gen_state()
-        self.rank = None
-        if created and self.cleaner is not None:
-            try:
-                self.cleaner(g)
-            except FsmingleError as e:  # cleaning is a courtesy; never fail a join over it
-                log.warning("could not clean old generations: %s", e)
-        self.publish_beacon()
-        self._enoent_since = None
-        self.emit()
-        return self._claim()
-
-    def _note_released(self, g: int, rel) -> None:
-        if isinstance(rel, Release) and rel.state == "released":
-            self.set_note(
-                f"generation {g} was already released to {rel.size} participant(s) before this one "
-                f"arrived; waiting in generation {g + 1} (a late participant, or a re-run)"
-            )
-
-    def _ensure_hub(self) -> None:
-        if self.hub is None:
-            self.hub = self.transport.listen(self.addr, self.master_port_wanted or 0, self.size)
-
-    def _claim(self) -> Placement | None:
-        if self.want_rank is not None:
-            r = self.want_rank
-            if r == 0:
-                self._ensure_hub()  # fail on a busy --port before claiming anything
-            if self._try_claim(r):
-                return self._hold(r)
-            self.state = State.CONTEST
-            self.contest_holder = self.read_claim(r)
-            self.set_note(f"rank {r} is already claimed in generation {self.gen}; checking whether its holder is alive")
-            return self._step_contesting()
-        if self.size > SPREAD_ABOVE:
-            # Big worlds: first a few guesses drawn from our instance hash, without
-            # listing the generation (a listing is O(N) entries for every joiner, O(N^2)
-            # in all).  Only after BLIND_GUESSES collisions -- a mostly full world --
-            # list it and take a free rank.
-            for i in range(BLIND_GUESSES):
-                r = int(hashlib.sha1(f"{self.instance}:{i}".encode()).hexdigest(), 16) % self.size
-                if self._claim_one(r):
-                    return self._hold(r)
-        taken = set(claimed_ranks(self.store.listdir(gen_name(self.gen))))
-        free = [r for r in range(self.size) if r not in taken]
-        rest = [r for r in free if r != 0]
-        # Rank 0 first if free: the master is what everyone waits for.  Small
-        # worlds fill ranks in order (what users expect to see).  In big ones
-        # each joiner starts at a place given by its instance hash, so N
-        # simultaneous joiners spread over the free ranks instead of all racing
-        # for the lowest one (O(N) link() attempts in all, not O(N^2)).
-        k = int(hashlib.sha1(self.instance.encode()).hexdigest(), 16) % len(rest) if len(rest) > SPREAD_ABOVE else 0
-        order = ([0] if 0 in free else []) + rest[k:] + rest[:k]
-        for r in order:
-            if self._claim_one(r):
-                return self._hold(r)
-        self.state = State.WORLD_FULL
-        self.set_note(f"all {self.size} ranks of generation {self.gen} are claimed; watching their holders")
-        return None
-
-    def _claim_one(self, r: int) -> bool:
-        """Try to claim rank ``r`` first-come; rank 0 opens the master port first."""
-        if r == 0:
-            try:
-                self._ensure_hub()
-            except ConfigError:
-                # --port busy on this host: most likely a first-come peer on
-                # this node is about to take rank 0 with it; try another rank.
-                if self.size == 1:
-                    raise
-                return False
-        if self._try_claim(r):
-            return True
-        if r == 0 and self.hub is not None:
-            self.hub.close()
-            self.hub = None
-        return False
-
-    def _try_claim(self, r: int) -> bool:
-        if self.store.create(claim_name(self.gen, r), encode(Claim(r, self.instance))):
-            self.claims[r] = self.instance
-            return True
-        # EEXIST: maybe ours -- link() can report failure after succeeding (a
-        # retransmitted NFS request whose first reply was lost).  Read it back.
-        return self.read_claim(r) == self.instance
-
     def _hold(self, r: int) -> Placement | None:
         from .coordinator import Coordinator
         from .member import Member
@@ -522,135 +404,6 @@ class Participant(GenerationReader, OutsideWorld):
             self.hub.close()  # torch binds this port next
             self.hub = None
         return placement
-
-    def decision_for_me(self, rel: Release) -> Placement | None:
-        """My placement in a released record, or None if it does not name this instance at this rank."""
-        from .decision import placements
-
-        if rel.state != "released":
-            return None
-        mine = [k for k, m in enumerate(rel.members) if m.instance == self.instance]
-        if not mine:
-            return None
-        self.released_members = tuple([m.host.hostname, m.addr, m.arrival] for m in rel.members)
-        return placements(list(rel.members), rel.mode, rel.master_port, rel.generation)[mine[0]]
-
-    def enter_deciding(self, why: str) -> None:
-        """We acknowledged a release and lost rank 0 before its go: read the decision until it shows."""
-        self.state = State.DECIDING
-        self.set_note(f"lost rank 0 after acknowledging the release ({why}); reading generation {self.gen}'s decision")
-        if self.role is not None:
-            self.role.close()
-            self.role = None
-
-    def _step_deciding(self) -> Placement | None:
-        rel = self.read_release(self.gen)
-        now = self.clock.monotonic()
-        if isinstance(rel, RecordError):
-            self._bad_release(now)
-            return None
-        if isinstance(rel, Release):
-            rel = self.with_members(rel)
-        if isinstance(rel, RecordError):
-            self._bad_release(now)
-            return None
-        if rel is None:
-            return None  # exists (our void lost the race) but not visible here yet: read again
-        self.release_bad_since = None
-        mine = self.decision_for_me(rel)
-        if mine is not None:
-            return self._done(mine)
-        self.set_note(f"generation {self.gen} voided: {rel.reason or 'released without this participant'}")
-        self.rejoin()
-        return None
-
-    def _bad_release(self, now: float) -> None:
-        if self.release_bad_since is None:
-            self.release_bad_since = now
-        elif now - self.release_bad_since >= self.timing.stale_after:
-            raise CorruptStateError(
-                f"{self.store_path(release_name(self.gen))} has stayed unusable for "
-                f"{self.timing.stale_after:.0f} s (see the warning above); remove it or run "
-                f"`fsmingle clean --dir ... {self.job_id}` and start again"
-            )
-
-    # ------------------------------------------------------------------ leaving
-    def _on_timeout(self) -> Placement | None:
-        if self.state is State.DECIDING and not self._grace:
-            # A decision exists that our (cached) view cannot show yet: it may
-            # name us.  Keep reading it for stale_after more seconds instead of
-            # leaving a world that is about to start with us in it.
-            self._grace = True
-            self.deadline = self.clock.monotonic() + self.timing.stale_after
-            log.info(
-                "deadline passed, but generation %d has a decision this node cannot read yet; "
-                "waiting up to %g s for it",
-                self.gen,
-                self.timing.stale_after,
-            )
-            return None
-        why = self.role.missing_description() if self.role is not None else None
-        placement = self.withdraw(f"rank {self.rank} timed out after {self.timeout:g} s")
-        if placement is not None:
-            return placement
-        if self.state is State.DECIDING or why is None:
-            missing = self.missing_hint
-            who = "node ranks" if self.mode == "node" else "ranks"
-            if self.state is State.DECIDING:
-                why = (
-                    f"generation {self.gen} has a decision this node could not read within "
-                    f"{self.timing.stale_after:g} s (filesystem caches?)"
-                )
-            elif missing:
-                missing = [r for r in missing if r not in self.ever_present] or missing
-                why = (
-                    f"missing {who} {ranges(missing)} ({len(missing)} of {self.size})"
-                    if len(missing) <= 64
-                    else f"{len(missing)} of {self.size} {who} missing"
-                )
-            else:
-                why = f"no complete world of {self.size} formed"
-        note = f"; {self.note}" if self.note else ""
-        raise RendezvousTimeoutError(
-            f"rendezvous for job {self.job_id} timed out after {self.timeout:g} s in generation {self.gen}: "
-            f"{why}{note}. Directory: {self.store_path(gen_name(self.gen) if self.gen else '')}. "
-            "Start the missing participants with the same --dir and --job-id (or raise --timeout); "
-            "the directory is left ready for a retry",
-            missing=list(self.missing_hint or []),
-            present=len(self.present or ()),
-        )
-
-    def withdraw(self, reason: str) -> Placement | None:
-        """Leave the rendezvous (timeout, interrupt): void our generation so others regroup.
-
-        Returns:
-            Placement | None: this participant's placement if it turned out to
-            be released already (rank 0 committed after our acknowledgement).
-        """
-        acked = self.state is State.DECIDING or (self.role is not None and getattr(self.role, "acked", False))
-        if self.role is not None:
-            self.role.leaving(f"{reason}; it left")
-            self.role.close()  # rank 0 sees the connection drop (and voids) at once
-            self.role = None
-        if self.hub is not None:
-            self.hub.close()
-            self.hub = None
-        if self.gen is None or self.state in (State.DONE, State.FAILED):
-            return self.result
-        try:
-            if self.rank is not None:
-                if not self.void(f"{reason}; it left") and acked:
-                    rel = self.read_release(self.gen)
-                    rel = self.with_members(rel) if isinstance(rel, Release) else rel
-                    mine = self.decision_for_me(rel) if isinstance(rel, Release) else None
-                    if mine is not None:
-                        self.result, self.state = mine, State.DONE
-                        return mine
-            self.store.remove(beacon_name(self.gen, self.instance))
-        except (OSError, FsmingleError) as e:
-            log.warning("could not withdraw cleanly: %s", e)
-        self.state = State.FAILED
-        return None
 
     def run(self) -> Placement:
         """Step until released; the blocking form of :meth:`step`.

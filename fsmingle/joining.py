@@ -1,0 +1,137 @@
+"""Joining: choosing the generation to join and claiming a rank in it (mixed into ``Participant``).
+
+Rules (``docs/protocol.md``): a decided generation is never joined; directories are made with
+``mkdir`` before anyone looks their names up (a name looked up too early stays "absent" in a
+negative lookup cache: GlusterFS nl-cache 61 s); a claim is a ``link()`` of a complete file,
+read back after EEXIST (a lost reply to a retransmitted LINK, nfs(5)); first-come joiners of big
+worlds spread by instance hash instead of herding on the lowest free rank.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+
+from .decision import Placement
+from .errors import ConfigError, CorruptStateError, FsmingleError
+from .layout import GEN_RE, MAX_GENERATION, claim_name, claimed_ranks, gen_name, master_dir
+from .records import Claim, Release, encode
+from .states import State
+
+log = logging.getLogger("fsmingle")
+
+SPREAD_ABOVE = 32  # free ranks above which first-come claimers spread by instance hash
+BLIND_GUESSES = 3  # hash-drawn claim attempts before a first-come joiner lists a big generation
+
+
+class Joining:
+    """JOIN: pick the generation, publish the beacon, claim a rank (see the module doc)."""
+
+    def _step_join(self) -> Placement | None:
+        names = self.store.listdir("")
+        gens = [int(m.group(1)) for m in map(GEN_RE.match, names) if m]
+        g = max([*gens, self.left + 1, 1])
+        created = False
+        if g - 1 in gens and g - 1 > self.left:
+            # The newest generation was made ahead by the decider of the one before it:
+            # say so if that one was released (a late participant, or a re-run).
+            self._note_released(g - 1, self.read_release(g - 1))
+        while True:
+            if g > MAX_GENERATION:
+                raise CorruptStateError(f"job {self.job_id} exhausted generation numbers; run `fsmingle clean`")
+            # mkdir before any lookup of the name: a name looked up before it
+            # exists can stay "absent" in a negative cache (GlusterFS nl-cache:
+            # 61 s measured).  mkdir goes to the server and is exclusive.
+            created = self.store.mkdir(gen_name(g))
+            self.store.mkdir(master_dir(g))
+            rel = self.read_release(g)
+            if rel is None:
+                break
+            self._note_released(g, rel)
+            g += 1
+        self.gen = g
+        self._reset_gen_state()
+        self.rank = None
+        if created and self.cleaner is not None:
+            try:
+                self.cleaner(g)
+            except FsmingleError as e:  # cleaning is a courtesy; never fail a join over it
+                log.warning("could not clean old generations: %s", e)
+        self.publish_beacon()
+        self._enoent_since = None
+        self.emit()
+        return self._claim()
+
+    def _note_released(self, g: int, rel) -> None:
+        if isinstance(rel, Release) and rel.state == "released":
+            self.set_note(
+                f"generation {g} was already released to {rel.size} participant(s) before this one "
+                f"arrived; waiting in generation {g + 1} (a late participant, or a re-run)"
+            )
+
+    def _ensure_hub(self) -> None:
+        if self.hub is None:
+            self.hub = self.transport.listen(self.addr, self.master_port_wanted or 0, self.size)
+
+    def _claim(self) -> Placement | None:
+        if self.want_rank is not None:
+            r = self.want_rank
+            if r == 0:
+                self._ensure_hub()  # fail on a busy --port before claiming anything
+            if self._try_claim(r):
+                return self._hold(r)
+            self.state = State.CONTEST
+            self.contest_holder = self.read_claim(r)
+            self.set_note(f"rank {r} is already claimed in generation {self.gen}; checking whether its holder is alive")
+            return self._step_contesting()
+        if self.size > SPREAD_ABOVE:
+            # Big worlds: first a few guesses drawn from our instance hash, without
+            # listing the generation (a listing is O(N) entries for every joiner, O(N^2)
+            # in all).  Only after BLIND_GUESSES collisions -- a mostly full world --
+            # list it and take a free rank.
+            for i in range(BLIND_GUESSES):
+                r = int(hashlib.sha1(f"{self.instance}:{i}".encode()).hexdigest(), 16) % self.size
+                if self._claim_one(r):
+                    return self._hold(r)
+        taken = set(claimed_ranks(self.store.listdir(gen_name(self.gen))))
+        free = [r for r in range(self.size) if r not in taken]
+        rest = [r for r in free if r != 0]
+        # Rank 0 first if free: the master is what everyone waits for.  Small
+        # worlds fill ranks in order (what users expect to see).  In big ones
+        # each joiner starts at a place given by its instance hash, so N
+        # simultaneous joiners spread over the free ranks instead of all racing
+        # for the lowest one (O(N) link() attempts in all, not O(N^2)).
+        k = int(hashlib.sha1(self.instance.encode()).hexdigest(), 16) % len(rest) if len(rest) > SPREAD_ABOVE else 0
+        order = ([0] if 0 in free else []) + rest[k:] + rest[:k]
+        for r in order:
+            if self._claim_one(r):
+                return self._hold(r)
+        self.state = State.WORLD_FULL
+        self.set_note(f"all {self.size} ranks of generation {self.gen} are claimed; watching their holders")
+        return None
+
+    def _claim_one(self, r: int) -> bool:
+        """Try to claim rank ``r`` first-come; rank 0 opens the master port first."""
+        if r == 0:
+            try:
+                self._ensure_hub()
+            except ConfigError:
+                # --port busy on this host: most likely a first-come peer on
+                # this node is about to take rank 0 with it; try another rank.
+                if self.size == 1:
+                    raise
+                return False
+        if self._try_claim(r):
+            return True
+        if r == 0 and self.hub is not None:
+            self.hub.close()
+            self.hub = None
+        return False
+
+    def _try_claim(self, r: int) -> bool:
+        if self.store.create(claim_name(self.gen, r), encode(Claim(r, self.instance))):
+            self.claims[r] = self.instance
+            return True
+        # EEXIST: maybe ours -- link() can report failure after succeeding (a
+        # retransmitted NFS request whose first reply was lost).  Read it back.
+        return self.read_claim(r) == self.instance
