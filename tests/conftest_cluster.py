@@ -7,37 +7,7 @@ Fixtures: make_cluster, cluster, make_slurm, slurm_cluster, slurm_cluster_module
 ``Cluster(fs=...)`` picks bindfs or a real filesystem from ``FILESYSTEMS``).
 """
 
-try:
-    from cluster import (
-        FILESYSTEMS,
-        PYTHON_BIN,
-        Cluster,
-        Host,
-        JobResult,
-        SlurmCluster,
-        cluster,
-        make_cluster,
-        make_slurm,
-        missing_capabilities,
-        require_capabilities,
-        slurm_cluster,
-        slurm_cluster_module,
-    )
-except ImportError:  # tests/ imported as a package
-    from tests.cluster import (  # noqa: F401
-        FILESYSTEMS,
-        PYTHON_BIN,
-        Cluster,
-        Host,
-        JobResult,
-        SlurmCluster,
-        cluster,
-        make_cluster,
-        make_slurm,
-        missing_capabilities,
-        require_capabilities,
-        slurm_cluster,
-        slurm_cluster_module,
-    )
+# tests/ is on sys.path (tests/conftest.py puts it there), so the harness imports by its own name.
+from cluster import cluster, make_cluster, make_slurm, slurm_cluster, slurm_cluster_module
 
 __all__ = ["make_cluster", "cluster", "make_slurm", "slurm_cluster", "slurm_cluster_module"]
