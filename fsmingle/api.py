@@ -21,7 +21,6 @@ from .fscheck import require_claimable
 from .hostinfo import local_process_alive, this_process
 from .netaddr import choose_address
 from .protocol import Participant, SystemClock, Timing
-from .records import Release
 from .store import open_job_dir
 
 log = logging.getLogger("fsmingle")
@@ -105,48 +104,6 @@ class Rendezvous:
             local_rank=pl.local_rank,
             local_world_size=pl.local_world_size,
             **world,
-        )
-
-    @classmethod
-    def from_release(cls, rel: Release, rank: int, dir: str = "") -> Rendezvous:
-        """Build the result for the member at ``rank`` of a released record."""
-        addrs = tuple(m.addr for m in rel.members)
-        if rel.mode == "node":
-            return cls(
-                rel.master_addr,
-                rel.master_port,
-                rank,
-                rel.size,
-                rel.job_id,
-                rel.generation,
-                "node",
-                members=addrs,
-                dir=dir,
-            )
-
-        def host_key(m):
-            return (m.host.boot_id, m.host.hostname, m.addr)
-
-        hosts: list = []
-        for m in rel.members:
-            if host_key(m) not in hosts:
-                hosts.append(host_key(m))
-        mine = host_key(rel.members[rank])
-        same = [m.rank for m in rel.members if host_key(m) == mine]
-        return cls(
-            rel.master_addr,
-            rel.master_port,
-            hosts.index(mine),
-            len(hosts),
-            rel.job_id,
-            rel.generation,
-            "rank",
-            rank=rank,
-            world_size=rel.size,
-            local_rank=same.index(rank),
-            local_world_size=len(same),
-            members=addrs,
-            dir=dir,
         )
 
     def as_dict(self) -> dict:

@@ -16,23 +16,10 @@ import logging
 import sys
 import time
 
-from .protocol import Progress
+from .layout import ranges
+from .states import Progress
 
 log = logging.getLogger("fsmingle")
-
-
-def _ranges(ranks: list[int]) -> str:
-    """``[0, 1, 2, 5]`` -> ``"0-2, 5"``."""
-    out: list[str] = []
-    ranks = sorted(ranks)
-    i = 0
-    while i < len(ranks):
-        j = i
-        while j + 1 < len(ranks) and ranks[j + 1] == ranks[j] + 1:
-            j += 1
-        out.append(str(ranks[i]) if i == j else f"{ranks[i]}-{ranks[j]}" if j > i + 1 else f"{ranks[i]}, {ranks[j]}")
-        i = j + 1
-    return ", ".join(out)
 
 
 def fmt_duration(seconds: float) -> str:
@@ -54,7 +41,7 @@ def describe(p: Progress) -> str:
         waiting = "waiting"
     else:
         count = f"{len(p.present)}/{p.size} {unit}"
-        waiting = f"waiting for {who} {_ranges(list(p.missing))}" if p.missing else "complete, releasing"
+        waiting = f"waiting for {who} {ranges(list(p.missing))}" if p.missing else "complete, releasing"
         if p.missing and len(p.missing) > 16:
             waiting = f"waiting for {len(p.missing)} {who}"
     if p.state == "contesting":

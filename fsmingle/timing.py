@@ -29,8 +29,9 @@ class Timing:
         heartbeat (float | None): beacon heartbeat period; default ``stale_after / 3``.
         scan_interval (float): how often rank 0 lists its generation directory.
         status_interval (float): how often rank 0 tells members who is missing.
-        probe_timeout (float): seconds to connect to rank 0, and for a member
-            to acknowledge the release.
+        probe_timeout (float): seconds to connect to rank 0; a member has
+            ``max(probe_timeout, stale_after / 6)`` seconds to acknowledge the
+            release (three times that with ``--check-mesh``).
 
     Raises:
         ConfigError: a value is not positive, ``poll_max < poll_min``, the
