@@ -249,7 +249,15 @@ class PosixStore(Store):
             except FileExistsError:
                 # link() may report failure after succeeding (a retransmitted
                 # NFS request): a link count of 2 on our unique file is the truth.
-                return _nlink(tmp) == 2
+                if _nlink(tmp) == 2:
+                    return True
+                # Lost the race: the winner's claim is read back by name next, so
+                # make sure a negative lookup cache does not hide it (stat_existing).
+                try:
+                    stat_existing(target)
+                except FileNotFoundError:
+                    pass  # removed since (a cleaned generation): the read finds nothing either
+                return False
             except OSError as e:
                 if e.errno == errno.ENOENT:
                     raise
@@ -273,7 +281,9 @@ class PosixStore(Store):
             os.mkdir(p, 0o700)  # mkdir is atomic and exclusive on every POSIX filesystem
             return True
         except FileExistsError:
-            st = os.lstat(p)
+            # Lost a creation race (or a re-run): stat_existing, not lstat, so that a
+            # negative lookup cache cannot hide the winner's directory for a minute.
+            st = stat_existing(p)
             if not stat.S_ISDIR(st.st_mode) or st.st_uid != self._uid:
                 raise UnsafeDirectoryError(
                     f"{p} exists but is not a directory owned by you; remove it or use another --dir"
@@ -298,6 +308,44 @@ class PosixStore(Store):
             raise storage_error(e, "move aside", self.path(name)) from None
         shutil.rmtree(trash, ignore_errors=True)  # .nfs* leftovers go when their holders close
         return True
+
+
+def stat_existing(path: str, *, follow: bool = False) -> os.stat_result:
+    """``lstat`` (or ``stat``) a name the server has just said exists (a create answered EEXIST).
+
+    When this client lost a create race, the kernel looked the name up just before asking the
+    server to create it, and on GlusterFS that lookup's ENOENT stays in the client's negative
+    lookup cache (nl-cache, for ``performance.nl-cache-timeout``: 60.7 s measured on the
+    ``nfs60`` profile): the name the winner just made is "missing" by name on this client for
+    a minute, though ``mkdir`` said it exists.  So an ENOENT here is answered by one listing of
+    the parent, which the server answers and which links every listed name into the client's
+    inode table, which nl-cache consults first (``nlc_lookup`` in GlusterFS
+    ``xlators/performance/nl-cache``), then one more lookup.  Measured: the race loser's
+    ``stat`` went from ENOENT to found at once after the listing
+    (``tests/test_realfs.py::test_create_race_loser_finds_the_winners_name``).  NFS needs no
+    cure (an exclusive create skips the lookup: ``nfs_lookup`` in Linux ``fs/nfs/dir.c``), and
+    the common path costs nothing extra: the listing happens only when the lookup lied.
+
+    Args:
+        path (str): the name that exists.
+        follow (bool): follow a final symlink (``stat``) instead of ``lstat``.
+
+    Returns:
+        os.stat_result: of ``path``.
+
+    Raises:
+        FileNotFoundError: ``path`` is still missing after the listing (removed since).
+        OSError: any other error of ``stat``/``lstat``.
+    """
+    look = os.stat if follow else os.lstat
+    try:
+        return look(path)
+    except FileNotFoundError:
+        try:
+            os.listdir(os.path.dirname(path) or ".")
+        except OSError:
+            pass  # the second lookup reports what is wrong
+        return look(path)
 
 
 def _nlink(path: str) -> int:
@@ -358,10 +406,10 @@ def open_job_dir(base: str, job_id: str, *, create_base: bool = True) -> PosixSt
             os.mkdir(base, 0o700)
             # mkdir's mode is filtered by the umask; a 0700 request can only lose bits, never gain them.
         except FileExistsError:
-            pass
+            pass  # another node made it first; stat_existing below sees it even so
         except OSError as e:
             raise storage_error(e, "create directory", base) from None
-        st = os.stat(base)
+        st = stat_existing(base, follow=True)
     if not stat.S_ISDIR(st.st_mode):
         raise StorageError(f"--dir {base} is not a directory; point --dir at a directory on the shared filesystem")
     # Whoever may write to base may rename our job directory away and put their own in its
@@ -382,7 +430,15 @@ def open_job_dir(base: str, job_id: str, *, create_base: bool = True) -> PosixSt
     try:
         os.mkdir(jd, 0o700)  # owner-only: other users of shared scratch cannot plant beacons
     except FileExistsError:
-        pass
+        # Another node made it first (or a re-run): stat_existing makes sure a negative
+        # lookup cache does not hide it from this node for a minute.
+        try:
+            stat_existing(jd)
+        except FileNotFoundError:
+            raise StorageError(
+                f"job directory {jd} was removed while this node was creating it (a `fsmingle clean` "
+                "at the same moment?); start this node again"
+            ) from None
     except OSError as e:
         raise storage_error(e, "create job directory", jd) from None
     check_owned_dir(jd, what="job directory")

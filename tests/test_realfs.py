@@ -354,6 +354,49 @@ def test_late_node_after_the_release(fresh):
     _assert_named_failure(late)
 
 
+_RACE = """
+import json, sys, time
+from fsmingle.store import open_job_dir
+rdzv, job, host, t0 = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
+while time.time() < t0:  # every host starts its creates at the same instant
+    pass
+st = open_job_dir(rdzv, job, create_base=False)
+made = st.mkdir("gen-00000001")
+st.publish(f"gen-00000001/beacon-{host}", host.encode())  # by name, inside the raced directory
+won = st.create("gen-00000001/claim-0", host.encode())
+print(json.dumps({"made": made, "won": won, "holder": (st.read("gen-00000001/claim-0") or b"").decode()}))
+"""
+
+
+def test_create_race_loser_finds_the_winners_name(fresh):
+    """Hosts race to create the same job directory, generation directory and claim file; every
+    loser must find the winner's names at once.  On GlusterFS nfs60 a loser's lookup otherwise
+    stays ENOENT for 61 s (its pre-create lookup is in nl-cache), which split first generations
+    of fresh jobs (store.stat_existing)."""
+    c = fresh
+    for i in range(6):
+        t0 = time.time() + 2.0
+        procs = [
+            h.popen(
+                [sys.executable, "-c", _RACE, c.rdzv, f"race{i}", h.name, str(t0)],
+                cwd=REPO,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for h in c
+        ]
+        outs = []
+        for h, p in zip(c, procs):
+            out, err = p.communicate(timeout=60)
+            assert p.returncode == 0, f"[{c.fs}] round {i}: {h.name} failed:\n{err}"
+            outs.append(json.loads(out.strip().splitlines()[-1]))
+        assert sum(o["made"] for o in outs) == 1, outs  # mkdir is exclusive
+        winners = [h.name for h, o in zip(c, outs) if o["won"]]
+        assert len(winners) == 1, outs  # so is link()
+        assert {o["holder"] for o in outs} == set(winners), outs  # every loser reads the winner's claim
+
+
 def test_harness_hosts_have_own_clients_and_pid_namespaces(fresh):
     c = fresh
     fuse = {"glusterfs-tuned": "fuse.glusterfs", "glusterfs-nfs60": "fuse.glusterfs", "moosefs": "fuse"}[c.fs]
