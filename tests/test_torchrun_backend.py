@@ -605,6 +605,47 @@ def test_live_agents_stay_alive_without_writing_the_state(tmp_path):
     assert not list((tmp_path / "rdzv" / "job1" / "hb").glob("[0-9a-f]*.json"))  # each removed its own
 
 
+@pytest.mark.parametrize("scanning", [True, False], ids=["scan", "no-scan"])
+def test_a_new_observer_never_ages_a_beating_node_past_liveness(tmp_path, scanning):
+    """A new agent's verdicts on nodes that beat every interval, on a fake clock, from every phase.
+
+    With a scanner (the smallest node), the observer reads the scan: it must
+    hold every member's counter, the scanner's own included.  Without one (it
+    died before scanning), the observer reads each file itself once it looks
+    nearly dead; a counter first read then must not count the time before it
+    as time without growth, since the next beat may be a whole interval away.
+    Either way a node beating every second is never reported 2 s (liveness)
+    old: torch would drop it.
+    """
+    interval, liveness = 1.0, 2.0
+    store = open_job_dir(str(tmp_path / "rdzv"), "job1")
+    nodes = [_NodeDesc("10.0.0.1", 1000, 0), _NodeDesc("10.0.0.2", 1001, 0)]
+    writers = [heartbeat.HeartbeatWriter(store, "job1", n, interval) for n in nodes]
+    now = [0.0]
+    scanner = heartbeat.LivenessView(store, "job1", interval, liveness, clock=lambda: now[0])
+    scanner.me = nodes[0]
+    scanner.set_members(nodes)
+    worst = 0.0
+    for phase in range(20):  # the observer's first look at 0.00, 0.05, ... 0.95 s after a beat
+        observer = None
+        for step in range(200):  # 10 s in 50 ms steps
+            now[0] = 10.0 * phase + step * 0.05
+            if step % 20 == 0:
+                for w in writers:
+                    assert w.beat()
+            if scanning and step % 10 == 0:
+                scanner.scan_if_due()
+            if step >= phase and (step - phase) % 6 == 0 and step < phase + 120:  # polls every 0.3 s for 6 s
+                observer = observer or heartbeat.LivenessView(store, "job1", interval, liveness, clock=lambda: now[0])
+                observer.set_members(nodes)
+                observer.observe(nodes)
+                worst = max(worst, *(observer.age(n) for n in nodes))
+    if scanning:
+        _writer, _seq, counts = codec.decode_scan(store.read(codec.SCAN_NAME), "job1")
+        assert set(counts) == set(nodes)
+    assert worst < liveness, f"a node beating every {interval} s was reported {worst:.2f} s old"
+
+
 def test_dead_agent_is_dropped_after_the_heartbeat_timeout(tmp_path):
     handlers, _ = _rendezvous_threads(tmp_path, min_nodes=1, join_timeout=60, last_call_timeout=1, **FAST_HB)
     alive, dead = handlers

@@ -13,14 +13,18 @@ one shared file can take, and live nodes go stale.  Here:
 * :class:`LivenessView`: an observer remembers, per node, the highest counter
   it has seen and *its own monotonic time* when that counter last grew.  A
   node whose counter has not grown for ``liveness_s`` on the observer's clock
-  is dead.  A node first seen now counts as alive now (never judged dead
-  before ``liveness_s`` of observation).
+  is dead.  A node's clock starts when this observer first needs a verdict on
+  it, and again when it first reads the node's counter: growth can only be
+  seen after a first counter, so a counter first read late (a node missing
+  from the scan, read directly only when nearly dead) must not count the wait
+  before it as time without growth (never judged dead before ``liveness_s``
+  of watching its counter).
 * Reading N files per observer would be O(N^2) per interval.  So one agent,
   the *scanner* (the smallest member; any observer takes over when the scan
-  stalls), reads every member's file and publishes the counters it saw as
-  ``hb/scan.json``; observers read that one file.  Counters are facts that
-  transfer between observers (a counter that grew is a sign of life whoever
-  read it); times would not.  Before an observer reports a node as (nearly)
+  stalls), reads every member's file, its own included, and publishes the
+  counters it saw as ``hb/scan.json``; observers read that one file.
+  Counters are facts that transfer between observers (a counter that grew is
+  a sign of life whoever read it); times would not.  Before an observer reports a node as (nearly)
   dead it reads that node's file itself, so a slow or dead scanner can only
   delay a verdict, never cause a false one.
 
@@ -181,7 +185,7 @@ class HeartbeatWriter:
 @dataclass
 class _Obs:
     count: int | None  # highest counter seen; None: no valid file read yet
-    changed: float  # observer's monotonic time the counter last grew (or first needed)
+    changed: float  # observer's monotonic time the counter last grew (or was first needed, or first read)
     read: float  # observer's monotonic time of the last direct read of the file
     asked: float  # observer's monotonic time someone last needed a verdict on it
 
@@ -298,9 +302,14 @@ class LivenessView:
         if o is None:
             return
         if o.count is None:
-            # First valid counter: not a change (a dead node's file stays
-            # readable); the node stays alive from when we first needed it.
+            # First valid counter: not a sign of life (a dead node's file
+            # stays readable), but only from now on can growth be seen: a
+            # live node's next beat may come a whole interval after this
+            # read.  Counting from when we first needed the node would judge
+            # a live node first read at liveness - interval/2 (a node the
+            # scan lacks) dead before its next beat could show.
             o.count = count
+            o.changed = max(o.changed, now)
         elif count > o.count:
             o.count, o.changed = count, now
 
@@ -344,7 +353,7 @@ class LivenessView:
             self._seen(n, c, now)
 
     def scan_if_due(self) -> None:
-        """Scan every member (other than this node) if this node is the scanner and half an interval passed."""
+        """Scan every member (this node included) if this node is the scanner and half an interval passed."""
         if not self.is_scanner():
             return
         now = self._clock()
@@ -355,7 +364,10 @@ class LivenessView:
         if now - self._scanned < self.interval * 0.4 or self.me is None:
             return
         self._scanned = now
-        targets = (set(self._members) | set(others)) - {self.me}
+        # Our own file too: observers get every member's counter from the
+        # scan, the scanner's included (else a new observer would have no
+        # counter for the scanner until it read its file directly).
+        targets = set(self._members) | set(others) | {self.me}
         for n in targets:
             if n not in self._obs:
                 self._obs[n] = _Obs(None, now, float("-inf"), now)
