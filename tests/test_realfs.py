@@ -287,10 +287,7 @@ def test_ten_reruns_same_job_id(fresh):
     c = fresh
     gens = []
     for i in range(10):
-        # 90 s > the nfs60 profile's 60 s negative cache: a node whose lookup of the first
-        # generation raced its creation is blind to it for that long, then joins (the
-        # protocol retries a listed-but-"absent" directory instead of leaving it).
-        parts = _wait([_start(c, k, "rerun", 3, timeout=90, tag=f"-{i}") for k in range(3)])
+        parts = _wait([_start(c, k, "rerun", 3, timeout=45, tag=f"-{i}") for k in range(3)])
         rel = _oracle(c, parts, 3, expect_released=parts, what=f"re-run {i + 1} of 10, generations so far {gens}")
         gens.append(rel["generation"])
     # each run is a new world: never the previous run's release (its master is gone)
