@@ -61,6 +61,7 @@ class Coordinator:
         self.acked_ranks: set[int] = set()
         self.arrived: dict[int, float] = {0: now}
         self.next_scan = now
+        self.last_scan = now
         self.scan_gap = p.timing.poll_min
         self.scan_quiet = p.timing.scan_interval
         self.last_listing_size = -1
@@ -110,7 +111,10 @@ class Coordinator:
                 self._on_message(ev.conn, ev.msg, now)
         if p.role is not self:
             return None  # a fatal reject ended this generation
-        if now >= self.next_scan or (self.pending and now >= self.next_scan - p.timing.scan_interval + self.scan_gap):
+        # A pending hello is verified by the next listing (claims are read only after a listing
+        # shows them): list again scan_gap after the last listing, however far the quiet
+        # backoff has pushed next_scan.
+        if now >= self.next_scan or (self.pending and now >= self.last_scan + self.scan_gap):
             if self._scan(now):
                 return None
         self._verify_pending(now)
@@ -261,6 +265,7 @@ class Coordinator:
         """
         p = self.p
         names = p.store.listdir(gen_name(p.gen))
+        self.last_scan = now
         # Rescan every scan_interval while claims keep arriving; once a listing brings
         # nothing new, back off to 8x (the listing is O(N) entries for the metadata server).
         changed = len(names) != self.last_listing_size
