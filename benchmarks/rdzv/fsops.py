@@ -21,38 +21,10 @@ import subprocess
 import threading
 import time
 
+# the categories of the counting wrapper, shared with the simulator; re-exported for the harness
+from ..opkinds import KINDS, fs_ops  # noqa: F401
+
 # ----------------------------------------------------------------- in-process counting
-
-#: Categories of the counting wrapper.  ``fs_ops`` (see :func:`fs_ops`) is every one but
-#: ``entries`` (directory entries read, a cost inside a readdir) and ``close``.
-KINDS = (
-    "create",
-    "open",
-    "readdir",
-    "entries",
-    "read",
-    "write",
-    "fsync",
-    "stat",
-    "rename",
-    "link",
-    "unlink",
-    "mkdir",
-    "rmdir",
-    "close",
-)
-METADATA = ("create", "open", "readdir", "stat", "rename", "link", "unlink", "mkdir", "rmdir")
-
-
-def fs_ops(c: dict) -> int:
-    """Filesystem operations in a counts dict: everything except entries read and close."""
-    return sum(v for k, v in c.items() if k not in ("entries", "close"))
-
-
-def metadata_ops(c: dict) -> int:
-    """Metadata operations (what an NFS/Lustre metadata server serves): creates, lookups/opens,
-    listings, stats, renames, links, unlinks, mkdir/rmdir."""
-    return sum(c.get(k, 0) for k in METADATA)
 
 
 class OpCounter:

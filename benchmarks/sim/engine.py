@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 
 from fsmingle.records import HostId
 
-from .mds import KINDS, MDS, CostModel, SimFS, SimStore
+from ..opkinds import KINDS, fs_ops
+from .mds import MDS, CostModel, SimFS, SimStore
 from .net import SimNet, SimTransport, ping_messages
 
 try:  # protocol v2 keeps Timing in fsmingle.protocol; later versions may move it
@@ -69,10 +70,6 @@ class Config:
     timing: Timing = field(default_factory=Timing)
     horizon: float = 3600.0
     seed: int = 1
-
-
-def _server_ops(c: dict) -> int:
-    return sum(v for k, v in c.items() if k in KINDS and k not in ("entries", "close"))
 
 
 def run(cfg: Config) -> dict:
@@ -142,13 +139,13 @@ def run(cfg: Config) -> dict:
             parts[i] = make(i, start)
         p = parts[i]
         c.t = max(c.t, start)
-        before = _server_ops(counts[i]) + counts[i]["msgs_in"] + counts[i]["msgs_out"]
+        before = fs_ops(counts[i]) + counts[i]["msgs_in"] + counts[i]["msgs_out"]
         cpu0 = time.thread_time()
         placement = p.step()
         cpu = (time.thread_time() - cpu0) * cpu_scale_of(cfg)
         steps += 1
         if cores:
-            cpu += cfg.syscall_cost * (_server_ops(counts[i]) + counts[i]["msgs_in"] + counts[i]["msgs_out"] - before)
+            cpu += cfg.syscall_cost * (fs_ops(counts[i]) + counts[i]["msgs_in"] + counts[i]["msgs_out"] - before)
             c.t += cpu
             heapq.heappush(cores, start + cpu)
         if placement is not None:
@@ -184,7 +181,7 @@ def cpu_scale_of(cfg: Config) -> float:
 def _measure(cfg, n, counts, released, arrival, window, mds, steps, wall, rank0, parts) -> dict:
     t_last = arrival[n - 1]
     done = len(released) == n
-    per = [_server_ops(c) for c in counts]
+    per = [fs_ops(c) for c in counts]
     res = {
         "n": n,
         "completed": done,
@@ -219,9 +216,9 @@ def _measure(cfg, n, counts, released, arrival, window, mds, steps, wall, rank0,
         secs = window["t_last"] - window["t_ready"]
         waiters = [i for i in range(n - 1) if i != rank0]
         b, a = window["before"], window["after"]
-        rates = [(_server_ops(a[i]) - _server_ops(b[i])) / secs for i in waiters]
+        rates = [(fs_ops(a[i]) - fs_ops(b[i])) / secs for i in waiters]
         res["waiter_fs_ops_per_s_mean"] = sum(rates) / len(rates) if rates else None
-        res["rank0_fs_ops_per_s"] = (_server_ops(a[rank0]) - _server_ops(b[rank0])) / secs
+        res["rank0_fs_ops_per_s"] = (fs_ops(a[rank0]) - fs_ops(b[rank0])) / secs
         res["window_s"] = secs
         res["ping_msgs_per_s_at_rank0"] = ping_messages(n - 1, 1.0, cfg.timing.ping_interval)
     return res

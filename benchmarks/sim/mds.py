@@ -6,24 +6,7 @@ from dataclasses import dataclass, field
 
 from fsmingle.store import Store
 
-KINDS = (
-    "create",
-    "open",
-    "readdir",
-    "entries",
-    "read",
-    "write",
-    "fsync",
-    "stat",
-    "rename",
-    "link",
-    "unlink",
-    "mkdir",
-    "rmdir",
-    "close",
-)
-#: Operations the server sees (close and entries are not requests of their own).
-SERVER_KINDS = tuple(k for k in KINDS if k not in ("entries", "close"))
+from ..opkinds import SERVER_KINDS
 
 
 @dataclass
