@@ -29,6 +29,7 @@ except ImportError:  # tests/ imported as a package
 
 from fsmingle import fscheck
 from fsmingle.errors import UnsupportedFilesystemError
+from fsmingle.fscheck import doctor, families, refusal
 
 make_cluster = cl.make_cluster
 
@@ -119,7 +120,7 @@ def test_mountinfo_parsing_picks_the_mount_on_top(tmp_path):
     assert fscheck.family(m) == "moosefs"
     n = fscheck.find_mount("/mnt/nfs/x", str(mi))
     assert fscheck.family(n) == "nfs" and n.options["actimeo"] == "60"
-    assert fscheck._settings(fscheck._cache_seconds("nfs", n.options)) == {"stale_after": 190, "poll_max": 1.0}
+    assert doctor._settings(families._cache_seconds("nfs", n.options)) == {"stale_after": 190, "poll_max": 1.0}
     s = fscheck.find_mount("/mnt/with space/q", str(mi))
     assert fscheck.family(s) == "object-store"
     assert fscheck.family(fscheck.find_mount("/home", str(mi))) == "local"
@@ -133,8 +134,8 @@ def test_each_no_hardlink_errno_refuses_with_a_clear_message(tmp_path, monkeypat
     def no_link(src, dst, *a, **k):
         raise OSError(err, os.strerror(err))
 
-    monkeypatch.setattr(fscheck.os, "link", no_link)
-    fscheck._probe_cache.clear()
+    monkeypatch.setattr(os, "link", no_link)
+    refusal._probe_cache.clear()
     with pytest.raises(UnsupportedFilesystemError) as ei:
         fscheck.require_claimable(str(tmp_path))
     msg = str(ei.value)
@@ -148,18 +149,18 @@ def test_each_no_hardlink_errno_refuses_with_a_clear_message(tmp_path, monkeypat
     with pytest.raises(UnsupportedFilesystemError):
         PosixStore(str(tmp_path)).create("claim", b"{}")
     assert os.listdir(tmp_path) == []
-    fscheck._probe_cache.clear()
+    refusal._probe_cache.clear()
 
 
 def test_probe_runs_once_per_process(tmp_path, monkeypatch):
     calls = []
     real = fscheck.probe_link
-    monkeypatch.setattr(fscheck, "probe_link", lambda d: calls.append(d) or real(d))
-    fscheck._probe_cache.clear()
+    monkeypatch.setattr(refusal, "probe_link", lambda d: calls.append(d) or real(d))
+    refusal._probe_cache.clear()
     for _ in range(3):
         fscheck.require_claimable(str(tmp_path))
     assert len(calls) == 1
-    fscheck._probe_cache.clear()
+    refusal._probe_cache.clear()
 
 
 # ------------------------------------------------------------------------- real mounts (root)

@@ -1,0 +1,218 @@
+"""``fsmingle check --peers N``: N nodes prove cross-node exclusivity and measure visibility delays.
+
+The nodes rendezvous through a scratch directory ``DIR/.fsmingle-check/SESSION`` (barriers by
+directory listing), then measure how long a file one node creates stays invisible by name on
+another (the negative lookup cache) and in listings, and race link() and O_CREAT|O_EXCL on the
+same names: exactly one winner per race is what a claim needs.  Everything written is removed
+afterwards, also on failure.
+
+Sources: link(2) (link() may report failure after succeeding over NFS, nfs(5)), rename(2), and
+the GlusterFS md-cache behaviour measured in ``docs/filesystems/glusterfs.md``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import socket
+import time
+
+from ..errors import RendezvousTimeoutError
+
+_CHECK_DIR = ".fsmingle-check"
+
+
+def _write(path: str, data: dict) -> None:
+    tmp = os.path.join(os.path.dirname(path), f".tmp-{os.getpid()}-{secrets.token_hex(4)}")
+    with open(tmp, "w") as f:
+        json.dump(data, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)  # atomic within one directory: readers see all of it or nothing
+
+
+def _listed(d: str, prefix: str) -> set[str]:
+    try:
+        return {n[len(prefix) :] for n in os.listdir(d) if n.startswith(prefix)}
+    except FileNotFoundError:
+        return set()
+
+
+def _barrier(d: str, prefix: str, n: int, deadline: float, what: str) -> set[str]:
+    # Listings: on every filesystem measured here a new name shows in a directory listing at
+    # once, even where lookups by name keep answering ENOENT from a negative cache.
+    delay = 0.01
+    while True:
+        got = _listed(d, prefix)
+        if len(got) >= n:
+            return got
+        if time.monotonic() > deadline:
+            raise RendezvousTimeoutError(
+                f"fsmingle check: {len(got)} of {n} peers reached the {what} step in {d} "
+                f"before --timeout; start `fsmingle check --dir ... --peers {n}` on {n} "
+                f"nodes at about the same time",
+                present=len(got),
+            )
+        time.sleep(delay)
+        delay = min(delay * 1.5, 0.1)
+
+
+def _peer_check(directory: str, n: int, timeout: float, session: str, races: int) -> dict:
+    deadline = time.monotonic() + timeout
+    base = os.path.join(directory, _CHECK_DIR)
+    d = os.path.join(base, session)
+    for p in (base, d):
+        try:
+            os.mkdir(p, 0o700)
+        except FileExistsError:
+            pass
+    me = f"{socket.gethostname()[:40]}-{os.getpid()}-{secrets.token_hex(3)}"
+    mine: list[str] = []
+
+    def put(name: str, data: dict) -> None:
+        _write(os.path.join(d, name), data)
+        mine.append(name)
+
+    try:
+        put(f"join-{me}", {"host": socket.gethostname()})
+        peers = sorted(_barrier(d, "join-", n, deadline, "join"))
+        others = [p for p in peers if p != me]
+        # Look the others' marks up BEFORE they exist: this is what a waiting participant does,
+        # and it plants the negative lookup cache entries whose lifetime we want to measure.
+        for o in others:
+            try:
+                os.stat(os.path.join(d, f"mark-{o}"))
+            except OSError:
+                pass
+        put(f"ready-{me}", {})
+        _barrier(d, "ready-", n, deadline, "ready")
+        # By name: poll open() only -- no listing meanwhile, since a listing (readdirp) refreshes
+        # some clients' caches (GlusterFS md-cache) and would hide the negative-cache delay.
+        t0 = time.monotonic()
+        put(f"mark-{me}", {})
+        seen_open: dict[str, float] = {}
+        while len(seen_open) < len(others):
+            now = time.monotonic()
+            for o in others:
+                if o not in seen_open:
+                    try:
+                        with open(os.path.join(d, f"mark-{o}"), "rb"):
+                            pass
+                        seen_open[o] = now - t0
+                    except OSError:
+                        pass
+            if now > deadline:
+                raise RendezvousTimeoutError(
+                    f"fsmingle check: the files of {sorted(set(others) - set(seen_open))} "
+                    f"stayed invisible by name in {d} for {timeout:g} s"
+                )
+            time.sleep(0.02)
+        # In listings: a second file each, after everyone has seen the first ones by name.
+        put(f"named-{me}", {})
+        _barrier(d, "named-", n, deadline, "named")
+        t1 = time.monotonic()
+        put(f"lmark-{me}", {})
+        seen_list: dict[str, float] = {}
+        while len(seen_list) < len(others):
+            now = time.monotonic()
+            listed = _listed(d, "lmark-")
+            for o in others:
+                if o in listed and o not in seen_list:
+                    seen_list[o] = now - t1
+            if now > deadline:
+                raise RendezvousTimeoutError(
+                    f"fsmingle check: the files of {sorted(set(others) - set(seen_list))} "
+                    f"never showed in listings of {d} within {timeout:g} s"
+                )
+            time.sleep(0.02)
+        # Races: everyone goes through the same names as fast as it can; exactly one may win each.
+        # One source file per race: its link count alone says whether that race's link() won
+        # (link() may report failure after succeeding, nfs(5)), and nothing is unlinked mid-race.
+        wins: dict = {"link": [], "excl": []}
+        srcs = [os.path.join(d, f".src-{me}-{k}") for k in range(races)]
+        for sp in srcs:
+            with open(sp, "wb") as f:
+                f.write(me.encode())
+        try:
+            for k in range(races):
+                try:
+                    os.link(srcs[k], os.path.join(d, f"rl-{k}"))
+                    wins["link"].append(k)
+                except OSError:
+                    try:
+                        if os.stat(srcs[k]).st_nlink == 2:
+                            wins["link"].append(k)
+                    except OSError:
+                        pass
+                try:
+                    os.close(os.open(os.path.join(d, f"rx-{k}"), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+                    wins["excl"].append(k)
+                except OSError:
+                    pass
+        finally:
+            for sp in srcs:
+                try:
+                    os.unlink(sp)
+                except OSError:
+                    pass
+        put(
+            f"result-{me}",
+            {"wins": wins, "list": max(seen_list.values(), default=0.0), "open": max(seen_open.values(), default=0.0)},
+        )
+        _barrier(d, "result-", n, deadline, "result")
+        results = {}
+        for p in peers:
+            while p not in results:
+                try:
+                    with open(os.path.join(d, f"result-{p}")) as f:
+                        results[p] = json.load(f)
+                except (OSError, ValueError):
+                    if time.monotonic() > deadline:
+                        raise RendezvousTimeoutError(f"fsmingle check: result of peer {p} unreadable in {d}") from None
+                    time.sleep(0.05)
+        # Everyone has read every result once all "read" files are listed; then the first peer
+        # removes the scratch files (nobody else needs them any more).
+        put(f"read-{me}", {})
+        if me == peers[0]:
+            _barrier(d, "read-", n, deadline, "read")
+            for name in os.listdir(d):
+                if name.startswith(("join-", "ready-", "mark-", "named-", "lmark-", "result-", "read-", "rl-", "rx-")):
+                    try:
+                        os.unlink(os.path.join(d, name))
+                    except OSError:
+                        pass
+            for q in (d, base):
+                try:
+                    os.rmdir(q)
+                except OSError:
+                    pass
+        mine.clear()
+    finally:
+        if mine:  # only on failure: leave nothing of ours behind (the dirs only if nobody else is in them)
+            for name in mine:
+                try:
+                    os.unlink(os.path.join(d, name))
+                except OSError:
+                    pass
+            for q in (d, base):
+                try:
+                    os.rmdir(q)
+                except OSError:
+                    pass
+    link_count = {}
+    excl_count = {}
+    for r in results.values():
+        for k in r["wins"]["link"]:
+            link_count[k] = link_count.get(k, 0) + 1
+        for k in r["wins"]["excl"]:
+            excl_count[k] = excl_count.get(k, 0) + 1
+    return {
+        "peers": n,
+        "hosts": sorted(peers),
+        "races": races,
+        "link_double_wins": sum(1 for c in link_count.values() if c > 1),
+        "excl_double_wins": sum(1 for c in excl_count.values() if c > 1),
+        "list_delay_max_s": round(max(r["list"] for r in results.values()), 3),
+        "open_delay_max_s": round(max(r["open"] for r in results.values()), 3),
+    }
