@@ -19,7 +19,7 @@ from .config import resolve
 from .decision import Placement, expand_nodelist
 from .fscheck import require_claimable
 from .hostinfo import local_process_alive, this_process
-from .netaddr import choose_address
+from .netaddr import choose_address, interface_of, socket_ifname_env
 from .protocol import Participant, SystemClock, Timing
 from .store import open_job_dir
 
@@ -172,11 +172,7 @@ class Rendezvous:
                 LOCAL_WORLD_SIZE=str(self.local_world_size),
                 GROUP_RANK=str(self.node_rank),
             )
-        if self.iface:
-            environ = os.environ if environ is None else environ
-            for var in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"):
-                if not environ.get(var):
-                    e[var] = self.iface
+        e.update(socket_ifname_env(self.iface, environ))
         return e
 
 
@@ -327,22 +323,7 @@ def rendezvous(dir: str | None = None, job_id: str | None = None, **kwargs) -> R
     )
     placement = p.run()
     r = Rendezvous.from_placement(placement, s.job_id, dir=s.dir, members=p.released_members)
-    return replace(r, iface=interface_of(address))
-
-
-def interface_of(address: str) -> str:
-    """Name of this host's interface that has ``address`` (``psutil.net_if_addrs``); "" if none has it.
-
-    ``127.0.0.0/8`` addresses other than those listed (all answer on ``lo``)
-    give "" too: exporting ``lo`` for them would be a guess.
-    """
-    import psutil
-
-    want = address.split("%", 1)[0]
-    for name, addrs in sorted(psutil.net_if_addrs().items()):
-        if any(a.address.split("%", 1)[0] == want for a in addrs if a.family.name in ("AF_INET", "AF_INET6")):
-            return name
-    return ""
+    return replace(r, iface=interface_of(address) or "")
 
 
 _API_OPTIONS = frozenset(o.name for o in options.OPTIONS if not o.cli_only)

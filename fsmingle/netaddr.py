@@ -147,9 +147,37 @@ def choose_address(addr: str | None = None, iface: str | None = None, env: dict 
     return "127.0.0.1"
 
 
+SOCKET_IFNAME_VARS = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
+
+
+def socket_ifname_env(iface: str, environ=None) -> dict[str, str]:
+    """The interface variables to hand NCCL and gloo: ``{var: iface}`` for each of
+    :data:`SOCKET_IFNAME_VARS` that ``environ`` (default ``os.environ``) leaves unset or empty.
+
+    The address a node announced is the one its peers reach it on, so the collectives must
+    bind the interface that carries it; otherwise NCCL/gloo pick their own (NCCL: the first
+    interface not ``lo``/``docker``, gloo: the address its hostname resolves to -- often
+    loopback), the commonest multi-node failure (NCCL issues 913, 1581).  A value the user set
+    is theirs and is never replaced.
+
+    Args:
+        iface (str): interface name; "" (none carries the announced address) gives ``{}``.
+        environ (Mapping[str, str] | None): where the user's settings are read.
+
+    Returns:
+        dict[str, str]: the variables to export (possibly empty).
+    """
+    environ = os.environ if environ is None else environ
+    return {var: iface for var in SOCKET_IFNAME_VARS if iface and not environ.get(var)}
+
+
 def interface_of(addr: str) -> str | None:
-    """Name of the local interface that has ``addr`` (e.g. ``eth0``); None if none has it."""
-    want = ipaddress.ip_address(addr.split("%")[0])
+    """Name of the local interface that has ``addr`` (e.g. ``eth0``); None if none has it,
+    or if ``addr`` is a host name (torchrun's ``--local-addr`` may be one), not an IP address."""
+    try:
+        want = ipaddress.ip_address(addr.split("%")[0])
+    except ValueError:
+        return None
     for name, addrs in psutil.net_if_addrs().items():
         for a in addrs:
             if a.family in (socket.AF_INET, socket.AF_INET6):

@@ -31,6 +31,7 @@ from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
 
 from ..config import validate_job_id
 from ..errors import ConfigError
+from ..netaddr import interface_of, socket_ifname_env
 from ..store import open_job_dir
 from . import conf
 from ._torch_private import Action, RendezvousContext
@@ -210,7 +211,24 @@ class FsRendezvousHandler(DynamicRendezvousHandler):
         self._bootstrap_store_info = None
         self._shared_tcp_store_server = None
         self._server = self._client = None
-        return super().next_rendezvous()
+        info = super().next_rendezvous()
+        self._export_socket_ifname()
+        return info
+
+    def _export_socket_ifname(self) -> None:
+        """Hand the workers the interface of the address this agent announced.
+
+        torchrun starts each worker with a copy of the agent's environment plus its own
+        variables (``env_vars = os.environ.copy()`` in torch's
+        ``distributed/elastic/multiprocessing/subprocess_handler/subprocess_handler.py``),
+        so setting ``NCCL_SOCKET_IFNAME``/``GLOO_SOCKET_IFNAME`` here reaches every worker of
+        this and later rounds -- the same rule as ``fsmingle run``
+        (:func:`fsmingle.netaddr.socket_ifname_env`): never over a value the user set.
+        """
+        exports = socket_ifname_env(interface_of(self._this_node.addr) or "")
+        for var, value in exports.items():
+            os.environ[var] = value
+            log.info("exporting %s=%s for the workers (the interface of %s)", var, value, self._this_node.addr)
 
     def _wait_for_previous_run(self) -> None:
         deadline = time.monotonic() + self._settings.timeout.join.total_seconds()
