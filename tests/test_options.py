@@ -1,4 +1,4 @@
-"""One declaration of every option (fsmingle/options.py): the CLI, the Python API, the torchrun
+"""One declaration of every option (fsmingle/options/table.py): the CLI, the Python API, the torchrun
 backend's ``--rdzv-conf`` keys and the scheduler fallbacks all come from ``OPTIONS``."""
 
 from __future__ import annotations
