@@ -26,20 +26,61 @@ import psutil
 FSMINGLE = [sys.executable, "-m", "fsmingle"]
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# environment variables that would change what a participant resolves
+# The one environment scrub of the tests.  Variables a scheduler, a launcher (torchrun, a parent
+# fsmingle) or a framework reads; the test process may carry them (pytest itself run under torchrun
+# or Slurm, a developer's FSMINGLE_* settings), and each would change what a participant, torchrun
+# or a framework resolves.
 _SCRUB = re.compile(
-    r"^(SLURM_|FSMINGLE_|PET_|PBS_|LSB_|TORCHELASTIC_|NCCL_SOCKET_IFNAME$|GLOO_SOCKET_IFNAME$|"
-    r"JOB_ID$|JOB_COMPLETION_INDEX$)"
+    r"^(SLURM_|FSMINGLE_|PET_|PBS_|LSB_|JSM_|OMPI_|PMI_|TORCHELASTIC_|ACCELERATE_|KUBERNETES_|"
+    r"(MASTER_ADDR|MASTER_PORT|RANK|WORLD_SIZE|LOCAL_RANK|LOCAL_WORLD_SIZE|NODE_RANK|GROUP_RANK|"
+    r"ROLE_RANK|ROLE_WORLD_SIZE|NNODES|NCCL_SOCKET_IFNAME|GLOO_SOCKET_IFNAME|JOB_ID|JOB_COMPLETION_INDEX|"
+    r"TORCH_DISABLE_SHARE_RDZV_TCP_STORE|CUDA_VISIBLE_DEVICES)$)"
 )
 
 
+def scrubbed(name: str) -> bool:
+    """True if the variable ``name`` is one the tests never pass on from their own environment."""
+    return bool(_SCRUB.match(name))
+
+
 def clean_env(extra: dict | None = None) -> dict:
-    """``os.environ`` without scheduler/fsmingle variables, plus ``extra``; fsmingle importable."""
-    env = {k: v for k, v in os.environ.items() if not _SCRUB.match(k)}
+    """``os.environ`` without scheduler/launcher/fsmingle variables, plus ``extra``; fsmingle importable."""
+    env = {k: v for k, v in os.environ.items() if not scrubbed(k)}
     env["PYTHONPATH"] = REPO + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env["PYTHONUNBUFFERED"] = "1"
     env.update(extra or {})
     return env
+
+
+def torch_env(tmp_path, extra: dict | None = None) -> dict:
+    """:func:`clean_env` for torch jobs: one OpenMP thread per rank (2 cores), TMPDIR inside ``tmp_path``."""
+    tmpdir = Path(tmp_path) / "tmp"
+    tmpdir.mkdir(exist_ok=True)
+    return clean_env({"TMPDIR": str(tmpdir), "OMP_NUM_THREADS": "1", **(extra or {})})
+
+
+def host_env(extra: dict | None = None) -> dict:
+    """The same scrub as an overlay for :meth:`cluster.Host.popen` (a value of None removes the
+    variable on the host): every variable :func:`clean_env` drops, unbuffered output, one OpenMP
+    thread, then ``extra``."""
+    drop = {k: None for k in os.environ if scrubbed(k)}
+    return {**drop, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **(extra or {})}
+
+
+def run_cli(
+    *args, env: dict | None = None, timeout: float = 60, module: str = "fsmingle"
+) -> subprocess.CompletedProcess:
+    """Run ``python -m MODULE ARGS`` in the repository to completion: text stdout/stderr captured,
+    :func:`clean_env` unless ``env`` is given; subprocess.TimeoutExpired after ``timeout`` seconds."""
+    return subprocess.run(
+        [sys.executable, "-m", module, *map(str, args)],
+        env=clean_env() if env is None else env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        cwd=REPO,
+    )
 
 
 def free_port() -> int:
@@ -218,7 +259,8 @@ class Procs:
         cwd: str | None = None,
         host=None,
     ) -> Proc:
-        """Start ``prefix + argv``: here, or on ``host`` (a :class:`cluster.Host`: its netns, hostname, mounts)."""
+        """Start ``prefix + argv``: here, or on ``host`` (a :class:`cluster.Host`: its netns, hostname, mounts;
+        ``env`` is then an overlay on the host's environment, as :func:`host_env` makes)."""
         if host is not None:
             argv, prefix, cwd = host.wrap([*prefix, *argv], cwd=cwd or REPO), (), None
             env = host.env(env)
@@ -258,7 +300,8 @@ class Procs:
         if fmt is not None and cmd == "env":
             argv += ["--format", fmt]
         argv += [str(a) for a in args]
-        return self.spawn(argv, name=name, env=clean_env(extra_env), prefix=prefix, host=host)
+        env = clean_env(extra_env) if host is None else host_env(extra_env)
+        return self.spawn(argv, name=name, env=env, prefix=prefix, host=host)
 
     def cli(
         self, *args, env: dict | None = None, prefix: Sequence[str] = (), timeout: float = 30, name: str | None = None

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import free_port, torch_env
 
 pytest.importorskip("torch")
 
@@ -28,47 +29,9 @@ KILL_AFTER_S = 5
 RUN_TIMEOUT_S = 120
 STEPS = 50
 
-# Variables that torchrun or a parent launcher may have left in our environment;
-# any of them would change what the example or torchrun does.
-_LAUNCH_VARS = (
-    "RANK",
-    "WORLD_SIZE",
-    "LOCAL_RANK",
-    "LOCAL_WORLD_SIZE",
-    "GROUP_RANK",
-    "ROLE_RANK",
-    "ROLE_WORLD_SIZE",
-    "NODE_RANK",
-    "NNODES",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "TORCHELASTIC_RUN_ID",
-    "TORCHELASTIC_RESTART_COUNT",
-    "TORCHELASTIC_MAX_RESTARTS",
-    "TORCHELASTIC_USE_AGENT_STORE",
-    "FSMINGLE_JOB_ID",
-    "FSMINGLE_GENERATION",
-)
-
-
-def _clean_env(tmp_path: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in _LAUNCH_VARS and not k.startswith("PET_")}
-    tmpdir = tmp_path / "tmp"
-    tmpdir.mkdir(exist_ok=True)
-    env["TMPDIR"] = str(tmpdir)
-    env["OMP_NUM_THREADS"] = "1"
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
-
 
 def _timeout_prefix() -> list[str]:
     return ["timeout", "-k", str(KILL_AFTER_S), str(RUN_TIMEOUT_S)]
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _load_ranks(out: Path, world_size: int) -> list[dict]:
@@ -104,32 +67,31 @@ def _check_stdout(stdout: str, world_size: int, checksum: str) -> None:
     assert f"fsmingle-example: world_size={world_size} ranks_agree=True checksum={checksum} " in stdout, stdout
 
 
-def test_torchrun_standalone_two_ranks_agree(tmp_path: Path) -> None:
-    out = tmp_path / "out"
-    cmd = [
-        *_timeout_prefix(),
-        sys.executable,
-        "-m",
-        "torch.distributed.run",  # what the `torchrun` script runs
-        "--standalone",
-        "--nproc-per-node",
-        "2",
-        str(SCRIPT),
-        "--steps",
-        str(STEPS),
-        "--out",
-        str(out),
-    ]
+def _run(tmp_path: Path, argv: list[str], env: dict) -> subprocess.CompletedProcess:
+    """Run ``python ARGV`` in ``tmp_path`` under ``timeout -k``; fails the test unless it exits 0."""
     proc = subprocess.run(
-        cmd,
+        [*_timeout_prefix(), sys.executable, *argv],
         cwd=tmp_path,
-        env=_clean_env(tmp_path),
+        env=env,
         capture_output=True,
         text=True,
         timeout=RUN_TIMEOUT_S + 2 * KILL_AFTER_S,
         check=False,
     )
     assert proc.returncode == 0, f"rc={proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    return proc
+
+
+def _torchrun_standalone(tmp_path: Path, out: Path, env: dict) -> subprocess.CompletedProcess:
+    """``torchrun --standalone --nproc-per-node 2 train_ddp.py``, which must exit 0."""
+    # `-m torch.distributed.run` is what the `torchrun` script runs
+    argv = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(SCRIPT)]
+    return _run(tmp_path, [*argv, "--steps", str(STEPS), "--out", str(out)], env)
+
+
+def test_torchrun_standalone_two_ranks_agree(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    proc = _torchrun_standalone(tmp_path, out, torch_env(tmp_path))
     assert "terminate called" not in proc.stderr, proc.stderr
 
     records = _load_ranks(out, 2)
@@ -143,7 +105,7 @@ def test_torchrun_standalone_two_ranks_agree(tmp_path: Path) -> None:
 def _launch_per_rank(tmp_path: Path, out: Path, world_size: int, port: int):
     procs = []
     for rank in range(world_size):
-        env = _clean_env(tmp_path)
+        env = torch_env(tmp_path)
         env.update(
             RANK=str(rank),
             WORLD_SIZE=str(world_size),
@@ -192,7 +154,7 @@ def test_per_rank_launch_by_hand_two_ranks_agree(tmp_path: Path) -> None:
     # The port is picked free, but another process could grab it before rank 0's
     # TCPStore binds it: retry only in that case.
     for _attempt in range(3):
-        results = _launch_per_rank(tmp_path, out, world_size, _free_port())
+        results = _launch_per_rank(tmp_path, out, world_size, free_port())
         if all(rc == 0 for rc, _, _ in results):
             break
         errs = "".join(err for _, _, err in results).lower()
@@ -216,16 +178,7 @@ def test_per_rank_launch_by_hand_two_ranks_agree(tmp_path: Path) -> None:
 
 def test_single_process_without_launcher(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    proc = subprocess.run(
-        [*_timeout_prefix(), sys.executable, str(SCRIPT), "--steps", str(STEPS), "--out", str(out)],
-        cwd=tmp_path,
-        env=_clean_env(tmp_path),
-        capture_output=True,
-        text=True,
-        timeout=RUN_TIMEOUT_S + 2 * KILL_AFTER_S,
-        check=False,
-    )
-    assert proc.returncode == 0, f"rc={proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    proc = _run(tmp_path, [str(SCRIPT), "--steps", str(STEPS), "--out", str(out)], torch_env(tmp_path))
     records = _load_ranks(out, 1)
     _check_records(records, 1)
     _check_stdout(proc.stdout, 1, records[0]["checksum"])
@@ -240,35 +193,12 @@ def test_torchrun_two_ranks_without_numpy(tmp_path: Path) -> None:
     block = tmp_path / "nonumpy"
     block.mkdir()
     (block / "sitecustomize.py").write_text("import sys\nsys.modules['numpy'] = None  # import numpy -> ImportError\n")
-    env = _clean_env(tmp_path)
+    env = torch_env(tmp_path)
     env["PYTHONPATH"] = str(block) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     probe = subprocess.run([sys.executable, "-c", "import numpy"], env=env, capture_output=True, text=True, check=False)
     assert probe.returncode != 0, "numpy is still importable: the test would prove nothing"
     out = tmp_path / "out"
-    cmd = [
-        *_timeout_prefix(),
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node",
-        "2",
-        str(SCRIPT),
-        "--steps",
-        str(STEPS),
-        "--out",
-        str(out),
-    ]
-    proc = subprocess.run(
-        cmd,
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=RUN_TIMEOUT_S + 2 * KILL_AFTER_S,
-        check=False,
-    )
-    assert proc.returncode == 0, f"rc={proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    proc = _torchrun_standalone(tmp_path, out, env)
     assert "Numpy is not available" not in proc.stderr
     records = _load_ranks(out, 2)
     _check_records(records, 2)

@@ -9,79 +9,40 @@ when its framework is not importable; ``.ci/run`` installs all of them.
 from __future__ import annotations
 
 import json
-import os
-import re
 import shlex
 import shutil
-import signal
-import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from helpers import Procs, torch_env
 
 REPO = Path(__file__).resolve().parent.parent
 EX = REPO / "examples" / "frameworks"
-FSMINGLE = f"{shlex.quote(sys.executable)} -m fsmingle"
-
-# Variables that would change what fsmingle or a framework detects (schedulers, launchers).
-_SCRUB = re.compile(
-    r"^(SLURM_|FSMINGLE_|PET_|PBS_|LSB_|JSM_|OMPI_|PMI_|TORCHELASTIC_|ACCELERATE_|KUBERNETES_|"
-    r"(MASTER_ADDR|MASTER_PORT|RANK|WORLD_SIZE|LOCAL_RANK|LOCAL_WORLD_SIZE|NODE_RANK|GROUP_RANK|"
-    r"NNODES|NCCL_SOCKET_IFNAME|GLOO_SOCKET_IFNAME|JOB_COMPLETION_INDEX)$)"
-)
+PY = shlex.quote(sys.executable)
+FSMINGLE = f"{PY} -m fsmingle"
 
 
-def _env(tmp_path: Path, **extra) -> dict:
-    env = {k: v for k, v in os.environ.items() if not _SCRUB.match(k)}
-    env.update(
-        TMPDIR=str(tmp_path),
-        OMP_NUM_THREADS="1",
-        PYTHONUNBUFFERED="1",
-        JAX_PLATFORMS="cpu",
-        PYTHONPATH=str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else ""),
-    )
-    env.update(extra)
-    return env
+def run_pair(
+    procs: Procs, tmp_path: Path, script: Callable[[int], str], limit: int = 150
+) -> tuple[list[dict], list[str]]:
+    """Run ``script(participant)`` (bash) for participants 0 and 1 concurrently, each under ``timeout``.
 
-
-def run_pair(tmp_path: Path, scripts: list[str], limit: int = 150) -> list[str]:
-    """Run one bash script per participant concurrently, each under ``timeout``; return their logs.
-
-    Fails with both logs unless both exit 0.
+    Returns what each rank wrote to ``tmp_path/out`` and each participant's output (stdout, then
+    stderr).  Fails with both outputs unless both exit 0.
     """
-    procs, logs = [], []
-    for i, script in enumerate(scripts):
-        log = open(tmp_path / f"participant{i}.log", "w+")
-        logs.append(log)
-        procs.append(
-            subprocess.Popen(
-                ["timeout", "-k", "10", str(limit), "bash", "-c", "set -euo pipefail\n" + script],
-                cwd=REPO,
-                env=_env(tmp_path),
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        )
-    try:
-        for p in procs:
-            p.wait(timeout=limit + 30)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
-    texts = []
-    for log in logs:
-        log.seek(0)
-        texts.append(log.read())
-        log.close()
-    report = "\n".join(
-        f"--- participant {i} (exit {p.returncode}):\n{t[-3000:]}" for i, (p, t) in enumerate(zip(procs, texts))
-    )
-    assert all(p.returncode == 0 for p in procs), report
-    return texts
+    env = torch_env(tmp_path, {"JAX_PLATFORMS": "cpu"})
+    argv = ["timeout", "-k", "10", str(limit), "bash", "-c"]
+    ps = [
+        procs.spawn([*argv, "set -euo pipefail\n" + script(i)], name=f"participant{i}", env=env, cwd=str(REPO))
+        for i in (0, 1)
+    ]
+    rcs = [p.wait(timeout=limit + 30) for p in ps]
+    texts = [p.stdout() + p.stderr() for p in ps]
+    report = "\n".join(f"--- participant {i} (exit {rc}):\n{t[-3000:]}" for i, (rc, t) in enumerate(zip(rcs, texts)))
+    assert rcs == [0, 0], report
+    return results(tmp_path / "out"), texts
 
 
 def results(out: Path, n: int = 2) -> list[dict]:
@@ -95,17 +56,15 @@ def rdzv_opts(tmp_path: Path, job: str) -> str:
 
 @pytest.mark.torch
 @pytest.mark.timeout(240)
-def test_torchrun_static_via_pet_variables(tmp_path):
+def test_torchrun_static_via_pet_variables(procs, tmp_path):
     pytest.importorskip("torch")
-    torchrun = shutil.which("torchrun") or f"{shlex.quote(sys.executable)} -m torch.distributed.run"
-    out = tmp_path / "out"
+    torchrun = shutil.which("torchrun") or f"{PY} -m torch.distributed.run"
     node = (
         f'eval "$({FSMINGLE} env {rdzv_opts(tmp_path, "tr")} --nnodes 2 --format sh)"\n'
         f'env | grep "^PET_" | sort\n'
-        f"{torchrun} --nproc-per-node 1 {EX / 'torchrun_allreduce.py'} --out {out}\n"
+        f"{torchrun} --nproc-per-node 1 {EX / 'torchrun_allreduce.py'} --out {tmp_path / 'out'}\n"
     )
-    logs = run_pair(tmp_path, [node, node])
-    res = results(out)
+    res, logs = run_pair(procs, tmp_path, lambda _: node)
     assert [r["world_size"] for r in res] == [2, 2]
     assert [r["sum"] for r in res] == [1.0, 1.0]
     assert sorted(r["group_rank"] for r in res) == ["0", "1"]  # torchrun took its node rank from PET_NODE_RANK
@@ -115,69 +74,51 @@ def test_torchrun_static_via_pet_variables(tmp_path):
 
 @pytest.mark.torch
 @pytest.mark.timeout(240)
-def test_plain_torch_distributed_per_rank(tmp_path):
+def test_plain_torch_distributed_per_rank(procs, tmp_path):
     pytest.importorskip("torch")
-    out = tmp_path / "out"
-    scripts = [
-        f"{shlex.quote(sys.executable)} {EX / 'plain_torch.py'} {rdzv_opts(tmp_path, 'plain')} "
-        f"--world-size 2 --rank {r} --out {out}"
-        for r in (0, 1)
-    ]
-    run_pair(tmp_path, scripts)
-    res = results(out)
+    opts = f"{rdzv_opts(tmp_path, 'plain')} --world-size 2"
+    res, _ = run_pair(
+        procs, tmp_path, lambda r: f"{PY} {EX / 'plain_torch.py'} {opts} --rank {r} --out {tmp_path / 'out'}"
+    )
     assert [r["sum"] for r in res] == [3.0, 3.0]  # all_reduce of rank+1 over both ranks
     assert [r["env"]["RANK"] for r in res] == ["0", "1"]
     assert [r["env"]["LOCAL_RANK"] for r in res] == ["0", "1"]  # same host: local ranks 0 and 1
     assert {r["env"]["MASTER_PORT"] for r in res} == {res[0]["env"]["MASTER_PORT"]}
 
 
+# What the ranks of an `fsmingle run` recipe report (besides world size 2 and identical DDP replicas).
+_LIGHTNING = {"cluster_environment": ["LightningEnvironment"] * 2, "node_rank": [0, 1]}
+_ACCELERATE = {"distributed_type": ["DistributedType.MULTI_CPU"] * 2, "sum": [1.0, 1.0]}
+
+
 @pytest.mark.torch
 @pytest.mark.timeout(300)
-def test_lightning_two_nodes(tmp_path):
+@pytest.mark.parametrize(
+    ("framework", "participants", "script", "limit", "expect"),
+    [
+        ("lightning", "--nnodes 2", "lightning_fit.py", 220, _LIGHTNING),  # devices=1: global rank = node rank
+        ("accelerate", "--world-size 2", "accelerate_train.py", 150, _ACCELERATE),
+    ],
+    ids=["lightning_two_nodes", "accelerate_per_rank"],
+)
+def test_fsmingle_run_recipe(procs, tmp_path, framework, participants, script, limit, expect):
+    """The same ``fsmingle run ... -- python SCRIPT`` line on both participants (docs/frameworks.md)."""
     pytest.importorskip("torch")
-    pytest.importorskip("lightning")
-    out = tmp_path / "out"
-    node = (
-        f"{FSMINGLE} run {rdzv_opts(tmp_path, 'lit')} --nnodes 2 -- "
-        f"{shlex.quote(sys.executable)} {EX / 'lightning_fit.py'} --out {out}"
-    )
-    run_pair(tmp_path, [node, node], limit=220)
-    res = results(out)
-    assert {r["cluster_environment"] for r in res} == {"LightningEnvironment"}
+    pytest.importorskip(framework)
+    opts = f"{rdzv_opts(tmp_path, framework[:3])} {participants}"
+    line = f"{FSMINGLE} run {opts} -- {PY} {EX / script} --out {tmp_path / 'out'}"
+    res, _ = run_pair(procs, tmp_path, lambda _: line, limit=limit)
+    assert {k: [r[k] for r in res] for k in expect} == expect
     assert [r["world_size"] for r in res] == [2, 2]
-    assert [r["node_rank"] for r in res] == [0, 1]  # global rank r lives on node r (devices=1)
     assert res[0]["digest"] == res[1]["digest"]  # DDP kept the replicas identical
 
 
-@pytest.mark.torch
-@pytest.mark.timeout(240)
-def test_accelerate_per_rank(tmp_path):
-    pytest.importorskip("torch")
-    pytest.importorskip("accelerate")
-    out = tmp_path / "out"
-    rank = (
-        f"{FSMINGLE} run {rdzv_opts(tmp_path, 'acc')} --world-size 2 -- "
-        f"{shlex.quote(sys.executable)} {EX / 'accelerate_train.py'} --out {out}"
-    )
-    run_pair(tmp_path, [rank, rank])
-    res = results(out)
-    assert {r["distributed_type"] for r in res} == {"DistributedType.MULTI_CPU"}
-    assert [r["world_size"] for r in res] == [2, 2]
-    assert [r["sum"] for r in res] == [1.0, 1.0]
-    assert res[0]["digest"] == res[1]["digest"]
-
-
 @pytest.mark.timeout(180)
-def test_jax_distributed_from_env_json(tmp_path):
+def test_jax_distributed_from_env_json(procs, tmp_path):
     pytest.importorskip("jax")
-    out = tmp_path / "out"
-    scripts = [
-        f'rdzv="$({FSMINGLE} env {rdzv_opts(tmp_path, "jax")} --world-size 2 --rank {r} --format json)"\n'
-        f'{shlex.quote(sys.executable)} {EX / "jax_allgather.py"} "$rdzv" --out {out}'
-        for r in (0, 1)
-    ]
-    run_pair(tmp_path, scripts)
-    res = results(out)
+    env = f'rdzv="$({FSMINGLE} env {rdzv_opts(tmp_path, "jax")} --world-size 2 --format json'
+    script = lambda r: f'{env} --rank {r})"\n{PY} {EX / "jax_allgather.py"} "$rdzv" --out {tmp_path / "out"}'
+    res, _ = run_pair(procs, tmp_path, script)
     assert [r["world_size"] for r in res] == [2, 2]  # jax.process_count()
     assert [r["process_index"] for r in res] == [0, 1]
     assert [r["allgather"] for r in res] == [[0, 1], [0, 1]]  # a real cross-process collective

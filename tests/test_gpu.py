@@ -12,30 +12,15 @@ from __future__ import annotations
 
 import os
 import shlex
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
+from helpers import REPO, clean_env, run_cli
 
-REPO = Path(__file__).resolve().parents[1]
 SMI_2 = (
     "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-0a1b2c3d-0000-1111-2222-333344445555)\n"
     "GPU 1: NVIDIA H100 80GB HBM3 (UUID: GPU-9f8e7d6c-0000-1111-2222-333344445555)\n"
 )
-CLEAR = (
-    "FSMINGLE_DIR",
-    "FSMINGLE_JOB_ID",
-    "FSMINGLE_GPUS_PER_NODE",
-    "CUDA_VISIBLE_DEVICES",
-    "SLURM_JOB_ID",
-    "SLURM_NNODES",
-    "SLURM_NODEID",
-    "SLURM_PROCID",
-    "SLURM_NTASKS",
-)
-
 NO_NVML = "raise ImportError('no NVML in this test')\n"
 FAKE_NVML = """
 class NVMLError(Exception):
@@ -80,19 +65,10 @@ def node(tmp_path):
             (bin_dir / "nvidia-smi").chmod(0o755)
         if nvml is not None:
             (py_dir / "pynvml.py").write_text(nvml)
-        e = {k: v for k, v in os.environ.items() if k not in CLEAR}
         # PATH: only the fake tools (no real nvidia-smi can answer); python runs by absolute path
-        e.update(PATH=str(bin_dir), PYTHONPATH=f"{py_dir}{os.pathsep}{REPO}", **(env or {}))
+        e = clean_env({"PATH": str(bin_dir), "PYTHONPATH": f"{py_dir}{os.pathsep}{REPO}", **(env or {})})
         t0 = time.monotonic()
-        cp = subprocess.run(
-            [sys.executable, "-m", module, *args],
-            env=e,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-            cwd=REPO,
-        )
+        cp = run_cli(*args, env=e, module=module)
         return cp, time.monotonic() - t0
 
     run.rdzv = rdzv

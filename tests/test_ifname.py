@@ -8,81 +8,42 @@ is the user's and stays as it was.
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-
-REPO = Path(__file__).resolve().parents[1]
-CLEAR = {
-    k: None
-    for k in (
-        "FSMINGLE_DIR",
-        "FSMINGLE_JOB_ID",
-        "GLOO_SOCKET_IFNAME",
-        "NCCL_SOCKET_IFNAME",
-        "SLURM_JOB_ID",
-        "SLURM_NNODES",
-        "SLURM_NODEID",
-    )
-}
+from helpers import host_env, run_cli
 
 
 def _env_of(text: str) -> dict[str, str]:
     return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
 
 
-def _run_everywhere(c, job: str, env_of=lambda h: {}) -> dict[str, dict[str, str]]:
-    procs = []
-    for h in c:
-        argv = [
-            "timeout",
-            "-k",
-            "5",
-            "60",
-            sys.executable,
-            "-m",
-            "fsmingle",
-            "run",
-            "--dir",
+def _run_everywhere(procs, c, job: str, env_of=lambda h: {}) -> dict[str, dict[str, str]]:
+    """``fsmingle run ... -- env`` on every host of ``c``: {host: the environment the command got}."""
+    ps = {
+        h.name: procs.env(
             f"{c.shared}/rdzv",
-            "--job-id",
             job,
-            "--nnodes",
-            str(len(c.hosts)),
-            "--timeout",
-            "40",
-            "--",
-            "env",
-        ]
-        procs.append(
-            (
-                h,
-                h.popen(
-                    argv,
-                    env={**CLEAR, **env_of(h)},
-                    cwd=REPO,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE,
-                    text=True,
-                ),
-            )
+            *("--nnodes", len(c.hosts), "--", "env"),
+            cmd="run",
+            timeout=40,
+            stale_after=None,
+            addr=None,
+            host=h,
+            extra_env=env_of(h),
         )
-    out = {}
-    for h, p in procs:
-        so, se = p.communicate(timeout=90)
-        assert p.returncode == 0, se
-        out[h.name] = _env_of(so)
-    return out
+        for h in c
+    }
+    for p in ps.values():
+        assert p.wait(90) == 0, p.stderr()
+    return {name: _env_of(p.stdout()) for name, p in ps.items()}
 
 
 @pytest.mark.root
 @pytest.mark.slow
-def test_each_host_exports_its_own_interface(make_cluster):
+def test_each_host_exports_its_own_interface(make_cluster, procs):
     c = make_cluster(2)
-    out = _run_everywhere(c, "ifname")
+    out = _run_everywhere(procs, c, "ifname")
     for h in c:
         e = out[h.name]
         assert e["GLOO_SOCKET_IFNAME"] == "eth0" and e["NCCL_SOCKET_IFNAME"] == "eth0", e
@@ -91,10 +52,11 @@ def test_each_host_exports_its_own_interface(make_cluster):
 
 @pytest.mark.root
 @pytest.mark.slow
-def test_a_value_the_user_set_is_kept(make_cluster):
+def test_a_value_the_user_set_is_kept(make_cluster, procs):
     c = make_cluster(2)
     # NCCL's exact-match syntax and gloo's prefix: both lead fsmingle to eth0 too, and stay as written
     out = _run_everywhere(
+        procs,
         c,
         "ifname-user",
         env_of=lambda h: {"NCCL_SOCKET_IFNAME": "=eth0"} if h is c[0] else {"GLOO_SOCKET_IFNAME": "eth"},
@@ -103,65 +65,46 @@ def test_a_value_the_user_set_is_kept(make_cluster):
     assert out[c[1].name]["GLOO_SOCKET_IFNAME"] == "eth" and out[c[1].name]["NCCL_SOCKET_IFNAME"] == "eth0"
 
 
-def test_an_address_no_interface_has_exports_nothing(tmp_path):
-    rdzv = tmp_path / "rdzv"
-    rdzv.mkdir(mode=0o700)
-    env = {k: v for k, v in os.environ.items() if k not in CLEAR}
-    # behind a NAT: the announced address is on no interface here, so no interface is named
-    cp = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "fsmingle",
-            "env",
-            "--dir",
-            str(rdzv),
-            "--job-id",
-            "nat",
-            "--nnodes",
-            "1",
-            "--addr",
-            "203.0.113.7",
-            "--addr-not-local",
-            "--format",
-            "dotenv",
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        cwd=REPO,
-    )
+@pytest.mark.root
+@pytest.mark.slow
+@pytest.mark.torch
+def test_torchrun_backend_hands_each_workers_its_hosts_interface(make_cluster, procs):
+    """``torchrun --rdzv-backend fsmingle``: the workers torchrun starts get the interface of
+    the address their agent announced, as under ``fsmingle run`` (the worker is ``env``)."""
+    c = make_cluster(2)
+    ps = []
+    for h in c:
+        argv = [
+            "timeout", "-k", "5", "150", sys.executable, "-m", "torch.distributed.run",
+            "--rdzv-backend", "fsmingle", "--rdzv-endpoint", f"{c.shared}/rdzv", "--rdzv-id", "ifname-torchrun",
+            "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-conf", "join_timeout=120",
+            "--monitor-interval", "0.5", "--no-python", "env",
+        ]  # fmt: skip
+        ps.append(procs.spawn(argv, name=h.name, env=host_env(), host=h))
+    for h, p in zip(c, ps):
+        assert p.wait(170) == 0, p.stderr()[-4000:]
+        e = _env_of(p.stdout())
+        assert e["GLOO_SOCKET_IFNAME"] == "eth0" and e["NCCL_SOCKET_IFNAME"] == "eth0", (h.name, e)
+        assert e["MASTER_ADDR"] in (c[0].ip, c[1].ip), e
+
+
+NO_IFNAME = {"GLOO_SOCKET_IFNAME": None, "NCCL_SOCKET_IFNAME": None}  # not exported at all
+
+
+@pytest.mark.parametrize(
+    ("addr", "expect"),
+    [
+        # behind a NAT: the announced address is on no interface here, so no interface is named
+        (["203.0.113.7", "--addr-not-local"], {"MASTER_ADDR": "203.0.113.7", **NO_IFNAME}),
+        (["127.0.0.1"], {"GLOO_SOCKET_IFNAME": "lo"}),
+    ],
+    ids=["nat", "loopback"],
+)
+def test_an_address_no_interface_has_exports_nothing(d, addr, expect):
+    cp = run_cli("env", "--dir", d, "--job-id", "j", "--nnodes", "1", "--addr", *addr, "--format", "dotenv")
     assert cp.returncode == 0, cp.stderr
     e = _env_of(cp.stdout)
-    assert e["MASTER_ADDR"] == "203.0.113.7" and "GLOO_SOCKET_IFNAME" not in e and "NCCL_SOCKET_IFNAME" not in e
-    cp = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "fsmingle",
-            "env",
-            "--dir",
-            str(rdzv),
-            "--job-id",
-            "lo",
-            "--nnodes",
-            "1",
-            "--addr",
-            "127.0.0.1",
-            "--format",
-            "dotenv",
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        cwd=REPO,
-    )
-    assert cp.returncode == 0, cp.stderr
-    assert _env_of(cp.stdout)["GLOO_SOCKET_IFNAME"] == "lo"
+    assert {k: e.get(k) for k in expect} == expect, e
 
 
 @pytest.mark.root
@@ -175,6 +118,6 @@ def test_gloo_training_works_where_hostnames_resolve_to_loopback(make_cluster):
     from test_cross_host import _check_training, _node_run  # torch-only helpers; imported when torch is there
 
     c = make_cluster(2, hosts_file="loopback")
-    recs, texts = _node_run(c, "ifname-gloo", 2, node_rank=[0, 1], env=CLEAR)
+    recs, texts = _node_run(c, "ifname-gloo", 2, node_rank=[0, 1])  # the test harness scrubs GLOO_SOCKET_IFNAME
     _check_training(recs, 4)
     assert {r["MASTER_ADDR"] for r in recs} == {c[0].ip}

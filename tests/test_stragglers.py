@@ -9,37 +9,16 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
+from helpers import REPO, Procs, clean_env, run_cli
 
-REPO = Path(__file__).resolve().parents[1]
-CLEAR = (
-    "FSMINGLE_DIR",
-    "FSMINGLE_JOB_ID",
-    "FSMINGLE_RANK_ORDER",
-    "FSMINGLE_GPUS_PER_NODE",
-    "SLURM_JOB_ID",
-    "SLURM_NNODES",
-    "SLURM_NODEID",
-)
 STAGGER = 1.5  # seconds between starts
 
 
-def _fsmingle(*args, env=None, **kw):
-    return subprocess.run(
-        [sys.executable, "-m", "fsmingle", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-        cwd=REPO,
-        **kw,
-    )
+def _fsmingle(*args, env=None):
+    return run_cli(*args, env=env, timeout=120)
 
 
 @pytest.fixture(scope="module")
@@ -47,37 +26,17 @@ def released(tmp_path_factory):
     """A job released to three members that arrived STAGGER seconds apart: (rdzv dir, env)."""
     rdzv = tmp_path_factory.mktemp("slow") / "rdzv"
     rdzv.mkdir(mode=0o700)
-    env = {k: v for k, v in os.environ.items() if k not in CLEAR}
-    procs = []
-    for _ in range(3):
-        procs.append(
-            subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "fsmingle",
-                    "env",
-                    "--dir",
-                    str(rdzv),
-                    "--job-id",
-                    "slow",
-                    "--nnodes",
-                    "3",
-                    "--timeout",
-                    "60",
-                ],
-                env=env,
-                cwd=REPO,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-        )
-        time.sleep(STAGGER)
-    for p in procs:
-        _, err = p.communicate(timeout=90)
-        assert p.returncode == 0, err
-    return rdzv, env
+    procs = Procs(tmp_path_factory.mktemp("logs"))
+    try:
+        ps = []
+        for _ in range(3):
+            ps.append(procs.env(rdzv, "slow", "--nnodes", 3, timeout=60, stale_after=None, addr=None, fmt=None))
+            time.sleep(STAGGER)
+        for p in ps:
+            assert p.wait(90) == 0, p.stderr()
+    finally:
+        procs.cleanup()
+    return rdzv, clean_env()
 
 
 def test_status_lists_each_members_arrival_host_and_address(released):
@@ -176,8 +135,7 @@ def test_a_big_world_is_read_from_its_member_chunks(tmp_path):
     for k, c in enumerate(chunks):
         (job / member_chunk_name(1, writer, k)).write_bytes(c)
     (job / release_name(1)).write_bytes(header)
-    env = {k: v for k, v in os.environ.items() if k not in CLEAR}
-    cp = _fsmingle("status", "--dir", str(tmp_path / "rdzv"), "big", "--json", env=env)
+    cp = _fsmingle("status", "--dir", str(tmp_path / "rdzv"), "big", "--json")
     assert cp.returncode == 0, cp.stderr
     world = json.loads(cp.stdout)["release"]["world"]
     assert len(world) == n and world[-1] == {
