@@ -46,6 +46,15 @@ def _scratch_name(directory: str, tag: str) -> str:
     )
 
 
+def _remove(*paths: str) -> None:
+    """Unlink scratch files; one already gone (or never created) is no news for the probe."""
+    for p in paths:
+        try:
+            os.unlink(p)
+        except OSError:
+            pass
+
+
 def probe_link(directory: str) -> LinkProbe:
     """Create a hidden scratch file in ``directory``, link() it to a second hidden name, check
     the link count is 2, remove both.  Never raises for the filesystem's answers; raises
@@ -72,11 +81,7 @@ def probe_link(directory: str) -> LinkProbe:
             return LinkProbe(False, None, f"link() succeeded but the link count is {n}, not 2")
         return LinkProbe(True, None, "link() made a second name (link count 2)")
     finally:
-        for p in (dst, src):
-            try:
-                os.unlink(p)
-            except OSError:
-                pass
+        _remove(dst, src)
 
 
 def _probe_rename(directory: str) -> tuple[bool, str]:
@@ -102,11 +107,7 @@ def _probe_rename(directory: str) -> tuple[bool, str]:
     except OSError as e:
         return False, f"rename() failed: {errno_name(e.errno)} ({e.strerror})"
     finally:
-        for p in (a, b):
-            try:
-                os.unlink(p)
-            except OSError:
-                pass
+        _remove(a, b)
 
 
 def _probe_excl(directory: str) -> tuple[bool, str]:
@@ -122,7 +123,4 @@ def _probe_excl(directory: str) -> tuple[bool, str]:
     except OSError as e:
         return False, f"O_CREAT|O_EXCL failed: {errno_name(e.errno)} ({e.strerror})"
     finally:
-        try:
-            os.unlink(a)
-        except OSError:
-            pass
+        _remove(a)
