@@ -37,13 +37,6 @@ JOB = "job1"
 NOBODY = 65534
 
 
-@pytest.fixture
-def procs(tmp_path):
-    p = Procs(tmp_path / "logs")
-    yield p
-    p.cleanup()
-
-
 class Ctx:
     """Per-case state: the rendezvous dir, the job id, things to undo."""
 

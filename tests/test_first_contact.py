@@ -20,7 +20,6 @@ from pathlib import Path
 import pytest
 from helpers import (
     REPO,
-    Procs,
     assert_one_world,
     clean_env,
     have,
@@ -32,20 +31,6 @@ from helpers import (
 
 JOB = "fc"
 NOBODY = 65534
-
-
-@pytest.fixture
-def procs(tmp_path):
-    p = Procs(tmp_path / "logs")
-    yield p
-    p.cleanup()
-
-
-@pytest.fixture
-def d(tmp_path):
-    p = tmp_path / "rdv"
-    p.mkdir(mode=0o700)
-    return p
 
 
 def _status(procs, d, *args) -> tuple[int, str, str]:

@@ -1097,19 +1097,25 @@ def test_gluster_negative_cache_hides_a_generation_looked_up_too_early():
     assert took <= GLUSTER_NEG + w.bound()
 
 
-def test_generation_dir_enoent_on_a_waiting_member_is_confirmed_not_acted_on():
-    # An ENOENT on a directory that exists (a spurious one, for 20 s) while a member waits
-    # connected: it must keep its place (no void, no rejoin) and be released with the others.
+def _connected_member_keeps_its_place(disturb, for_s: float) -> None:
+    """Ranks 0 and 1 of 3 start and connect; ``disturb(world, rank0)``, then ``for_s`` seconds pass:
+    generation 1 must stay undecided (no void), and once rank 2 arrives it is released to all."""
     w = World(3, ranks=[0, 1, 2])
     a, _b = w.start(0), w.start(1)
     w.tick(3.0)
     assert a.p.role.rank_conn.keys() == {1}
-    w.hosts[1].store.blind(gen_name(1), 20.0)
-    w.tick(25.0)
+    disturb(w, a)
+    w.tick(for_s)
     assert 1 not in w.decided, f"generation 1 decided: {w.decided.get(1)}"
     w.start(2)
     w.run_to_completion()
     assert _released_same_world(w).generation == 1
+
+
+def test_generation_dir_enoent_on_a_waiting_member_is_confirmed_not_acted_on():
+    # An ENOENT on a directory that exists (a spurious one, for 20 s) while a member waits
+    # connected: it must keep its place (no void, no rejoin) and be released with the others.
+    _connected_member_keeps_its_place(lambda w, a: w.hosts[1].store.blind(gen_name(1), 20.0), 25.0)
 
 
 def test_silent_partition_of_rank1_at_release_time_voids():
@@ -1175,16 +1181,7 @@ def test_lost_link_reply_on_a_claim_is_recognised(ranks):
 def test_rank0_busy_with_members_connected_is_not_voided():
     # Issue 11, row 7: rank 0 does not step (a long scan, GC, swapping) for most of stale_after
     # while members wait connected: nobody may void it; the world is released when complete.
-    w = World(3, ranks=[0, 1, 2])
-    a, _b = w.start(0), w.start(1)
-    w.tick(3.0)
-    assert a.p.role.rank_conn.keys() == {1}
-    w.stall(a, 0.8 * TIMING.stale_after)
-    w.tick(0.8 * TIMING.stale_after)
-    assert 1 not in w.decided, f"generation 1 decided: {w.decided.get(1)}"
-    w.start(2)
-    w.run_to_completion()
-    assert _released_same_world(w).generation == 1
+    _connected_member_keeps_its_place(lambda w, a: w.stall(a, 0.8 * TIMING.stale_after), 0.8 * TIMING.stale_after)
 
 
 def test_rank0_stopped_longer_than_stale_after_is_voided_then_regrouped():

@@ -18,7 +18,6 @@ from pathlib import Path
 
 import pytest
 from helpers import (
-    Procs,
     assert_one_world,
     have,
     ns_python,
@@ -48,13 +47,6 @@ def _missing() -> list[str]:
 
 
 pytestmark = pytest.mark.skipif(bool(_missing()), reason="NFS-like FUSE views need: " + ", ".join(_missing()))
-
-
-@pytest.fixture
-def procs(tmp_path):
-    p = Procs(tmp_path / "logs")
-    yield p
-    p.cleanup()
 
 
 class Views:
@@ -167,19 +159,13 @@ def test_kill_and_replace_across_views_same_host(procs, views):
 def test_kill_and_replace_across_views_by_heartbeat(procs, views):
     """The victim is 'remote' (own pid namespace): its death is seen only through heartbeats on cached views."""
     stale = 4 * CACHE  # must exceed the attribute cache several times over
-    r0 = procs.env(views.dir(0), JOB, "--nnodes", 2, "--node-rank", 0, timeout=60, stale_after=stale, name="node0")
-    victim = procs.env(
-        views.dir(1),
-        JOB,
-        "--nnodes",
-        2,
-        "--node-rank",
-        1,
-        timeout=60,
-        stale_after=stale,
-        prefix=other_pidns_prefix(),
-        name="victim",
-    )
+
+    def node(view: int, nnodes: int, rank: int, name: str, remote: bool = False):
+        prefix = other_pidns_prefix() if remote else ()
+        argv = ("--nnodes", nnodes, "--node-rank", rank)
+        return procs.env(views.dir(view), JOB, *argv, timeout=60, stale_after=stale, prefix=prefix, name=name)
+
+    r0, victim = node(0, 2, 0, "node0"), node(1, 2, 1, "victim", remote=True)
     # a remote participant seen through cached views takes part normally, ...
     b = wait_claimed(views.real, JOB, 1, [0, 1], procs=[r0, victim])
     assert b[1]["host"]["pid"] == 1
@@ -187,23 +173,11 @@ def test_kill_and_replace_across_views_by_heartbeat(procs, views):
     assert rel["state"] == "released", rel
     assert_one_world(results([r0, victim], timeout=20), 2, generation=1)
     # ... and a dead one is replaced after --stale-after (re-run, same job id, next generation)
-    r0 = procs.env(views.dir(0), JOB, "--nnodes", 3, "--node-rank", 0, timeout=60, stale_after=stale, name="r0")
-    victim = procs.env(
-        views.dir(1),
-        JOB,
-        "--nnodes",
-        3,
-        "--node-rank",
-        1,
-        timeout=60,
-        stale_after=stale,
-        prefix=other_pidns_prefix(),
-        name="victim2",
-    )
+    r0, victim = node(0, 3, 0, "r0"), node(1, 3, 1, "victim2", remote=True)
     wait_claimed(views.real, JOB, 2, [0, 1], procs=[r0, victim])
     ns_python(victim).kill()
     victim.wait(5)
-    new1 = procs.env(views.dir(2), JOB, "--nnodes", 3, "--node-rank", 1, timeout=60, stale_after=stale, name="new1")
+    new1 = node(2, 3, 1, "new1")
     wait_for(lambda: release_of(views.real, JOB, 2), stale + 20, "generation 2 to be voided")
     assert release_of(views.real, JOB, 2)["state"] == "restart"
     r2 = procs.env(views.dir(3), JOB, "--nnodes", 3, "--node-rank", 2, timeout=60, stale_after=stale, name="r2")

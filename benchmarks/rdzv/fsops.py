@@ -48,6 +48,26 @@ class OpCounter:
         return {p: dict(c) for p, c in list(self.counts.items())}
 
 
+# os functions counted one call = one operation of a kind (``open``, ``listdir`` and ``scandir``
+# need more than that and have methods of their own below).
+_ONE_OP = {
+    "read": "read",
+    "write": "write",
+    "fsync": "fsync",
+    "close": "close",
+    "stat": "stat",
+    "lstat": "stat",
+    "fstat": "stat",
+    "replace": "rename",
+    "rename": "rename",
+    "link": "link",
+    "unlink": "unlink",
+    "remove": "unlink",
+    "mkdir": "mkdir",
+    "rmdir": "rmdir",
+}
+
+
 class _CountingOs:
     """Stands in for the ``os`` module inside fsmingle: counts, then calls the real function."""
 
@@ -55,81 +75,20 @@ class _CountingOs:
         self._real, self._c = real, counter
 
     def __getattr__(self, name):
-        return getattr(self._real, name)
+        real = getattr(self._real, name)
+        kind = _ONE_OP.get(name)
+        if kind is None:
+            return real
+
+        def counted(*a, **k):
+            self._c.add(kind)
+            return real(*a, **k)
+
+        return counted
 
     def open(self, path, flags, *a, **k):
         self._c.add("create" if flags & os.O_CREAT else "readdir" if flags & getattr(os, "O_DIRECTORY", 0) else "open")
         return self._real.open(path, flags, *a, **k)
-
-    def read(self, fd, n):
-        self._c.add("read")
-        return self._real.read(fd, n)
-
-    def write(self, fd, data):
-        self._c.add("write")
-        return self._real.write(fd, data)
-
-    def fsync(self, fd):
-        self._c.add("fsync")
-        return self._real.fsync(fd)
-
-    def close(self, fd):
-        self._c.add("close")
-        return self._real.close(fd)
-
-    def _stat(self, real):
-        def f(*a, **k):
-            self._c.add("stat")
-            return real(*a, **k)
-
-        return f
-
-    @property
-    def stat(self):
-        return self._stat(self._real.stat)
-
-    @property
-    def lstat(self):
-        return self._stat(self._real.lstat)
-
-    @property
-    def fstat(self):
-        return self._stat(self._real.fstat)
-
-    def _one(self, kind, real):
-        def f(*a, **k):
-            self._c.add(kind)
-            return real(*a, **k)
-
-        return f
-
-    @property
-    def replace(self):
-        return self._one("rename", self._real.replace)
-
-    @property
-    def rename(self):
-        return self._one("rename", self._real.rename)
-
-    @property
-    def link(self):
-        return self._one("link", self._real.link)
-
-    @property
-    def unlink(self):
-        return self._one("unlink", self._real.unlink)
-
-    @property
-    def remove(self):
-        return self._one("unlink", self._real.remove)
-
-    @property
-    def mkdir(self):
-        return self._one("mkdir", self._real.mkdir)
-
-    @property
-    def rmdir(self):
-        return self._one("rmdir", self._real.rmdir)
 
     def listdir(self, path="."):
         self._c.add("readdir")
