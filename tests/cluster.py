@@ -52,7 +52,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 try:  # pytest is only needed for the fixtures / skip helper
@@ -146,12 +146,18 @@ def _which(name: str) -> str:
     return shutil.which(name) or f"/usr/sbin/{name}"
 
 
-def _proc_start_time(pid: int) -> str | None:
+def _proc_stat(pid: int, field: int) -> str | None:
+    """Field ``field`` of /proc/<pid>/stat counted after the command name (proc(5): 0 is the
+    state, 19 the start time in clock ticks), None if the process is gone."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[19]
+            return f.read().rsplit(")", 1)[1].split()[field]
     except (OSError, IndexError):
         return None
+
+
+def _proc_start_time(pid: int) -> str | None:
+    return _proc_stat(pid, 19)
 
 
 def _mounts_under(prefix: str) -> list[str]:
@@ -175,11 +181,7 @@ def _unmount(path: str) -> None:
 
 def _proc_state(pid: int) -> str | None:
     """One-letter state of ``pid`` (``"Z"`` zombie, ``"D"`` uninterruptible), None if gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return None
+    return _proc_stat(pid, 0)
 
 
 # pid 1 of a host's pid namespace: reaps every orphan it inherits (a zombie would look alive to
@@ -231,23 +233,29 @@ def _netns_pids(ns: str) -> list[int]:
     return [int(x) for x in p.stdout.split() if x.strip().isdigit()]
 
 
-def _kill_netns(ns: str, sig: int = signal.SIGKILL, grace: float = 0.0) -> None:
-    """Signal every process in network namespace ``ns`` (loop: they may fork)."""
+def _kill_all(pids_now: Callable[[], list[int]], sig: int = signal.SIGKILL, grace: float = 0.0) -> None:
+    """Signal every process ``pids_now()`` lists (loop: they may fork); with ``grace`` > 0,
+    SIGTERM first and wait up to ``grace`` seconds for them to end."""
     if grace > 0:
-        for pid in _netns_pids(ns):
+        for pid in pids_now():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + grace
-        while time.monotonic() < deadline and _netns_pids(ns):
+        while time.monotonic() < deadline and pids_now():
             time.sleep(0.05)
     for _ in range(50):
-        pids = _netns_pids(ns)
+        pids = pids_now()
         if not pids:
             return
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)
         time.sleep(0.05)
+
+
+def _kill_netns(ns: str, sig: int = signal.SIGKILL, grace: float = 0.0) -> None:
+    """Signal every process in network namespace ``ns``."""
+    _kill_all(lambda: _netns_pids(ns), sig, grace)
 
 
 def _env(base_extra: Mapping[str, str] | None, overlay: Mapping[str, str | None] | None) -> dict[str, str]:
@@ -868,21 +876,7 @@ class Host:
         if self.init_pid and sig == signal.SIGKILL and grace == 0:
             self.kill_node()
         else:
-            if grace > 0:
-                for pid in self.pids():
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(pid, signal.SIGTERM)
-                deadline = time.monotonic() + grace
-                while time.monotonic() < deadline and self.pids():
-                    time.sleep(0.05)
-            for _ in range(50):
-                pids = self.pids()
-                if not pids:
-                    break
-                for pid in pids:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(pid, sig)
-                time.sleep(0.05)
+            _kill_all(self.pids, sig, grace)
         for p in list(self._procs):
             with contextlib.suppress(Exception):
                 p.wait(timeout=5)
@@ -1632,21 +1626,26 @@ class SlurmCluster:
 
 if pytest is not None:
 
+    def _started(cls):
+        """Body of a factory fixture: yields ``factory(*args, **kw) -> cls(*args, **kw).start()``;
+        closes every object it made after the test, last first, even when the test fails."""
+        made = []
+
+        def factory(*args, **kw):
+            obj = cls(*args, **kw)
+            made.append(obj)
+            return obj.start()
+
+        yield factory
+        for obj in reversed(made):
+            obj.close()
+
     @pytest.fixture
     def make_cluster():
         """Factory: ``make_cluster(n_hosts=3, cache_timeout=2.0, **kw) -> Cluster``
         (started); all are torn down after the test, even when it fails."""
         require_capabilities()
-        made: list[Cluster] = []
-
-        def factory(n_hosts: int = 3, **kw) -> Cluster:
-            c = Cluster(n_hosts, **kw)
-            made.append(c)
-            return c.start()
-
-        yield factory
-        for c in reversed(made):
-            c.close()
+        yield from _started(Cluster)
 
     @pytest.fixture
     def cluster(make_cluster) -> Cluster:
@@ -1658,16 +1657,7 @@ if pytest is not None:
         """Factory: ``make_slurm(n_nodes=3, **cluster_kw) -> SlurmCluster`` (started,
         probe job done); torn down after the test."""
         require_capabilities(slurm=True)
-        made: list[SlurmCluster] = []
-
-        def factory(n_nodes: int = 3, **kw) -> SlurmCluster:
-            s = SlurmCluster(n_nodes, **kw)
-            made.append(s)
-            return s.start()
-
-        yield factory
-        for s in reversed(made):
-            s.close()
+        yield from _started(SlurmCluster)
 
     @pytest.fixture
     def slurm_cluster(make_slurm) -> SlurmCluster:

@@ -12,19 +12,17 @@ import sys
 
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from helpers import REPO, Procs
 
 
 @pytest.fixture
 def repo_root() -> str:
-    return REPO
+    return str(REPO)
 
 
 @pytest.fixture
 def procs(tmp_path):
-    from helpers import Procs
-
     p = Procs(tmp_path / "logs")
     yield p
     p.cleanup()

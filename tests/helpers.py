@@ -24,7 +24,7 @@ from pathlib import Path
 import psutil
 
 FSMINGLE = [sys.executable, "-m", "fsmingle"]
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = Path(__file__).resolve().parents[1]  # the repository root: the one place the tests compute it
 
 # The one environment scrub of the tests.  Variables a scheduler, a launcher (torchrun, a parent
 # fsmingle) or a framework reads; the test process may carry them (pytest itself run under torchrun
@@ -46,7 +46,7 @@ def scrubbed(name: str) -> bool:
 def clean_env(extra: dict | None = None) -> dict:
     """``os.environ`` without scheduler/launcher/fsmingle variables, plus ``extra``; fsmingle importable."""
     env = {k: v for k, v in os.environ.items() if not scrubbed(k)}
-    env["PYTHONPATH"] = REPO + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env["PYTHONUNBUFFERED"] = "1"
     env.update(extra or {})
     return env
@@ -83,6 +83,14 @@ def run_cli(
     )
 
 
+def status_of(d, job: str) -> dict:
+    """``fsmingle status JOB --dir D --json``, which must exit 0: the job's status record."""
+    p = run_cli("status", job, "--dir", d, "--json")
+    assert p.returncode == 0, p.stderr
+    st = json.loads(p.stdout)
+    return st[0] if isinstance(st, list) else st
+
+
 def free_port() -> int:
     """A TCP port that was free a moment ago (bound and released)."""
     with socket.socket() as s:
@@ -104,6 +112,16 @@ def wait_for(pred: Callable[[], object], timeout: float, what: str, interval: fl
 
 def gen_dir(d, job: str, g: int) -> Path:
     return Path(d) / job / f"gen-{g:08d}"
+
+
+def make_gen_dir(d, job: str, g: int = 1) -> Path:
+    """Create generation ``g`` of ``job`` under ``d`` by hand (to plant files in it), every level
+    0700 as fsmingle makes them; returns the generation directory."""
+    gd = gen_dir(d, job, g)
+    gd.mkdir(parents=True)
+    for p in (d, Path(d) / job, gd):
+        os.chmod(p, 0o700)
+    return gd
 
 
 def read_json(path) -> dict | None:

@@ -25,6 +25,7 @@ from helpers import (
     clean_env,
     gen_dir,
     have,
+    make_gen_dir,
     release_of,
     results,
     umount,
@@ -445,14 +446,6 @@ def _evil(records, job):
     return claim, beacon, release
 
 
-def _prepare(d, job, g=1) -> Path:
-    gd = gen_dir(d, job, g)
-    gd.mkdir(parents=True)
-    for p in (d, d / job, gd):
-        os.chmod(p, 0o700)
-    return gd
-
-
 def _write(path: Path, rec, owner=None) -> None:
     path.write_text(json.dumps(rec) if not isinstance(rec, str) else rec)
     os.chmod(path, 0o600)
@@ -467,7 +460,7 @@ def test_untrusted_claim_and_beacon_are_never_used(procs, tmp_path, how):
         pytest.skip("chown needs root")
     d = tmp_path / "rdv"
     claim, beacon, _ = _evil(_valid_records(tmp_path), JOB)
-    gd = _prepare(d, JOB)
+    gd = make_gen_dir(d, JOB)
     if how == "foreign-owned":
         _write(gd / "rank-00000.claim", claim, owner=NOBODY)
         _write(gd / f"beacon-{claim['instance']}.json", beacon, owner=NOBODY)
@@ -493,7 +486,7 @@ def test_untrusted_release_is_never_used_and_does_not_block(procs, tmp_path, how
         pytest.skip("chown needs root")
     d = tmp_path / "rdv"
     _, _, release = _evil(_valid_records(tmp_path), JOB)
-    gd = _prepare(d, JOB)
+    gd = make_gen_dir(d, JOB)
     if how == "foreign-owned":
         _write(gd / "release.json", release, owner=NOBODY)
     else:

@@ -36,51 +36,25 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+from helpers import REPO, host_env, status_of
 
 pytest.importorskip("torch")
 
 pytestmark = [pytest.mark.root, pytest.mark.torch, pytest.mark.slow]
 
-REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "examples" / "train_ddp.py"
 STEPS = 30
 NPROC = 2
 TIMEOUT = ["timeout", "-k", "10", "240"]
 WAIT_S = 270  # a little more than the timeout above: the wrapper always ends first
 
-# Launcher variables the test process may carry (e.g. when pytest itself runs under
-# torchrun or Slurm); removed so each host starts clean.
-_CLEAR = {
-    k: None
-    for k in (
-        "RANK",
-        "WORLD_SIZE",
-        "LOCAL_RANK",
-        "LOCAL_WORLD_SIZE",
-        "GROUP_RANK",
-        "NODE_RANK",
-        "NNODES",
-        "MASTER_ADDR",
-        "MASTER_PORT",
-        "TORCHELASTIC_RUN_ID",
-        "FSMINGLE_DIR",
-        "FSMINGLE_JOB_ID",
-        "NCCL_SOCKET_IFNAME",
-        "GLOO_SOCKET_IFNAME",
-        "JOB_COMPLETION_INDEX",
-        "PET_NNODES",
-        "PET_NODE_RANK",
-        "PET_MASTER_ADDR",
-        "PET_MASTER_PORT",
-        "OMP_NUM_THREADS",
-    )
-}
-_BASE_ENV = {**_CLEAR, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+# Launcher variables the test process may carry (e.g. when pytest itself runs under torchrun or
+# Slurm) are removed so each host starts clean: helpers' one scrub.
+_BASE_ENV = host_env()
 
 _RELEASED = re.compile(r"fsmingle: (\S+) released: master (\S+):(\d+), node rank (\d+)/(\d+)")
 _RELEASED_RANK = re.compile(r"fsmingle: (\S+) released: master (\S+):(\d+), rank (\d+)/(\d+) \(local (\d+)/(\d+)")
@@ -141,6 +115,11 @@ def _released_lines(texts):
     return got
 
 
+def _fsmingle_run(cluster, job: str, *opts) -> list[str]:
+    """``fsmingle run`` on the cluster's shared rendezvous directory, 120 s timeout, then ``opts``."""
+    return ["fsmingle", "run", "--dir", f"{cluster.shared}/rdzv", "--job-id", job, "--timeout", "120", *map(str, opts)]
+
+
 def _node_run(
     cluster, job, nnodes, node_rank=None, fsm_args=(), torch_env=(), env=None, host_env=None, name="run", nproc=NPROC
 ):
@@ -150,18 +129,7 @@ def _node_run(
     procs, logs = [], []
     for k in range(nnodes):
         h = cluster[k]
-        argv = [
-            "fsmingle",
-            "run",
-            "--dir",
-            f"{shared}/rdzv",
-            "--job-id",
-            job,
-            "--nnodes",
-            str(nnodes),
-            "--timeout",
-            "120",
-        ]
+        argv = _fsmingle_run(cluster, job, "--nnodes", nnodes)
         if node_rank is not None:
             argv += ["--node-rank", str(node_rank[k])]
         argv += list(fsm_args[k] if fsm_args else ())
@@ -177,15 +145,7 @@ def _node_run(
 
 
 def _status(cluster, job) -> dict:
-    p = subprocess.run(
-        [sys.executable, "-m", "fsmingle", "status", job, "--dir", f"{cluster.shared}/rdzv", "--json"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert p.returncode == 0, p.stderr
-    d = json.loads(p.stdout)
-    return d[0] if isinstance(d, list) else d
+    return status_of(f"{cluster.shared}/rdzv", job)
 
 
 def test_three_hosts_default_address(make_cluster):
@@ -281,29 +241,9 @@ def test_per_rank_two_hosts(make_cluster):
     placement = {0: 0, 1: 1, 2: 0, 3: 1}  # rank -> host
     procs, logs = [], []
     for rank, k in placement.items():
-        argv = [
-            "fsmingle",
-            "run",
-            "--dir",
-            f"{shared}/rdzv",
-            "--job-id",
-            "cross-perrank",
-            "--world-size",
-            "4",
-            "--rank",
-            str(rank),
-            "--timeout",
-            "120",
-            "--",
-            "env",
-            "GLOO_SOCKET_IFNAME=eth0",  # gloo only; hostnames resolve to loopback here
-            "python",
-            str(SCRIPT),
-            "--steps",
-            str(STEPS),
-            "--out",
-            str(out),
-        ]
+        argv = _fsmingle_run(c, "cross-perrank", "--world-size", 4, "--rank", rank, "--")
+        # GLOO_SOCKET_IFNAME for gloo only: hostnames resolve to loopback here
+        argv += ["env", "GLOO_SOCKET_IFNAME=eth0", "python", str(SCRIPT), "--steps", str(STEPS), "--out", str(out)]
         log = c.workdir / f"perrank-{rank}.log"
         procs.append(_start(c[k], argv, log))
         logs.append(log)

@@ -17,13 +17,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import free_port, torch_env
+from helpers import REPO, free_port, torch_env
 
 pytest.importorskip("torch")
 
 pytestmark = pytest.mark.torch
 
-REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "examples" / "train_ddp.py"
 KILL_AFTER_S = 5
 RUN_TIMEOUT_S = 120

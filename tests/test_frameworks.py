@@ -16,9 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from helpers import Procs, torch_env
+from helpers import REPO, Procs, torch_env
 
-REPO = Path(__file__).resolve().parent.parent
 EX = REPO / "examples" / "frameworks"
 PY = shlex.quote(sys.executable)
 FSMINGLE = f"{PY} -m fsmingle"

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from helpers import host_env
 
 try:
     import cluster as cl
@@ -52,32 +53,7 @@ FILESYSTEMS = ["glusterfs-tuned", "glusterfs-nfs60", "moosefs"]
 STALE = "8"  # --stale-after: small, so that dead nodes are noticed within a test's time
 SLACK = 15.0  # seconds a failing participant may take beyond its --timeout (interpreter start, loaded CI)
 
-_CLEAR = {
-    k: None
-    for k in (
-        "RANK",
-        "WORLD_SIZE",
-        "LOCAL_RANK",
-        "LOCAL_WORLD_SIZE",
-        "GROUP_RANK",
-        "NODE_RANK",
-        "NNODES",
-        "MASTER_ADDR",
-        "MASTER_PORT",
-        "TORCHELASTIC_RUN_ID",
-        "FSMINGLE_DIR",
-        "FSMINGLE_JOB_ID",
-        "NCCL_SOCKET_IFNAME",
-        "GLOO_SOCKET_IFNAME",
-        "JOB_COMPLETION_INDEX",
-        "PET_NNODES",
-        "PET_NODE_RANK",
-        "PET_MASTER_ADDR",
-        "PET_MASTER_PORT",
-        "SLURM_JOB_ID",
-    )
-}
-_ENV = {**_CLEAR, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+_ENV = host_env()  # helpers' one scrub: no launcher/scheduler variable of the test process reaches a host
 _RELEASED = re.compile(r"released: master (\S+):(\d+), node rank (\d+)/(\d+), generation (\d+)")
 
 

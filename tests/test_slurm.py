@@ -16,17 +16,15 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from helpers import REPO, status_of
 
 pytest.importorskip("torch")
 
 pytestmark = [pytest.mark.root, pytest.mark.torch, pytest.mark.slow]
 
-REPO = Path(__file__).resolve().parents[1]
 SLURM = REPO / "slurm"
 TRAIN = str(REPO / "examples" / "train_ddp.py")
 STEPS = "30"
@@ -116,15 +114,7 @@ def _check_master(s, recs):
 
 
 def _status(s, job: str) -> dict:
-    p = subprocess.run(
-        [sys.executable, "-m", "fsmingle", "status", job, "--dir", f"{s.cluster.shared}/rdzv", "--json"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert p.returncode == 0, p.stderr
-    d = json.loads(p.stdout)
-    return d[0] if isinstance(d, list) else d
+    return status_of(f"{s.cluster.shared}/rdzv", job)
 
 
 def test_ddp_torchrun_three_nodes(slurm):

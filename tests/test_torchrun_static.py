@@ -8,11 +8,11 @@ import subprocess
 import sys
 
 import pytest
+from helpers import REPO
 
 pytest.importorskip("torch")
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPT = os.path.join(REPO, "examples", "train_ddp.py")
+SCRIPT = str(REPO / "examples" / "train_ddp.py")
 
 
 def launch_nodes(tmp_path, job, out, nnodes=2, nproc=2, steps=40):
