@@ -69,6 +69,7 @@ def write_outputs(out: str, command: str, env_info: dict, rows: list[dict], note
 
 
 def main(argv: list[str] | None = None) -> int:
+    # defaults of the scenario's settings are Scenario's own (benchmarks/rdzv/harness.py), typed once
     ap = argparse.ArgumentParser(
         prog="python -m benchmarks.rdzv",
         description="Rendezvous benchmark: fsmingle vs torch c10d (last-arrival scenario).",
@@ -81,25 +82,45 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--reps", type=int, default=3, help="repetitions per configuration")
     ap.add_argument(
-        "--settle", type=float, default=6.0, help="seconds between 'all early participants joined' and the last arrival"
+        "--settle",
+        type=float,
+        default=Scenario.settle,
+        help="seconds between 'all early participants joined' and the last arrival",
     )
-    ap.add_argument("--strace-secs", type=float, default=4.0, help="strace/counting window inside the settle period")
-    ap.add_argument("--strace-procs", type=int, default=2, help="waiting processes sampled with strace (0: none)")
     ap.add_argument(
-        "--max-procs", type=int, default=16, help="participant processes at most; beyond, participants are threads"
+        "--strace-secs",
+        type=float,
+        default=Scenario.strace_secs,
+        help="strace/counting window inside the settle period",
+    )
+    ap.add_argument(
+        "--strace-procs",
+        type=int,
+        default=Scenario.strace_procs,
+        help="waiting processes sampled with strace (0: none)",
+    )
+    ap.add_argument(
+        "--max-procs",
+        type=int,
+        default=Scenario.max_procs,
+        help="participant processes at most; beyond, participants are threads",
     )
     ap.add_argument(
         "--max-mounts", type=int, default=64, help="bindfs mounts at most (participant p uses mount p %% M)"
     )
-    ap.add_argument("--timeout", type=float, default=120.0, help="per-phase timeout (s) and fsmingle's --timeout")
-    ap.add_argument("--ready-timeout", type=float, default=300.0, help="time allowed for spawning and imports")
+    ap.add_argument(
+        "--timeout", type=float, default=Scenario.timeout, help="per-phase timeout (s) and fsmingle's --timeout"
+    )
+    ap.add_argument(
+        "--ready-timeout", type=float, default=Scenario.ready_timeout, help="time allowed for spawning and imports"
+    )
     ap.add_argument(
         "--budget",
         type=float,
         default=900.0,
         help="stop escalating N for a backend/fs once one configuration takes longer (s)",
     )
-    ap.add_argument("--v1-root", default="/tmp/v1", help="checkout holding the previous release (fsmingle-v1)")
+    ap.add_argument("--v1-root", default=Scenario.v1_root, help="checkout holding the previous release (fsmingle-v1)")
     ap.add_argument(
         "--fsmingle-root",
         default=None,
