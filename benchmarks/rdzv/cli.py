@@ -68,8 +68,25 @@ def write_outputs(out: str, command: str, env_info: dict, rows: list[dict], note
     return table
 
 
+# The options that are Scenario settings: (flag, type, help).  Their defaults are Scenario's own
+# (benchmarks/rdzv/harness.py), typed once; each value goes to the field of the flag's name.
+_SCENARIO_FLAGS = [
+    ("--settle", float, "seconds between 'all early participants joined' and the last arrival"),
+    ("--strace-secs", float, "strace/counting window inside the settle period"),
+    ("--strace-procs", int, "waiting processes sampled with strace (0: none)"),
+    ("--max-procs", int, "participant processes at most; beyond, participants are threads"),
+    ("--timeout", float, "per-phase timeout (s) and fsmingle's --timeout"),
+    ("--ready-timeout", float, "time allowed for spawning and imports"),
+    ("--v1-root", str, "checkout holding the previous release (fsmingle-v1)"),
+]
+
+
+def _field(flag: str) -> str:
+    """``--strace-secs`` -> ``strace_secs`` (argparse's dest and the Scenario field)."""
+    return flag[2:].replace("-", "_")
+
+
 def main(argv: list[str] | None = None) -> int:
-    # defaults of the scenario's settings are Scenario's own (benchmarks/rdzv/harness.py), typed once
     ap = argparse.ArgumentParser(
         prog="python -m benchmarks.rdzv",
         description="Rendezvous benchmark: fsmingle vs torch c10d (last-arrival scenario).",
@@ -81,38 +98,10 @@ def main(argv: list[str] | None = None) -> int:
         "--fs", default="local,bindfs", help=f"any of {', '.join(FS_MODES)}; torch-tcp ignores it (fs 'net')"
     )
     ap.add_argument("--reps", type=int, default=3, help="repetitions per configuration")
-    ap.add_argument(
-        "--settle",
-        type=float,
-        default=Scenario.settle,
-        help="seconds between 'all early participants joined' and the last arrival",
-    )
-    ap.add_argument(
-        "--strace-secs",
-        type=float,
-        default=Scenario.strace_secs,
-        help="strace/counting window inside the settle period",
-    )
-    ap.add_argument(
-        "--strace-procs",
-        type=int,
-        default=Scenario.strace_procs,
-        help="waiting processes sampled with strace (0: none)",
-    )
-    ap.add_argument(
-        "--max-procs",
-        type=int,
-        default=Scenario.max_procs,
-        help="participant processes at most; beyond, participants are threads",
-    )
+    for flag, kind, text in _SCENARIO_FLAGS:
+        ap.add_argument(flag, type=kind, default=getattr(Scenario, _field(flag)), help=text)
     ap.add_argument(
         "--max-mounts", type=int, default=64, help="bindfs mounts at most (participant p uses mount p %% M)"
-    )
-    ap.add_argument(
-        "--timeout", type=float, default=Scenario.timeout, help="per-phase timeout (s) and fsmingle's --timeout"
-    )
-    ap.add_argument(
-        "--ready-timeout", type=float, default=Scenario.ready_timeout, help="time allowed for spawning and imports"
     )
     ap.add_argument(
         "--budget",
@@ -120,7 +109,6 @@ def main(argv: list[str] | None = None) -> int:
         default=900.0,
         help="stop escalating N for a backend/fs once one configuration takes longer (s)",
     )
-    ap.add_argument("--v1-root", default=Scenario.v1_root, help="checkout holding the previous release (fsmingle-v1)")
     ap.add_argument(
         "--fsmingle-root",
         default=None,
@@ -168,14 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs(args.out, exist_ok=True)
     command = " ".join(shlex.quote(x) for x in ["python", "-m", "benchmarks.rdzv"] + raw)
     sc = Scenario(
-        settle=args.settle,
-        strace_secs=args.strace_secs,
-        strace_procs=args.strace_procs,
-        max_procs=args.max_procs,
-        timeout=args.timeout,
-        ready_timeout=args.ready_timeout,
+        **{_field(flag): getattr(args, _field(flag)) for flag, _, _ in _SCENARIO_FLAGS},
         keep_logs=args.keep_logs,
-        v1_root=args.v1_root,
         fsmingle_root=args.fsmingle_root,
         progress=not args.no_progress,
     )

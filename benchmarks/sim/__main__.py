@@ -11,6 +11,13 @@ import shlex
 import sys
 import time
 
+# option (argparse dest) -> the engine.Config field it sets
+_CONFIG_FIELDS = {
+    "net_latency": "net_latency",
+    "spread": "arrival_spread",
+    **{k: k for k in ("settle", "cores", "cpu_scale", "syscall_cost", "horizon", "seed")},
+}
+
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
@@ -54,20 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---|---|---|---|---|---|---|---|")
     for n in ns:
         t0 = time.monotonic()
-        r = run(
-            Config(
-                n=n,
-                cost=cost,
-                net_latency=a.net_latency,
-                arrival_spread=a.spread,
-                settle=a.settle,
-                cores=a.cores,
-                cpu_scale=a.cpu_scale,
-                syscall_cost=a.syscall_cost,
-                horizon=a.horizon,
-                seed=a.seed,
-            )
-        )
+        r = run(Config(n=n, cost=cost, **{field: getattr(a, dest) for dest, field in _CONFIG_FIELDS.items()}))
         r["wall_s"] = time.monotonic() - t0
         out.append(r)
         ok = ok and r["completed"] and r.get("valid", False)
