@@ -481,7 +481,16 @@ class _Bindfs(_FsBackend):
 
 
 class _Gluster(_FsBackend):
-    """A replica-2 GlusterFS volume on two bricks of this machine (glusterd(8), gluster(8))."""
+    """A ``replica 3 arbiter 1`` GlusterFS volume on three bricks of this machine (glusterd(8),
+    gluster(8)).
+
+    Not replica 2: without client quorum (``cluster.quorum-type none``, replica 2's default) a
+    client that loses one brick for a moment writes to the other alone, and two clients creating
+    the same name then each win on "their" brick -- measured here under heavy load: two of four
+    hosts both won ``mkdir`` of one directory and ``link()`` of one claim (a split brain).  Replica
+    3 defaults to quorum ``auto`` (2 of 3 bricks), so any two writers share a brick, which
+    serializes their creates.  The arbiter brick holds names and metadata only.
+    """
 
     fuse_type = "fuse.glusterfs"
 
@@ -496,6 +505,7 @@ class _Gluster(_FsBackend):
         base = c.workdir / "gluster"
         (base / "b1").mkdir(parents=True)
         (base / "b2").mkdir()
+        (base / "arbiter").mkdir()
         # One glusterd per machine, shared with other tests running at the same time: start ours
         # only if none answers; stop it only if we started it and no volume is left (_stop_servers).
         if _sh(["gluster", "volume", "list"], check=False).returncode != 0:
@@ -523,9 +533,12 @@ class _Gluster(_FsBackend):
                 "create",
                 self.volume,
                 "replica",
-                "2",
+                "3",
+                "arbiter",
+                "1",
                 f"{ip}:{base}/b1",
                 f"{ip}:{base}/b2",
+                f"{ip}:{base}/arbiter",
                 "force",
             ],
             timeout=60,
@@ -1001,7 +1014,7 @@ class Cluster:
       fs: the shared filesystem, one of :data:`FILESYSTEMS`.  ``"bindfs"`` (default): the
         NFS-like views above.  The others are real distributed filesystems whose servers the
         cluster starts in the root namespace at the bridge address (``<subnet>.1``):
-        ``"glusterfs-tuned"`` / ``"glusterfs-nfs60"`` (a replica-2 volume; cache profiles in
+        ``"glusterfs-tuned"`` / ``"glusterfs-nfs60"`` (a replica 3 arbiter 1 volume; cache profiles in
         :data:`GLUSTER_PROFILES`), ``"moosefs"`` (master + chunkserver), ``"s3fs"`` (s3fs-fuse
         over moto, for the refusal tests).  Each host gets its OWN FUSE client, started in the
         host's network namespace: when the host loses its link (``link_down``) its mount hangs
