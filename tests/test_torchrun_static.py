@@ -3,68 +3,54 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
 import pytest
-from helpers import REPO
+from helpers import REPO, clean_env
 
 pytest.importorskip("torch")
 
 SCRIPT = str(REPO / "examples" / "train_ddp.py")
 
 
-def launch_nodes(tmp_path, job, out, nnodes=2, nproc=2, steps=40):
-    procs = []
-    (tmp_path / "rdzv").mkdir(mode=0o700, exist_ok=True)  # --dir must exist: fsmingle never creates it
-    for _ in range(nnodes):
-        env = dict(os.environ, TMPDIR=str(tmp_path), OMP_NUM_THREADS="1")
-        for k in [k for k in env if k.startswith(("SLURM_", "PET_"))]:
-            env.pop(k)
-        # `timeout -k`: a failed peer can leave torchrun agents in a 300 s exit barrier.
-        cmd = [
-            "timeout",
-            "-k",
-            "10",
-            "240",
-            sys.executable,
-            "-m",
-            "fsmingle",
-            "run",
-            "--dir",
-            str(tmp_path / "rdzv"),
-            "--job-id",
+def launch_nodes(procs, tmp_path, job, out, nnodes=2, nproc=2, steps=40) -> list[str]:
+    """``fsmingle run ... -- torchrun train_ddp.py`` as ``nnodes`` nodes on this machine; their output."""
+    d = tmp_path / "rdzv"
+    d.mkdir(mode=0o700, exist_ok=True)  # --dir must exist: fsmingle never creates it
+    env = {"TMPDIR": str(tmp_path), "OMP_NUM_THREADS": "1"}
+    train = ["torchrun", "--nproc-per-node", nproc, SCRIPT, "--steps", steps, "--out", out]
+    # `timeout -k`: a failed peer can leave torchrun agents in a 300 s exit barrier.
+    kill = ["timeout", "-k", "10", "240"]
+    ps = [
+        procs.env(
+            d,
             job,
             "--nnodes",
-            str(nnodes),
-            "--addr",
-            "127.0.0.1",
-            "--timeout",
-            "120",
+            nnodes,
             "--",
-            "torchrun",
-            "--nproc-per-node",
-            str(nproc),
-            SCRIPT,
-            "--steps",
-            str(steps),
-            "--out",
-            str(out),
-        ]
-        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    logs = [p.communicate(timeout=300)[0] for p in procs]
-    for p, log in zip(procs, logs, strict=True):
-        assert p.returncode == 0, log[-4000:]
+            *train,
+            cmd="run",
+            timeout=120,
+            stale_after=None,
+            prefix=kill,
+            extra_env=env,
+        )
+        for _ in range(nnodes)
+    ]
+    rcs = [p.wait(300) for p in ps]
+    logs = [p.stdout() + p.stderr() for p in ps]
+    for rc, log in zip(rcs, logs, strict=True):
+        assert rc == 0, log[-4000:]
     return logs
 
 
 @pytest.mark.torch
-def test_two_nodes_two_procs_then_again_same_job_id(tmp_path):
+def test_two_nodes_two_procs_then_again_same_job_id(procs, tmp_path):
     checksums = []
     for attempt in range(2):
         out = tmp_path / f"out{attempt}"
-        logs = launch_nodes(tmp_path, "ddp-static", out)
+        logs = launch_nodes(procs, tmp_path, "ddp-static", out)
         ranks = [json.load(open(out / f"rank{r}.json")) for r in range(4)]
         assert [r["rank"] for r in ranks] == [0, 1, 2, 3]
         assert {r["world_size"] for r in ranks} == {4}
@@ -78,7 +64,7 @@ def test_two_nodes_two_procs_then_again_same_job_id(tmp_path):
 
 @pytest.mark.torch
 def test_demo_command(tmp_path, repo_root):
-    env = dict(os.environ, TMPDIR=str(tmp_path))
+    env = clean_env({"TMPDIR": str(tmp_path)})
     p = subprocess.run(
         ["timeout", "-k", "10", "280", sys.executable, "-m", "fsmingle", "demo", "--steps", "20"],
         cwd=repo_root,
