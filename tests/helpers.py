@@ -1,4 +1,11 @@
-"""Helpers for the process-level fault, bad-input and NFS-like tests.
+"""The test harness: how every test starts a participant and what environment it gets.
+
+* One way to start a participant: :meth:`Procs.env` (``fsmingle env``/``run``), here or on a
+  network-namespace host of tests/cluster.py (``host=``); :meth:`Procs.spawn` for any other
+  command; :func:`run_cli` for a short ``fsmingle`` command run to completion.
+* One environment scrub: :func:`clean_env` (and :func:`torch_env` for torch jobs,
+  :func:`host_env` as an overlay for cluster hosts) drops every scheduler/launcher variable the
+  test process may carry (``_SCRUB``).
 
 Every participant is a real ``fsmingle`` process (``python -m fsmingle ...``)
 whose stdout and stderr go to files, so a test can watch its progress while it
