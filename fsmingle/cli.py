@@ -389,6 +389,20 @@ def _usage_hint(e: click.ClickException) -> str:
     return f"; see `{ctx.command_path} --help`" if ctx is not None else "; see `fsmingle --help`"
 
 
+def _click_failure(e: click.ClickException) -> tuple[str, int]:
+    """click's error as fsmingle's one line and exit code (most specific class first)."""
+    if isinstance(e, click.MissingParameter):  # a BadParameter, but a usage error: exit 2
+        return e.format_message().rstrip(".") + _usage_hint(e), 2
+    if isinstance(e, options.BadOptionValue):
+        # Option.parse already wrote the whole line: the flag, the value, what to give instead.
+        return e.message, ConfigError.exit_code
+    if isinstance(e, click.BadParameter):
+        return e.format_message(), ConfigError.exit_code
+    if isinstance(e, click.UsageError):
+        return e.format_message().rstrip(".") + _usage_hint(e), 2
+    return e.format_message(), e.exit_code
+
+
 def main(argv: list[str] | None = None, prog_name: str | None = None) -> None:
     """Console-script entry point: every failure is one line and a code of :func:`fsmingle.errors.exit_codes`.
 
@@ -401,22 +415,10 @@ def main(argv: list[str] | None = None, prog_name: str | None = None) -> None:
     except click.NoArgsIsHelpError as e:
         e.show()
         sys.exit(e.exit_code)
-    except click.MissingParameter as e:
-        typer.echo(f"fsmingle: error: {e.format_message().rstrip('.')}{_usage_hint(e)}", err=True)
-        sys.exit(2)
-    except options.BadOptionValue as e:
-        # Option.parse already wrote the whole line: the flag, the value, what to give instead.
-        typer.echo(f"fsmingle: error: {e.message}", err=True)
-        sys.exit(ConfigError.exit_code)
-    except click.BadParameter as e:
-        typer.echo(f"fsmingle: error: {e.format_message()}", err=True)
-        sys.exit(ConfigError.exit_code)
-    except click.UsageError as e:
-        typer.echo(f"fsmingle: error: {e.format_message().rstrip('.')}{_usage_hint(e)}", err=True)
-        sys.exit(2)
     except click.ClickException as e:
-        typer.echo(f"fsmingle: error: {e.format_message()}", err=True)
-        sys.exit(e.exit_code)
+        message, code = _click_failure(e)
+        typer.echo(f"fsmingle: error: {message}", err=True)
+        sys.exit(code)
     except typer.Abort:
         typer.echo("fsmingle: aborted", err=True)
         sys.exit(1)

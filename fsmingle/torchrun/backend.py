@@ -43,6 +43,7 @@ from .codec import (
 )
 from .fold import fold_state
 from .heartbeat import HeartbeatWriter, LivenessView
+from .runstore import RunFiles
 
 log = logging.getLogger("fsmingle.torchrun")
 
@@ -54,7 +55,7 @@ def sleep_jitter(base: float) -> None:
     time.sleep(base * (0.5 + random.random()))
 
 
-class FsRendezvousBackend(RendezvousBackend):
+class FsRendezvousBackend(RunFiles, RendezvousBackend):
     """torch ``RendezvousBackend`` keeping the rendezvous state in a shared directory.
 
     The state is a sequence of immutable files ``state-<N>.json`` (JSON, mode
@@ -207,18 +208,6 @@ class FsRendezvousBackend(RendezvousBackend):
             raise RendezvousConnectionError(f"cannot list {self._where()}: {e}") from e
         versions = [int(m.group(1)) for m in map(STATE_RE.match, names) if m]
         return max(versions, default=None)
-
-    def _read(self, name: str) -> bytes | None:
-        try:
-            # A fresh open() per read: NFS promises close-to-open consistency
-            # only; ENOENT/ESTALE (pruned, replaced) come back as None.
-            return self._store.read(name)
-        except OSError as e:
-            raise RendezvousConnectionError(f"cannot read {self._where(name)}: {e}") from e
-
-    def _where(self, name: str = "") -> str:
-        p = getattr(self._store, "path", None)
-        return p(name) if callable(p) else f"{self._run_id}/{name}"
 
     def peek(self) -> StateRecord | None:
         """The newest state version, or None if there is none (no side effects on pinning).

@@ -27,11 +27,12 @@ from .codec import (
     encode_store_address,
     store_name,
 )
+from .runstore import RunFiles
 
 KEEP_STORE_FILES = 4  # store-address files kept (newest rounds)
 
 
-class StoreAddressBoard:
+class StoreAddressBoard(RunFiles):
     """The store-address files of one run directory.
 
     Args:
@@ -42,18 +43,6 @@ class StoreAddressBoard:
     def __init__(self, store: Store, run_id: str) -> None:
         self._store = store
         self._run_id = run_id
-
-    def _read(self, name: str) -> bytes | None:
-        try:
-            # Polled by name with a fresh open(): a negative dentry may hide
-            # the new file for a while on NFS, never forever (lookup revalidation).
-            return self._store.read(name)
-        except OSError as e:
-            raise RendezvousConnectionError(f"cannot read {self._where(name)}: {e}") from e
-
-    def _where(self, name: str = "") -> str:
-        p = getattr(self._store, "path", None)
-        return p(name) if callable(p) else f"{self._run_id}/{name}"
 
     def publish(self, a: StoreAddress) -> None:
         """Create ``store-<E>-<R>.json`` (once) and prune old ones.
