@@ -58,6 +58,25 @@ def _barrier(d: str, prefix: str, n: int, deadline: float, what: str) -> set[str
         delay = min(delay * 1.5, 0.1)
 
 
+def _until_seen(others: list[str], seen, t0: float, deadline: float, failure: str) -> dict[str, float]:
+    """Poll ``seen(peer)`` every 20 ms until every peer's file is seen; seconds after ``t0`` each.
+
+    Raises:
+        RendezvousTimeoutError: past ``deadline`` (monotonic) with some still unseen; the message
+            names them, then ``failure``.
+    """
+    seen_at: dict[str, float] = {}
+    while len(seen_at) < len(others):
+        now = time.monotonic()
+        for o in others:
+            if o not in seen_at and seen(o):
+                seen_at[o] = now - t0
+        if now > deadline:
+            raise RendezvousTimeoutError(f"fsmingle check: the files of {sorted(set(others) - set(seen_at))} {failure}")
+        time.sleep(0.02)
+    return seen_at
+
+
 def _peer_check(directory: str, n: int, timeout: float, session: str, races: int) -> dict:
     deadline = time.monotonic() + timeout
     base = os.path.join(directory, _CHECK_DIR)
@@ -91,41 +110,30 @@ def _peer_check(directory: str, n: int, timeout: float, session: str, races: int
         # some clients' caches (GlusterFS md-cache) and would hide the negative-cache delay.
         t0 = time.monotonic()
         put(f"mark-{me}", {})
-        seen_open: dict[str, float] = {}
-        while len(seen_open) < len(others):
-            now = time.monotonic()
-            for o in others:
-                if o not in seen_open:
-                    try:
-                        with open(os.path.join(d, f"mark-{o}"), "rb"):
-                            pass
-                        seen_open[o] = now - t0
-                    except OSError:
-                        pass
-            if now > deadline:
-                raise RendezvousTimeoutError(
-                    f"fsmingle check: the files of {sorted(set(others) - set(seen_open))} "
-                    f"stayed invisible by name in {d} for {timeout:g} s"
-                )
-            time.sleep(0.02)
+
+        def by_name(o: str) -> bool:
+            try:
+                with open(os.path.join(d, f"mark-{o}"), "rb"):
+                    return True
+            except OSError:
+                return False
+
+        seen_open = _until_seen(others, by_name, t0, deadline, f"stayed invisible by name in {d} for {timeout:g} s")
         # In listings: a second file each, after everyone has seen the first ones by name.
         put(f"named-{me}", {})
         _barrier(d, "named-", n, deadline, "named")
         t1 = time.monotonic()
         put(f"lmark-{me}", {})
-        seen_list: dict[str, float] = {}
-        while len(seen_list) < len(others):
-            now = time.monotonic()
-            listed = _listed(d, "lmark-")
-            for o in others:
-                if o in listed and o not in seen_list:
-                    seen_list[o] = now - t1
-            if now > deadline:
-                raise RendezvousTimeoutError(
-                    f"fsmingle check: the files of {sorted(set(others) - set(seen_list))} "
-                    f"never showed in listings of {d} within {timeout:g} s"
-                )
-            time.sleep(0.02)
+        listed: set[str] = set()
+
+        def in_listing(o: str) -> bool:
+            if o not in listed:  # one listing per round of polls, not one per peer
+                listed.update(_listed(d, "lmark-"))
+            return o in listed
+
+        seen_list = _until_seen(
+            others, in_listing, t1, deadline, f"never showed in listings of {d} within {timeout:g} s"
+        )
         # Races: everyone goes through the same names as fast as it can; exactly one may win each.
         # One source file per race: its link count alone says whether that race's link() won
         # (link() may report failure after succeeding, nfs(5)), and nothing is unlinked mid-race.
