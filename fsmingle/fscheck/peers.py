@@ -19,6 +19,7 @@ import socket
 import time
 
 from ..errors import RendezvousTimeoutError
+from .probes import _remove
 
 _CHECK_DIR = ".fsmingle-check"
 
@@ -56,6 +57,17 @@ def _barrier(d: str, prefix: str, n: int, deadline: float, what: str) -> set[str
             )
         time.sleep(delay)
         delay = min(delay * 1.5, 0.1)
+
+
+def _tidy(d: str, base: str, names: list[str]) -> None:
+    """Remove scratch files ``names`` from ``d``, then ``d`` and ``base`` if they are empty (a
+    directory another peer still uses stays: rmdir refuses a non-empty one)."""
+    _remove(*(os.path.join(d, name) for name in names))
+    for q in (d, base):
+        try:
+            os.rmdir(q)
+        except OSError:
+            pass
 
 
 def _until_seen(others: list[str], seen, t0: float, deadline: float, failure: str) -> dict[str, float]:
@@ -184,30 +196,12 @@ def _peer_check(directory: str, n: int, timeout: float, session: str, races: int
         put(f"read-{me}", {})
         if me == peers[0]:
             _barrier(d, "read-", n, deadline, "read")
-            for name in os.listdir(d):
-                if name.startswith(("join-", "ready-", "mark-", "named-", "lmark-", "result-", "read-", "rl-", "rx-")):
-                    try:
-                        os.unlink(os.path.join(d, name))
-                    except OSError:
-                        pass
-            for q in (d, base):
-                try:
-                    os.rmdir(q)
-                except OSError:
-                    pass
+            scratch = ("join-", "ready-", "mark-", "named-", "lmark-", "result-", "read-", "rl-", "rx-")
+            _tidy(d, base, [name for name in os.listdir(d) if name.startswith(scratch)])
         mine.clear()
     finally:
         if mine:  # only on failure: leave nothing of ours behind (the dirs only if nobody else is in them)
-            for name in mine:
-                try:
-                    os.unlink(os.path.join(d, name))
-                except OSError:
-                    pass
-            for q in (d, base):
-                try:
-                    os.rmdir(q)
-                except OSError:
-                    pass
+            _tidy(d, base, mine)
     link_count = {}
     excl_count = {}
     for r in results.values():
