@@ -25,6 +25,7 @@ from helpers import (
     claim_of,
     gen_dir,
     have,
+    make_gen_dir,
     ns_python,
     other_pidns_prefix,
     release_of,
@@ -45,6 +46,11 @@ needs_unshare = pytest.mark.skipif(
 def _remote(procs, d, *args, **kw):
     """A participant in its own pid namespace (liveness only through its heartbeat)."""
     return procs.env(d, JOB, *args, prefix=other_pidns_prefix(), **kw)
+
+
+def _here(procs, d, *args, **kw):
+    """A participant on this host (psutil can judge its liveness)."""
+    return procs.env(d, JOB, *args, **kw)
 
 
 def _run_printing_env(procs, d, *args, name=None, **kw):
@@ -188,12 +194,8 @@ def test_master_dies_before_release(procs, d, where):
     if where == "remote" and (os.geteuid() != 0 or have("unshare")):
         pytest.skip("simulating a remote host needs root and `unshare`")
     stale = 60 if where == "remote" else 3
-    spawn = (
-        (lambda *a, **k: _remote(procs, d, *a, **k))
-        if where == "remote"
-        else (lambda *a, **k: procs.env(d, JOB, *a, **k))
-    )
-    old0 = spawn("--nnodes", 3, "--node-rank", 0, timeout=40, stale_after=stale, name="old0")
+    spawn = _remote if where == "remote" else _here
+    old0 = spawn(procs, d, "--nnodes", 3, "--node-rank", 0, timeout=40, stale_after=stale, name="old0")
     r1 = _run_printing_env(procs, d, "--nnodes", 3, "--node-rank", 1, timeout=40, stale_after=stale, name="r1")
     beacons = wait_claimed(d, JOB, 1, [0, 1], procs=[old0, r1])
     dead_port = beacons[0]["master_port"]
@@ -241,40 +243,23 @@ def test_rerun_same_job_id_three_times(procs, d):
     assert gens == sorted(set(gens)) and len(gens) == 3, gens
 
 
+def _of_run(procs, d, restart_count: int, rank: int, spawn=_here, **kw):
+    """Node rank ``rank`` of 2 in the job's run number ``restart_count`` (SLURM_RESTART_COUNT, as
+    a requeued Slurm job sets it), started by ``spawn`` (:func:`_here` or :func:`_remote`)."""
+    env = {"SLURM_RESTART_COUNT": str(restart_count)}
+    name = f"{'old' if restart_count == 0 else 'new'}{rank}"
+    return spawn(procs, d, "--nnodes", 2, "--node-rank", rank, extra_env=env, name=name, **kw)
+
+
 @needs_unshare
 def test_requeue_ignores_participant_of_earlier_restart_count(procs, d):
     """SLURM_RESTART_COUNT=1 participants do not wait --stale-after for a dead count-0 one (another node)."""
-    old = _remote(
-        procs,
-        d,
-        "--nnodes",
-        2,
-        "--node-rank",
-        0,
-        timeout=40,
-        stale_after=60,
-        extra_env={"SLURM_RESTART_COUNT": "0"},
-        name="old0",
-    )
+    old = _of_run(procs, d, 0, 0, timeout=40, stale_after=60, spawn=_remote)
     wait_claimed(d, JOB, 1, [0], procs=[old])
     ns_python(old).kill()  # the node of the first run is gone; its heartbeat is not yet stale (60 s)
     old.wait(5)
     t0 = time.monotonic()
-    new = [
-        procs.env(
-            d,
-            JOB,
-            "--nnodes",
-            2,
-            "--node-rank",
-            r,
-            timeout=40,
-            stale_after=60,
-            extra_env={"SLURM_RESTART_COUNT": "1"},
-            name=f"new{r}",
-        )
-        for r in (0, 1)
-    ]
+    new = [_of_run(procs, d, 1, r, timeout=40, stale_after=60) for r in (0, 1)]
     res = results(new, timeout=40)
     assert time.monotonic() - t0 < 40, "the requeued run waited for the stale heartbeat instead of the restart count"
     w = assert_one_world(res, 2)
@@ -284,34 +269,9 @@ def test_requeue_ignores_participant_of_earlier_restart_count(procs, d):
 
 def test_requeue_live_leftover_of_earlier_run_is_never_released_with_the_new_run(procs, d):
     """A still-running count-0 participant does not stop the count-1 run, and is never part of its world."""
-    old = procs.env(
-        d,
-        JOB,
-        "--nnodes",
-        2,
-        "--node-rank",
-        0,
-        timeout=8,
-        stale_after=3,
-        extra_env={"SLURM_RESTART_COUNT": "0"},
-        name="old0",
-    )
+    old = _of_run(procs, d, 0, 0, timeout=8, stale_after=3)
     wait_claimed(d, JOB, 1, [0], procs=[old])
-    new = [
-        procs.env(
-            d,
-            JOB,
-            "--nnodes",
-            2,
-            "--node-rank",
-            r,
-            timeout=40,
-            stale_after=3,
-            extra_env={"SLURM_RESTART_COUNT": "1"},
-            name=f"new{r}",
-        )
-        for r in (0, 1)
-    ]
+    new = [_of_run(procs, d, 1, r, timeout=40, stale_after=3) for r in (0, 1)]
     res = results(new, timeout=40)
     w = assert_one_world(res, 2)
     rel = release_of(d, JOB, w["generation"])
@@ -326,7 +286,7 @@ def test_requeue_live_leftover_of_earlier_run_is_never_released_with_the_new_run
 def test_duplicate_explicit_rank_fails_with_exit_6(procs, d, holder_where):
     if holder_where == "remote" and (os.geteuid() != 0 or have("unshare")):
         pytest.skip("simulating a remote host needs root and `unshare`")
-    spawn = _remote if holder_where == "remote" else (lambda pr, dd, *a, **k: pr.env(dd, JOB, *a, **k))
+    spawn = _remote if holder_where == "remote" else _here
     a = spawn(procs, d, "--nnodes", 2, "--node-rank", 0, timeout=40, stale_after=3, name="holder")
     beacons = wait_claimed(d, JOB, 1, [0], procs=[a])
     b = procs.env(d, JOB, "--nnodes", 2, "--node-rank", 0, timeout=40, stale_after=3, name="intruder")
@@ -455,14 +415,6 @@ def _plant(g: Path, name: str, data: bytes | str) -> Path:
     return p
 
 
-def _prepare_gen(d, job, g=1) -> Path:
-    gd = gen_dir(d, job, g)
-    gd.mkdir(parents=True)
-    for p in (d, d / job, gd):
-        os.chmod(p, 0o700)
-    return gd
-
-
 def _plant_garbage(gd: Path) -> None:
     bad_beacon = {"schema": 1, "kind": "beacon", "job_id": JOB, "generation": 1, "instance": "ab" * 8}
     _plant(gd, "beacon-0123456789abcdef.json", '{"schema": 1, "kind": "beac')  # truncated
@@ -478,7 +430,7 @@ def _plant_garbage(gd: Path) -> None:
 
 
 def test_corrupt_files_in_generation_are_ignored_explicit_ranks(procs, d):
-    gd = _prepare_gen(d, JOB)
+    gd = make_gen_dir(d, JOB)
     _plant_garbage(gd)
     ps = [procs.env(d, JOB, "--nnodes", 3, "--node-rank", r, timeout=40, stale_after=2, name=f"r{r}") for r in range(3)]
     res = results(ps, timeout=40)
@@ -491,7 +443,7 @@ def test_corrupt_files_in_generation_are_ignored_explicit_ranks(procs, d):
 
 
 def test_corrupt_claim_does_not_block_first_come(procs, d):
-    gd = _prepare_gen(d, JOB)
+    gd = make_gen_dir(d, JOB)
     _plant_garbage(gd)
     ps = [procs.env(d, JOB, "--nnodes", 3, timeout=6, stale_after=1, name=f"fc{i}") for i in range(3)]
     res = results(ps, timeout=40)
@@ -499,7 +451,7 @@ def test_corrupt_claim_does_not_block_first_come(procs, d):
 
 
 def test_unusable_claim_warning_is_not_repeated_every_poll(procs, d):
-    gd = _prepare_gen(d, JOB)
+    gd = make_gen_dir(d, JOB)
     _plant(gd, "rank-00001.claim", '{"schema": 1, "kind": "claim", "rank": 1, "inst')
     ps = [procs.env(d, JOB, "--nnodes", 2, "--node-rank", r, timeout=40, stale_after=3, name=f"r{r}") for r in range(2)]
     results(ps, timeout=40)
@@ -508,7 +460,7 @@ def test_unusable_claim_warning_is_not_repeated_every_poll(procs, d):
 
 
 def test_unusable_beacon_of_a_claim_holder_is_named_in_a_warning(procs, d):
-    gd = _prepare_gen(d, JOB)
+    gd = make_gen_dir(d, JOB)
     inst = "5" * 16
     _plant(gd, "rank-00001.claim", json.dumps({"schema": 2, "kind": "claim", "rank": 1, "instance": inst}))
     _plant(gd, f"beacon-{inst}.json", json.dumps({"schema": 99, "kind": "beacon", "instance": inst}))
@@ -520,7 +472,7 @@ def test_unusable_beacon_of_a_claim_holder_is_named_in_a_warning(procs, d):
 
 def test_corrupt_release_of_earlier_generation_is_skipped(procs, d):
     """A release record that is garbage at join time makes the generation decided: join the next one."""
-    gd = _prepare_gen(d, JOB)
+    gd = make_gen_dir(d, JOB)
     _plant(gd, "release.json", '{"schema": 1, "kind": "release", "state": "relea')
     ps = [procs.env(d, JOB, "--nnodes", 2, timeout=40, stale_after=2) for _ in range(2)]
     res = results(ps, timeout=40)
@@ -578,10 +530,16 @@ def test_clean_never_touches_live_generations(procs, d):
     assert_one_world(results([waiter, r1], timeout=30), 2, generation=4)
 
 
-@needs_unshare
-def test_clean_keeps_generation_of_live_remote_participant(procs, d):
+def _remote_rank0_waiting(procs, d):
+    """Node rank 0 of 2 on a 'remote' host (--stale-after 2), once it holds its claim in generation 1."""
     remote = _remote(procs, d, "--nnodes", 2, "--node-rank", 0, timeout=40, stale_after=2, name="remote")
     wait_claimed(d, JOB, 1, [0], procs=[remote])
+    return remote
+
+
+@needs_unshare
+def test_clean_keeps_generation_of_live_remote_participant(procs, d):
+    remote = _remote_rank0_waiting(procs, d)
     for extra in ([], ["--stale-after", "2"]):
         rc, out, err = procs.cli("clean", "--dir", d, JOB, *extra)
         assert rc == 0, err
@@ -593,8 +551,7 @@ def test_clean_keeps_generation_of_live_remote_participant(procs, d):
 
 @needs_unshare
 def test_clean_removes_newest_generation_of_dead_remote_participant(procs, d):
-    remote = _remote(procs, d, "--nnodes", 2, "--node-rank", 0, timeout=40, stale_after=2, name="remote")
-    wait_claimed(d, JOB, 1, [0], procs=[remote])
+    remote = _remote_rank0_waiting(procs, d)
     ns_python(remote).kill()
     remote.wait(5)
     rc, out, err = procs.cli("clean", "--dir", d, JOB, "--stale-after", "2")
