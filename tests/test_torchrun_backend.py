@@ -28,6 +28,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
+from helpers import REPO, torch_env
 
 pytest.importorskip("torch")
 
@@ -54,29 +55,8 @@ from fsmingle.torchrun import (
 
 pytestmark = pytest.mark.torch
 
-REPO = Path(__file__).resolve().parents[1]
 TRAIN = REPO / "examples" / "train_ddp.py"
 KILL_AFTER_S = 10
-
-_LAUNCH_VARS = (
-    "RANK",
-    "WORLD_SIZE",
-    "LOCAL_RANK",
-    "LOCAL_WORLD_SIZE",
-    "GROUP_RANK",
-    "ROLE_RANK",
-    "ROLE_WORLD_SIZE",
-    "NODE_RANK",
-    "NNODES",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "TORCHELASTIC_RUN_ID",
-    "TORCHELASTIC_RESTART_COUNT",
-    "TORCHELASTIC_MAX_RESTARTS",
-    "TORCHELASTIC_USE_AGENT_STORE",
-    "TORCH_DISABLE_SHARE_RDZV_TCP_STORE",
-)
-
 
 # --------------------------------------------------------------------------
 # helpers
@@ -738,17 +718,6 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 """
 
 
-def _env(tmp_path: Path) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in _LAUNCH_VARS and not k.startswith("PET_")}
-    tmpdir = tmp_path / "tmp"
-    tmpdir.mkdir(exist_ok=True)
-    env["TMPDIR"] = str(tmpdir)
-    env["PYTHONUNBUFFERED"] = "1"
-    env["OMP_NUM_THREADS"] = "1"
-    env.pop("LOGLEVEL", None)
-    return env
-
-
 class Node:
     """One ``torchrun`` (one "node") under ``timeout -k``."""
 
@@ -794,7 +763,7 @@ class Node:
         ]
         self._f = open(self.log, "wb")  # closed in wait()
         self.proc = subprocess.Popen(
-            cmd, stdout=self._f, stderr=subprocess.STDOUT, env=_env(tmp_path), cwd=str(tmp_path)
+            cmd, stdout=self._f, stderr=subprocess.STDOUT, env=torch_env(tmp_path), cwd=str(tmp_path)
         )
 
     def wait(self, timeout: float) -> int:
@@ -813,6 +782,15 @@ def _finish(nodes: list[Node], timeout: float) -> list[int]:
         tails = "\n".join(f"--- {n.log.name} rc={rc}\n{n.text()[-4000:]}" for n, rc in zip(nodes, rcs, strict=True))
         pytest.fail(f"torchrun exit codes {rcs}\n{tails}")
     return rcs
+
+
+def _worker(tmp_path: Path, name: str, code: str) -> tuple[Path, Path]:
+    """Write the worker script ``name``; returns (the output directory it writes into, the script)."""
+    out = tmp_path / "out"
+    out.mkdir()
+    script = tmp_path / name
+    script.write_text(code)
+    return out, script
 
 
 def _rank_records(out: Path) -> dict[int, dict]:
@@ -835,10 +813,7 @@ def test_torchrun_two_fixed_nodes(tmp_path):
 
 @pytest.mark.slow
 def test_torchrun_elastic_third_node_joins_mid_run(tmp_path):
-    out = tmp_path / "out"
-    out.mkdir()
-    script = tmp_path / "elastic_worker.py"
-    script.write_text(ELASTIC_WORKER)
+    out, script = _worker(tmp_path, "elastic_worker.py", ELASTIC_WORKER)
     kw = {"endpoint": tmp_path / "rdzv", "run_id": "elastic", "nnodes": "1:3", "conf": "last_call_timeout=1"}
     nodes = [Node(tmp_path, f"node{i}", [str(script), str(out), "3"], 280, **kw) for i in range(2)]
     # Wait until the first two nodes train (world size 1 or 2), then add a third.
@@ -862,10 +837,7 @@ def test_torchrun_elastic_third_node_joins_mid_run(tmp_path):
 
 @pytest.mark.slow
 def test_torchrun_worker_crash_once_then_completes(tmp_path):
-    out = tmp_path / "out"
-    out.mkdir()
-    script = tmp_path / "crash_once.py"
-    script.write_text(CRASH_ONCE)
+    out, script = _worker(tmp_path, "crash_once.py", CRASH_ONCE)
     args = [str(script), str(out), str(TRAIN), "--steps", "3", "--out", str(out)]
     nodes = [
         Node(tmp_path, f"node{i}", args, 280, tmp_path / "rdzv", "crash", "2", extra=["--max-restarts", "1"])
