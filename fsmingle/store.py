@@ -29,6 +29,7 @@ import secrets
 import shutil
 import socket
 import stat
+import time
 
 from .errors import StorageError, UnsafeDirectoryError, UnsupportedFilesystemError
 from .fscheck import REFUSE_ERRNOS, errno_name, refusal_message
@@ -310,6 +311,9 @@ class PosixStore(Store):
         return True
 
 
+STAT_EXISTING_TRIES = 6  # lookups (each after a listing of the parent) before stat_existing gives up
+
+
 def stat_existing(path: str, *, follow: bool = False) -> os.stat_result:
     """``lstat`` (or ``stat``) a name the server has just said exists (a create answered EEXIST).
 
@@ -323,8 +327,9 @@ def stat_existing(path: str, *, follow: bool = False) -> os.stat_result:
     ``xlators/performance/nl-cache``), then one more lookup.  Measured: the race loser's
     ``stat`` went from ENOENT to found at once after the listing
     (``tests/test_realfs.py::test_create_race_loser_finds_the_winners_name``).  NFS needs no
-    cure (an exclusive create skips the lookup: ``nfs_lookup`` in Linux ``fs/nfs/dir.c``), and
-    the common path costs nothing extra: the listing happens only when the lookup lied.
+    cure (an exclusive create skips the lookup: ``nfs_lookup`` in Linux ``fs/nfs/dir.c``).  Cost: only
+    on the losing path, one lookup (``mkdir``'s EEXIST path already made it); listings and further
+    lookups only while the lookup lies.
 
     Args:
         path (str): the name that exists.
@@ -334,18 +339,25 @@ def stat_existing(path: str, *, follow: bool = False) -> os.stat_result:
         os.stat_result: of ``path``.
 
     Raises:
-        FileNotFoundError: ``path`` is still missing after the listing (removed since).
+        FileNotFoundError: ``path`` is still missing after :data:`STAT_EXISTING_TRIES` lookups,
+            each after a listing of the parent (about 1.5 s: removed since).
         OSError: any other error of ``stat``/``lstat``.
     """
     look = os.stat if follow else os.lstat
-    try:
-        return look(path)
-    except FileNotFoundError:
+    pause = 0.05
+    for _ in range(STAT_EXISTING_TRIES - 1):
         try:
-            os.listdir(os.path.dirname(path) or ".")
-        except OSError:
-            pass  # the second lookup reports what is wrong
-        return look(path)
+            return look(path)
+        except FileNotFoundError:
+            try:
+                os.listdir(os.path.dirname(path) or ".")
+            except OSError:
+                pass  # the last lookup reports what is wrong
+        # Usually the first listing cures it; once in a full test run on GlusterFS nfs60 it did
+        # not, so look again a few times (about 1.5 s in all) before calling the name gone.
+        time.sleep(pause)
+        pause *= 2
+    return look(path)
 
 
 def _nlink(path: str) -> int:
