@@ -78,8 +78,8 @@ class Joining:
             r = self.want_rank
             if r == 0:
                 self._ensure_hub()  # fail on a busy --port before claiming anything
-            if self._try_claim(r):
-                return self._hold(r)
+            if self.try_claim(r):
+                return self.hold(r)
             self.state = State.CONTEST
             self.contest_holder = self.read_claim(r)
             self.set_note(f"rank {r} is already claimed in generation {self.gen}; checking whether its holder is alive")
@@ -91,8 +91,16 @@ class Joining:
             # list it and take a free rank.
             for i in range(BLIND_GUESSES):
                 r = int(hashlib.sha1(f"{self.instance}:{i}".encode()).hexdigest(), 16) % self.size
-                if self._claim_one(r):
-                    return self._hold(r)
+                if self.claim_one(r):
+                    return self.hold(r)
+            # A mostly full world: ask rank 0, which knows the free ranks, instead of
+            # listing N names (see fsmingle.member: "asking").  Rank 0 answers on the
+            # connection this member keeps; without an answer it falls back to a listing.
+            return self.hold(None)
+        return self.claim_by_listing()
+
+    def claim_by_listing(self) -> Placement | None:
+        """List the generation and claim a free rank (small worlds, or rank 0 could not say)."""
         taken = set(claimed_ranks(self.store.listdir(gen_name(self.gen))))
         free = [r for r in range(self.size) if r not in taken]
         rest = [r for r in free if r != 0]
@@ -104,13 +112,13 @@ class Joining:
         k = int(hashlib.sha1(self.instance.encode()).hexdigest(), 16) % len(rest) if len(rest) > SPREAD_ABOVE else 0
         order = ([0] if 0 in free else []) + rest[k:] + rest[:k]
         for r in order:
-            if self._claim_one(r):
-                return self._hold(r)
+            if self.claim_one(r):
+                return self.hold(r)
         self.state = State.WORLD_FULL
         self.set_note(f"all {self.size} ranks of generation {self.gen} are claimed; watching their holders")
         return None
 
-    def _claim_one(self, r: int) -> bool:
+    def claim_one(self, r: int) -> bool:
         """Try to claim rank ``r`` first-come; rank 0 opens the master port first."""
         if r == 0:
             try:
@@ -121,14 +129,14 @@ class Joining:
                 if self.size == 1:
                     raise
                 return False
-        if self._try_claim(r):
+        if self.try_claim(r):
             return True
         if r == 0 and self.hub is not None:
             self.hub.close()
             self.hub = None
         return False
 
-    def _try_claim(self, r: int) -> bool:
+    def try_claim(self, r: int) -> bool:
         if self.store.create(claim_name(self.gen, r), encode(Claim(r, self.instance))):
             self.claims[r] = self.instance
             return True

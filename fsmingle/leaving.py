@@ -98,7 +98,7 @@ class Leaving:
                     f"{self.timing.stale_after:g} s (filesystem caches?)"
                 )
             elif missing:
-                missing = [r for r in missing if r not in self.ever_present] or missing
+                missing = self.never_seen(missing)
                 why = (
                     f"missing {who} {ranges(missing)} ({len(missing)} of {self.size})"
                     if len(missing) <= 64

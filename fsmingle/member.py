@@ -6,6 +6,15 @@ and the release arrives on it.  Only a slow heartbeat of the member's beacon
 remains (every ``stale_after / 2`` seconds), for ``fsmingle status`` and for
 cleaners.
 
+A member that found its blind claim guesses taken in a big world (see
+:mod:`fsmingle.joining`) joins *asking*: it holds no rank yet, connects to rank
+0 and sends ``ask``; rank 0 answers ``offer`` with a few ranks it believes free
+(its claims, connections and listings; each offered to one asker at a time),
+the member ``link()``s one and says hello on the same connection.  Ranks it
+found taken go back in the next ``ask``.  If rank 0 knows no free rank, or the
+connection fails before a claim, the member lists the generation instead --
+the filesystem stays the arbiter of claims; rank 0 only saves the listing.
+
 Failure rules (**no release on absence of evidence**):
 
 * Connection refused by rank 0's address: the master process is gone -> void.
@@ -28,6 +37,7 @@ from .errors import ConfigError, WorldSizeMismatchError
 from .layout import BEACON_RE, claimed_ranks, gen_name, master_dir, master_name
 from .mesh import mesh_probe
 from .records import RecordError, Release
+from .states import RankSet
 
 log = logging.getLogger("fsmingle")
 
@@ -50,6 +60,9 @@ class Member:
         self.next_claim_check = now + p.timing.stale_after
         # --check-mesh: hold a port our ring neighbours probe at the release.
         self.probe = p.transport.listen(p.addr, 0, 4) if p.check_mesh else None
+        self.asking = p.rank is None  # no rank yet: ask rank 0 for a free one (module doc)
+        self.taken: list[int] = []  # offered ranks found claimed, reported in the next ask
+        self.tried_master = False  # an asker that finds no endpoint tries to claim rank 0 once
 
     # -------------------------------------------------------------- loop plumbing
     def delay(self) -> float:
@@ -83,7 +96,7 @@ class Member:
             if now >= self.next_decision_check and self._decided_elsewhere(now):
                 return None
             if now >= self.next_look:
-                self._look(now)
+                return self._look(now)
             return None
         # Connected: the channel first (a failing filesystem must not starve it),
         # then the beacon heartbeat, which is only for status and cleaners.
@@ -124,7 +137,7 @@ class Member:
                 return True
         return False
 
-    def _look(self, now: float) -> None:
+    def _look(self, now: float) -> Placement | None:
         p = self.p
         names = [n for n in p.store.listdir(master_dir(p.gen)) if BEACON_RE.match(n)]
         b = None
@@ -135,6 +148,14 @@ class Member:
                 break
             b = None
         if b is None:
+            if self.asking and not self.tried_master:
+                # Nobody to ask: rank 0 itself may be the free rank.  One link() tells
+                # (not a listing of N names); if it is taken, its endpoint is on its way.
+                self.tried_master = True
+                if p.claim_one(0):
+                    self.close()
+                    p.role = None
+                    return p.hold(0)
             self.look_delay = min(p.timing.poll_max, self.look_delay * p.timing.backoff)
             self.next_look = now + self.look_delay
             if now - self.waiting_since >= 10 and "rank 0" not in p.note:
@@ -160,27 +181,7 @@ class Member:
         outcome, link, why = p.transport.connect(b.addr, b.master_port, p.timing.probe_timeout)
         if outcome is Outcome.CONNECTED:
             self.link, self.master = link, b
-            link.send(
-                {
-                    "t": "hello",
-                    "v": WIRE_VERSION,
-                    "job": p.job_id,
-                    "gen": p.gen,
-                    "rank": p.rank,
-                    "inst": p.instance,
-                    "mode": p.mode,
-                    "size": p.size,
-                    "addr": p.addr,
-                    "restart_count": p.restart_count,
-                    "slurm_job_id": p.slurm_job_id,
-                    "explicit": p.want_rank is not None,
-                    "key": p.topology_key,
-                    "order": p.rank_order,
-                    "members": p.want_members,
-                    "probe_port": self.probe.port if self.probe else None,
-                    "host": dataclasses.asdict(p.me),
-                }
-            )
+            link.send(self._ask() if self.asking else self._hello())
             log.debug("job %s: connected to the master %s", p.job_id, where)
             return
         if outcome is Outcome.REFUSED:
@@ -196,9 +197,70 @@ class Member:
         self.look_delay = max(p.timing.poll_max, 1.0)
         self.next_look = now + self.look_delay
 
+    def _who(self) -> dict:
+        """What rank 0 checks first in a hello or an ask: the same job, generation, world and version."""
+        p = self.p
+        return {
+            "v": WIRE_VERSION,
+            "job": p.job_id,
+            "gen": p.gen,
+            "inst": p.instance,
+            "mode": p.mode,
+            "size": p.size,
+            "restart_count": p.restart_count,
+            "slurm_job_id": p.slurm_job_id,
+        }
+
+    def _hello(self) -> dict:
+        p = self.p
+        return {
+            "t": "hello",
+            **self._who(),
+            "rank": p.rank,
+            "addr": p.addr,
+            "explicit": p.want_rank is not None,
+            "key": p.topology_key,
+            "order": p.rank_order,
+            "members": p.want_members,
+            "probe_port": self.probe.port if self.probe else None,
+            "host": dataclasses.asdict(p.me),
+        }
+
+    def _ask(self) -> dict:
+        return {"t": "ask", **self._who(), "taken": self.taken[-64:]}
+
+    def _on_offer(self, m: dict) -> Placement | None:
+        """Claim one of the ranks rank 0 offers (``link()`` decides), then say hello on this connection."""
+        p = self.p
+        offered = [r for r in m.get("ranks", []) if isinstance(r, int) and not isinstance(r, bool) and 0 < r < p.size]
+        if m.get("gen") != p.gen or not offered:
+            return self._stop_asking(f"rank 0 knows no free rank in generation {p.gen}")
+        for r in offered:
+            if p.try_claim(r):
+                self.asking, p.rank = False, r
+                p.publish_beacon()
+                p.emit()
+                self.link.send(self._hello())
+                return None
+            self.taken.append(r)
+        self.link.send(self._ask())  # all were claimed since rank 0 last looked: it offers others
+        return None
+
+    def _stop_asking(self, why: str) -> Placement | None:
+        """Asking failed (no offer, or the connection): claim by listing the generation instead."""
+        p = self.p
+        log.debug("job %s: %s; listing generation %d to claim a rank", p.job_id, why, p.gen)
+        self.close()
+        p.role = None
+        return p.claim_by_listing()
+
     def _on_message(self, m: dict) -> Placement | None:
         p = self.p
         t = m.get("t")
+        if self.asking and t not in ("offer", "reject", "void"):
+            return None  # nothing else is meant for a participant without a rank
+        if t == "offer":
+            return self._on_offer(m) if self.asking else None
         if t == "welcome":
             if m.get("inst") != self.master.instance or m.get("gen") != p.gen:
                 self._lost(f"the process on the master port is not rank 0 of generation {p.gen}")
@@ -249,7 +311,7 @@ class Member:
             if m.get("fatal"):
                 p.void(why)
                 raise (WorldSizeMismatchError if "expects a world" in why else ConfigError)(why)
-            self._lost(f"rank 0 rejected this participant: {why}")
+            return self._lost(f"rank 0 rejected this participant: {why}")
         return None
 
     def _on_status(self, m: dict) -> None:
@@ -258,7 +320,7 @@ class Member:
         nmissing = m.get("nmissing", len(missing))
         p.missing_hint = missing
         if isinstance(nmissing, int) and nmissing == len(missing):
-            p.set_present(tuple(r for r in range(p.size) if r not in missing))
+            p.set_present(RankSet(p.size, missing))
 
     def missing_description(self) -> str | None:
         """What kept the world from completing, as this member knows it (for the timeout message)."""
@@ -280,8 +342,10 @@ class Member:
             )
         return None  # rank 0's last status (p.missing_hint) names the missing ranks
 
-    def _lost(self, why: str) -> None:
+    def _lost(self, why: str) -> Placement | None:
         p = self.p
+        if self.asking:
+            return self._stop_asking(f"lost the master while asking for a rank: {why}")
         r = p.rank
         if self.acked:
             if p.void(f"rank {r} lost the master after acknowledging the release: {why}"):

@@ -60,7 +60,7 @@ from .leaving import Leaving
 from .liveness import Judge
 from .outside import OutsideWorld
 from .records import Beacon, HostId, Release, encode
-from .states import Progress, State
+from .states import Progress, RankSet, State
 from .store import Store
 from .timing import Clock, SystemClock, Timing
 
@@ -157,11 +157,13 @@ class Participant(Joining, Leaving, GenerationReader, OutsideWorld):
         self.result: Placement | None = None
         self.delay = timing.poll_min
         self.note = ""
-        self.present: tuple[int, ...] | None = None
+        self.present: RankSet | None = None
         self.missing_hint: list[int] | None = None
-        # Ranks seen present in any generation of this attempt: at a timeout, ranks that never
-        # showed up are the news; ranks that came and left (a voided generation) are not.
-        self.ever_present: set[int] = set()  # last "who is missing" known (from rank 0 or a listing)
+        # Ranks never seen present in any generation of this attempt (None: nothing known yet):
+        # at a timeout, ranks that never showed up are the news; ranks that came and left (a
+        # voided generation) are not.  Kept as the never-seen ones, which is small once a world
+        # is nearly complete, where the seen ones are O(N) on every member.
+        self.never_present: frozenset[int] | None = None
         self._last_progress: tuple | None = None
         self._warned: dict[str, int] = {}
         self._grace = False
@@ -252,11 +254,7 @@ class Participant(Joining, Leaving, GenerationReader, OutsideWorld):
         if self.on_progress is None:
             return
         now = self.clock.monotonic()
-        if self.present is None:
-            missing = None
-        else:
-            here = set(self.present)  # a set: O(N) per call, not O(N^2) (measured at N = 1,024)
-            missing = tuple(r for r in range(self.size) if r not in here)
+        missing = None if self.present is None else self.present.missing
         self.on_progress(
             Progress(
                 self.job_id,
@@ -273,13 +271,19 @@ class Participant(Joining, Leaving, GenerationReader, OutsideWorld):
             )
         )
 
-    def set_present(self, present: tuple[int, ...]) -> None:
-        self.ever_present.update(present)
+    def set_present(self, present: RankSet) -> None:
+        """Record who is present now (rank 0's connections, or its last status message)."""
+        gone = frozenset(present.missing)
+        self.never_present = gone if self.never_present is None else self.never_present & gone
         if present != self.present:
             self.present = present
-            here = set(present)
-            self.missing_hint = [r for r in range(self.size) if r not in here]
+            self.missing_hint = list(present.missing)
             self.emit()
+
+    def never_seen(self, missing: list[int]) -> list[int]:
+        """The ranks of ``missing`` never present in this attempt (all of them if none qualifies)."""
+        never = self.never_present
+        return [r for r in missing if never is None or r in never] or missing
 
     def set_note(self, note: str, level: int = logging.INFO) -> None:
         if note != self.note:
@@ -372,7 +376,8 @@ class Participant(Joining, Leaving, GenerationReader, OutsideWorld):
         self.delay = self.timing.poll_min
         self._enoent_since = None
 
-    def _hold(self, r: int) -> Placement | None:
+    def hold(self, r: int | None) -> Placement | None:
+        """Take rank ``r`` (claimed) and its role; ``None``: a member that asks rank 0 for a free rank."""
         from .coordinator import Coordinator
         from .member import Member
 
@@ -380,7 +385,8 @@ class Participant(Joining, Leaving, GenerationReader, OutsideWorld):
         if r != 0 and self.hub is not None:
             self.hub.close()  # only rank 0 holds a port
             self.hub = None
-        self.publish_beacon()
+        if r is not None:
+            self.publish_beacon()
         self.state = State.WAIT
         self.delay = self.timing.poll_min
         self.role = Coordinator(self) if r == 0 else Member(self)

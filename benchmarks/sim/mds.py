@@ -26,24 +26,54 @@ class CostModel:
 
 @dataclass
 class MDS:
-    """The one server queue: operations are served in arrival order, one at a time."""
+    """The server: a capacity of one second of service per second, booked in time slots.
+
+    Each operation needs ``1/ops_per_s`` s of service (plus ``entry_cost`` per entry listed) and
+    takes it from the first slots at or after its arrival that have room.  Booking by slot, not
+    in the order the simulator happens to run participants' steps, keeps the ceiling exact
+    without a participant whose step ran ahead in virtual time (a long step is processed at
+    once) pushing everybody's later-run but earlier-issued operations behind its own.
+    """
 
     cost: CostModel
-    free_at: float = 0.0
+    slot: float = 0.001  # seconds per booking slot
     ops: int = 0
     busy: float = 0.0
     per_second: dict = field(default_factory=dict)  # whole virtual second -> ops started in it
+    used: dict = field(default_factory=dict)  # slot -> service seconds booked in it
+    full: dict = field(default_factory=dict)  # full slot -> a later slot to look at (path-compressed)
+
+    def _first_open(self, b: int) -> int:
+        path = []
+        while b in self.full:
+            path.append(b)
+            b = self.full[b]
+        for x in path:
+            self.full[x] = b
+        return b
 
     def serve(self, t: float, kind: str, entries: int = 0) -> float:
         """An operation issued at ``t``; returns when its reply is back at the client."""
         service = 1.0 / self.cost.ops_per_s + entries * self.cost.entry_cost
-        start = max(t + self.cost.op_latency / 2, self.free_at)
-        self.free_at = start + service
+        arrive = t + self.cost.op_latency / 2
+        need, b, start, end = service, int(arrive / self.slot), None, arrive
+        while need > 1e-15:
+            b = self._first_open(b)
+            used = self.used.get(b, 0.0)
+            take = min(self.slot - used, need)
+            at = max(b * self.slot + used, arrive) if start is None else b * self.slot + used
+            start = at if start is None else start
+            self.used[b] = used + take
+            need -= take
+            end = max(end, at + take)
+            if self.used[b] >= self.slot - 1e-15:
+                self.full[b] = b + 1
+            b += 1
         self.ops += 1
         self.busy += service
         sec = int(start)
         self.per_second[sec] = self.per_second.get(sec, 0) + 1
-        return self.free_at + self.cost.op_latency / 2
+        return end + self.cost.op_latency / 2
 
 
 class SimFS:
