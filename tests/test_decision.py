@@ -214,3 +214,18 @@ def test_bug_preparing_with_a_member_gone_from_connected_voids():
     # acked, e.g. `missing = sorted(set(range(1, v.size)) - v.acked)`.
     action, why = decide(view(connected=(1,), acked=frozenset({1}), preparing_for=5.0))
     assert action is Action.VOID and "rank 2" in why
+
+
+@given(size=st.integers(1, 300), data=st.data())
+def test_rankset_is_the_sorted_complement_of_missing(size, data):
+    from fsmingle.states import RankSet
+
+    missing = data.draw(st.sets(st.integers(-3, size + 3), max_size=20))
+    s = RankSet(size, missing)
+    want = tuple(r for r in range(size) if r not in missing)
+    assert tuple(s) == want and len(s) == len(want) and s == want
+    assert s.missing == tuple(sorted(r for r in missing if 0 <= r < size))
+    assert all((r in s) == (r in want) for r in range(-2, size + 2))
+    assert s == RankSet.of(size, want) and hash(s) == hash(RankSet.of(size, want))
+    if want:
+        assert s[0] == want[0] and s[-1] == want[-1] and s[1:3] == want[1:3]

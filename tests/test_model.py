@@ -1405,3 +1405,68 @@ def test_bug_old_heartbeat_change_is_not_proof_of_life():
     w.tick(15.0)  # B's next step
     assert b.status == "running" or b.died_at >= a.died_at + 14.0  # it stepped again 15 s after A died
     assert not isinstance(b.error, RankConflictError), f"{b.error}; A died {w.fs.now - a.died_at:.0f} s ago"
+
+
+# ---------------------------------------------------------------------------------------------
+# Asking rank 0 for a free rank (fsmingle.member, "asking"): the path of first-come joiners of
+# big worlds whose blind guesses collide.  Small worlds never take it, so the machine above is
+# run again with it forced: every first-come joiner makes one guess, then asks.
+
+
+def _force_asking(monkeypatch) -> None:
+    from fsmingle import joining
+
+    monkeypatch.setattr(joining, "SPREAD_ABOVE", 1)
+    monkeypatch.setattr(joining, "BLIND_GUESSES", 1)
+
+
+def test_model_with_every_first_come_joiner_asking(monkeypatch):
+    from hypothesis.stateful import run_state_machine_as_test
+
+    _force_asking(monkeypatch)
+    run_state_machine_as_test(
+        RendezvousMachine,
+        settings=settings(
+            max_examples=max(50, MODEL_EXAMPLES // 2),
+            stateful_step_count=60,
+            deadline=None,
+            suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+            database=None,
+        ),
+    )
+
+
+def _count_calls(monkeypatch, cls, name: str) -> list:
+    calls: list = []
+    orig = getattr(cls, name)
+
+    def spy(self, *a, **k):
+        calls.append(a)
+        return orig(self, *a, **k)
+
+    monkeypatch.setattr(cls, name, spy)
+    return calls
+
+
+@pytest.mark.parametrize("arrivals", ["staggered", "together"])
+def test_big_first_come_world_asks_rank0_instead_of_listing(monkeypatch, arrivals):
+    """48 first-come nodes (above SPREAD_ABOVE): joiners whose 3 guesses collide ask rank 0 and
+    claim what it offers; the generation directory is listed by rank 0's scans, not by joiners."""
+    from fsmingle import coordinator, joining
+
+    asks = _count_calls(monkeypatch, coordinator.Coordinator, "_on_ask")
+    listings = _count_calls(monkeypatch, joining.Joining, "claim_by_listing")
+    n = 48
+    assert n > joining.SPREAD_ABOVE
+    w = World(n, staleness=1.0)
+    for s in range(n):
+        w.start(s)
+        if arrivals == "staggered":
+            w.tick(0.2)
+    took = w.run_to_completion()
+    rel = _released_same_world(w)
+    assert sorted(m.rank for m in rel.members) == list(range(n))
+    assert rel.generation == 1 and took < w.bound()
+    assert asks, "no joiner asked rank 0: the test no longer drives the asking path"
+    # Listing fallbacks: only before rank 0 published its endpoint or when it offered nothing.
+    assert len(listings) <= 3, f"{len(listings)} joiners listed the generation"
