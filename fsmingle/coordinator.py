@@ -26,7 +26,7 @@ from .errors import RecordError
 from .layout import RELEASE, claimed_ranks, gen_name, master_name, member_chunk_name, ranges, release_name
 from .liveness import Verdict
 from .mesh import mesh_probe
-from .records import Member, Release, encode, encode_release, hostid_from_dict, instance_id, validate_addr
+from .records import Member, Release, encode, encode_release, encode_vouch, hostid_from_dict, instance_id, validate_addr
 from .states import RankSet
 
 log = logging.getLogger("fsmingle")
@@ -116,7 +116,7 @@ class Coordinator:
         if not self.published or now >= self.next_endpoint:
             # Publish the endpoint where members look for it (a listing of master/), and
             # again every heartbeat period: a record spoiled by a broken writer heals.
-            p.store.publish(master_name(p.gen, p.instance), encode(p.beacon()))
+            p.store.publish(master_name(p.gen, p.instance), encode(p.beacon(endpoint=True)))
             self.published, self.next_endpoint = True, now + p.timing.heartbeat_period
         p.heartbeat_if_due(now)
         events, self.inbox = self.inbox + self.hub.poll(0), []
@@ -389,6 +389,10 @@ class Coordinator:
                         f"({host}) claimed its rank but died or stopped heartbeating before connecting to the master"
                     )
         return False
+
+    def vouch(self) -> str:
+        """The bitmap of connected, verified members that rank 0's beacon carries (``Beacon.vouch``)."""
+        return encode_vouch(self.rank_conn, self.p.size)
 
     def _list_floor(self) -> float:
         """Seconds between two listings at least, so that rank 0 reads at most

@@ -86,12 +86,43 @@ class GenerationReader:
 
     def void_if_dead(self, r: int, now: float, what: str) -> bool:
         """Judge rank ``r``'s holder from the filesystem; if dead, void the generation and regroup (True)."""
-        verdict, b = self.judge_holder(self.read_claim(r), now, key=f"?rank{r}")
+        verdict, b = self.judge_rank(r, now)
         if verdict is not Verdict.DEAD:
             return False
         self.void(f"rank {r} ({b.host.hostname if b else 'beacon unreadable'}) {what}")
         self.rejoin()
         return True
+
+    def judge_rank(self, r: int, now: float, holder: str | None = None) -> tuple[Verdict, Beacon | None]:
+        """Rank ``r``'s holder (``holder``, else its claim): rank 0's vouch first, then its own beacon.
+
+        A member connected to rank 0 heartbeats its own beacon rarely in a big world
+        (``Member.step``); rank 0's beacon, itself judged by its heartbeat, vouches for it.
+        A vouch from a rank 0 not judged alive yet (first look) makes the verdict
+        UNKNOWN at worst: never DEAD on a stale own beacon.  Returns ``(verdict, beacon)``;
+        the beacon is the holder's own, None when the vouch decided or it is unreadable.
+        """
+        if r != 0:
+            v = self._rank0_vouch(r, now)
+            if v is Verdict.ALIVE:
+                return v, None
+            verdict, b = self.judge_holder(holder or self.read_claim(r), now, key=f"?rank{r}")
+            if v is Verdict.UNKNOWN and verdict is Verdict.DEAD:
+                verdict = Verdict.UNKNOWN
+            return verdict, b
+        return self.judge_holder(holder or self.read_claim(r), now, key=f"?rank{r}")
+
+    def _rank0_vouch(self, r: int, now: float) -> Verdict | None:
+        """ALIVE (or UNKNOWN while rank 0 is not judged yet) if rank 0's beacon vouches for ``r``."""
+        seen = self._vouch_seen
+        if seen is None or seen[0] != now:  # one read of rank 0's beacon per observer step
+            inst0 = self.read_claim(0)
+            b0 = self.read_beacon(beacon_name(self.gen, inst0), inst0) if inst0 else None
+            seen = self._vouch_seen = (now, b0, self.judge.judge(inst0 or "?rank0", b0, now) if inst0 else None)
+        _, b0, v0 = seen
+        if b0 is None or v0 in (None, Verdict.DEAD) or not b0.vouches_for(r):
+            return None
+        return Verdict.ALIVE if v0 is Verdict.ALIVE else Verdict.UNKNOWN
 
     def judge_holder(self, instance: str | None, now: float, key: str) -> tuple[Verdict, Beacon | None]:
         b = self.read_beacon(beacon_name(self.gen, instance), instance) if instance else None

@@ -41,6 +41,11 @@ from .states import RankSet
 
 log = logging.getLogger("fsmingle")
 
+# Beacon heartbeats per second a whole world's connected members make at most (4 metadata
+# operations each): 200 op/s at any N, where one every 22.5 s per member is 23,000 op/s at
+# N = 131,072 -- more than a 5,000 op/s metadata server has (benchmarks/README.md).
+MEMBER_BEACONS_PER_S = 50
+
 
 class Member:
     """The member role (rank > 0) of a :class:`~fsmingle.protocol.Participant` in its current generation."""
@@ -105,9 +110,14 @@ class Member:
             done = self._on_message(m)
             if done is not None or p.role is not self:
                 return done
-        # Every 3/4 of stale_after: still fresh for `status` and cleaners, and 4 metadata
-        # operations per 22.5 s (0.18/s at the defaults) -- the whole waiting load.
-        p.heartbeat_if_due(now, period=p.timing.stale_after * 0.75)
+        # Every 3/4 of stale_after: 4 metadata operations per 22.5 s (0.18/s at the defaults),
+        # the whole waiting load.  In a big world less often: once rank 0 has verified us its
+        # beacon vouches for us (GenerationReader.judge_rank, status), and the world's own
+        # heartbeats stay under MEMBER_BEACONS_PER_S in all (N / 50 s: 82 s at N = 4,096).
+        period = p.timing.stale_after * 0.75
+        if self.welcomed:
+            period = max(period, p.size / MEMBER_BEACONS_PER_S)
+        p.heartbeat_if_due(now, period=period)
         if self.link.lost:
             return self._lost(self.link.why)
         quiet = self.link.silent_for()

@@ -58,9 +58,9 @@ class OutsideWorld:
         self.heartbeat_if_due(now)
         holder = self.contest_holder or self.read_claim(r)
         self.contest_holder = holder
-        verdict, b = self.judge_holder(holder, now, key=f"?rank{r}")
+        verdict, b = self.judge_rank(r, now, holder)
         if verdict is Verdict.ALIVE:
-            where = f"pid {b.host.pid} on {b.host.hostname} ({b.addr})" if b else "another process"
+            where = f"pid {b.host.pid} on {b.host.hostname} ({b.addr})" if b else "a process connected to rank 0"
             self.state = State.FAILED
             raise RankConflictError(
                 f"rank {r} of job {self.job_id} is already held by a live process: {where}; "

@@ -174,6 +174,7 @@ class Participant(Joining, Leaving, GenerationReader, OutsideWorld):
     def _reset_gen_state(self) -> None:
         self.claims: dict[int, str] = {}  # rank -> instance; claims are immutable within a generation
         self.judge = Judge(self.me, self.timing.stale_after, self.local_alive, self.restart_count, self.slurm_job_id)
+        self._vouch_seen = None  # (when, rank 0's beacon, its verdict): GenerationReader.judge_rank
         self.contest_holder: str | None = None
         self.release_bad_since: float | None = None
         self.present = None
@@ -182,9 +183,11 @@ class Participant(Joining, Leaving, GenerationReader, OutsideWorld):
         self.next_check = now + self.timing.heartbeat_period
         self.delay = self.timing.poll_min
 
-    def beacon(self) -> Beacon:
-        """This participant's beacon as of now (rank 0's carries the master port)."""
+    def beacon(self, endpoint: bool = False) -> Beacon:
+        """This participant's beacon as of now (rank 0's carries the master port, and in the
+        generation directory -- not the ``endpoint`` copy every joiner reads -- its vouch)."""
         port = self.hub.port if (self.hub is not None and self.rank == 0) else None
+        vouch = getattr(self.role, "vouch", None) if self.rank == 0 and not endpoint else None
         return Beacon(
             job_id=self.job_id,
             generation=self.gen or 0,
@@ -200,6 +203,7 @@ class Participant(Joining, Leaving, GenerationReader, OutsideWorld):
             wall_time=self.clock.time(),
             version=self.version,
             slurm_job_id=self.slurm_job_id,
+            vouch=vouch() if vouch else "",
         )
 
     def publish_beacon(self) -> None:

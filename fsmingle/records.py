@@ -19,6 +19,7 @@ Kinds
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import hashlib
 import ipaddress
@@ -120,6 +121,11 @@ class Beacon:
         slurm_job_id (str): ``SLURM_JOB_ID`` or "".
         host (HostId): identity for direct liveness checks on the same host.
         wall_time (float): writer's ``time.time()``; informational only.
+        vouch (str): rank 0's only: a bitmap of the member ranks connected to it
+            and verified when it wrote this beacon (base64, bit ``r`` of byte
+            ``r // 8``; :func:`encode_vouch`).  A connected member heartbeats its
+            own beacon rarely in a big world; judges of its liveness take rank
+            0's live beacon instead (``GenerationReader.judge_rank``).
     """
 
     job_id: str
@@ -136,7 +142,12 @@ class Beacon:
     wall_time: float = 0.0
     version: str = ""
     slurm_job_id: str = ""
+    vouch: str = ""
     kind: str = field(default="beacon", init=False)
+
+    def vouches_for(self, r: int) -> bool:
+        """True if this (rank 0's) beacon says rank ``r`` was connected to it and verified when written."""
+        return vouched(self.vouch, r)
 
 
 @dataclass(frozen=True)
@@ -254,6 +265,37 @@ def instance_id(v: Any) -> str:
     return _instance(v)
 
 
+def encode_vouch(ranks, size: int) -> str:
+    """Ranks ``0..size-1`` as a base64 bitmap (bit ``r % 8`` of byte ``r // 8``): ``size / 6`` characters."""
+    bits = bytearray((size + 7) // 8)
+    for r in ranks:
+        if 0 <= r < size:
+            bits[r >> 3] |= 1 << (r & 7)
+    return base64.b64encode(bytes(bits)).decode("ascii")
+
+
+def vouched(vouch: str, r: int) -> bool:
+    """True if bitmap ``vouch`` (from :func:`encode_vouch`) holds rank ``r``."""
+    if not vouch or r < 0:
+        return False
+    bits = base64.b64decode(vouch)
+    return r >> 3 < len(bits) and bool(bits[r >> 3] & (1 << (r & 7)))
+
+
+def _vouch(v: Any, size: int) -> str:
+    if not isinstance(v, str):
+        raise RecordError(f"vouch must be a string, not {type(v).__name__}")
+    if not v:
+        return ""
+    try:
+        bits = base64.b64decode(v, validate=True)
+    except ValueError as e:
+        raise RecordError(f"vouch is not base64: {e}") from None
+    if len(bits) > (size + 7) // 8:
+        raise RecordError(f"vouch holds {len(bits) * 8} ranks, more than the world size {size}")
+    return v
+
+
 def _nonneg(v: int, what: str) -> int:
     if v < 0:
         raise RecordError(f"{what} {v} is negative")
@@ -333,6 +375,7 @@ def decode(data: bytes, expect: type) -> Any:
             host=_hostid(d.get("host")),
             version=str(d.get("version", ""))[:64],
             slurm_job_id=str(d.get("slurm_job_id", ""))[:64],
+            vouch=_vouch(d.get("vouch", ""), size),
             **common,
         )
     state = _req(d, "state", str)

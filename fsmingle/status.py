@@ -72,9 +72,14 @@ def job_summary(base: str, job: str, stale_after: float = 30.0, warnings: WarnOn
     info = inspect(store, g, stale_after=0.0, warnings=warnings)
     now = time.time()
     parts = []
+    # Rank 0's beacon, while fresh, vouches for the members connected to it: in a big world
+    # they heartbeat their own beacons rarely (fsmingle.member, MEMBER_BEACONS_PER_S).
+    rank0 = [b for b in info.beacons if b.rank == 0 and b.vouch and now - b.wall_time < stale_after]
     for b in sorted(info.beacons, key=lambda b: (b.rank is None, b.rank if b.rank is not None else 0)):
         here = info.alive.get(b.instance)
         age = max(0.0, now - b.wall_time)
+        vouched = here is None and b.rank not in (None, 0) and any(r0.vouches_for(b.rank) for r0 in rank0)
+        live_age = min(age, max(0.0, now - rank0[0].wall_time)) if vouched else age  # as fresh as the vouch
         parts.append(
             {
                 "rank": b.rank,
@@ -84,8 +89,9 @@ def job_summary(base: str, job: str, stale_after: float = 30.0, warnings: WarnOn
                 "heartbeat": b.heartbeat,
                 # wall-clock age is for display only (clocks differ); liveness never uses it
                 "heartbeat_age_s": round(age, 1),
-                "alive": here if here is not None else age < stale_after,
-                "liveness": judge(here, age, stale_after),
+                "alive": here if here is not None else live_age < stale_after,
+                "liveness": judge(here, live_age, stale_after),
+                "vouched_by_rank0": vouched,
                 "same_host": here is not None,
                 "master_port": b.master_port,
                 "instance": b.instance,

@@ -1408,22 +1408,21 @@ def test_bug_old_heartbeat_change_is_not_proof_of_life():
 
 
 # ---------------------------------------------------------------------------------------------
-# Asking rank 0 for a free rank (fsmingle.member, "asking"): the path of first-come joiners of
-# big worlds whose blind guesses collide.  Small worlds never take it, so the machine above is
-# run again with it forced: every first-come joiner makes one guess, then asks.
+# The paths only big worlds take: first-come joiners whose blind guesses collide ask rank 0 for
+# a free rank (fsmingle.member, "asking"), and connected members heartbeat their own beacons
+# rarely, so judges rely on rank 0's vouch (GenerationReader.judge_rank).  Small worlds never
+# take them, so the machine above is run again with both forced: every first-come joiner makes
+# one guess and then asks, and a connected member never heartbeats again.
 
 
-def _force_asking(monkeypatch) -> None:
-    from fsmingle import joining
+def test_model_with_the_paths_of_big_worlds(monkeypatch):
+    from hypothesis.stateful import run_state_machine_as_test
+
+    from fsmingle import joining, member
 
     monkeypatch.setattr(joining, "SPREAD_ABOVE", 1)
     monkeypatch.setattr(joining, "BLIND_GUESSES", 1)
-
-
-def test_model_with_every_first_come_joiner_asking(monkeypatch):
-    from hypothesis.stateful import run_state_machine_as_test
-
-    _force_asking(monkeypatch)
+    monkeypatch.setattr(member, "MEMBER_BEACONS_PER_S", 1e-6)
     run_state_machine_as_test(
         RendezvousMachine,
         settings=settings(
@@ -1470,3 +1469,22 @@ def test_big_first_come_world_asks_rank0_instead_of_listing(monkeypatch, arrival
     assert asks, "no joiner asked rank 0: the test no longer drives the asking path"
     # Listing fallbacks: only before rank 0 published its endpoint or when it offered nothing.
     assert len(listings) <= 3, f"{len(listings)} joiners listed the generation"
+
+
+def test_connected_members_with_rare_heartbeats_live_by_rank0s_vouch(monkeypatch):
+    """In a big world a connected member heartbeats its beacon rarely (member.MEMBER_BEACONS_PER_S);
+    rank 0's beacon vouches for it.  A contester for its rank must see it alive (RankConflictError)
+    and not void the generation -- long after the member's own beacon went stale."""
+    from fsmingle import member
+
+    monkeypatch.setattr(member, "MEMBER_BEACONS_PER_S", 1e-6)  # a member's own beacon: never again
+    w = World(4, ranks=[0, 1, 2, 3], staleness=1.0, pidns="pod")
+    for s in range(3):  # rank 3 never comes: the world waits
+        w.start(s)
+    w.tick(5.0)
+    w.tick(2 * TIMING.stale_after)  # the members' own beacons are stale by now
+    intruder = w.start(None, rank=1, new_host=True)
+    w.tick(2 * TIMING.stale_after)
+    assert w.decided.get(1) is None, f"generation 1 voided: {w.decided.get(1)}"
+    assert intruder.status == "exited" and isinstance(intruder.error, RankConflictError), intruder.error
+    assert "connected to rank 0" in str(intruder.error)
