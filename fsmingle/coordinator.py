@@ -36,7 +36,6 @@ log = logging.getLogger("fsmingle")
 # Members are verified by a direct read of their claim at their hello, so at scale the listing
 # is only for decisions by others and claimers that never connect.
 LISTED_ENTRIES_PER_S = 20_000
-OFFER_SIZE = 4  # free ranks offered per ask
 VERIFY_READS_PER_STEP = 64  # claim reads per step before rank 0 turns back to its connections
 
 
@@ -66,8 +65,9 @@ class Coordinator:
         self.listed: set[int] = set()
         self.looked_up: set[int] = set()  # claims read directly on a hello (see _verify_pending)
         self.askers: set[int] = set()  # connections of members without a rank (see _on_ask)
+        self.asks: list[int] = []  # askers to answer at the end of this step
         self.known_taken: set[int] = set()  # ranks askers found claimed
-        self.offered: dict[int, float] = {}  # rank -> when it was last offered to an asker
+        self.offered: dict[int, int] = {}  # rank -> the asker's connection it is on offer to
         self.cursor = 1
         self.backlog = False
         self.first_listed: dict[int, float] = {}  # rank -> when a listing first showed its claim
@@ -129,12 +129,18 @@ class Coordinator:
                 self._on_message(ev.conn, ev.msg, now)
         if p.role is not self:
             return None  # a fatal reject ended this generation
+        self._verify_pending(now)  # most hellos: one direct read of the claim, no listing
         # A pending hello is verified by the next listing (claims are read only after a listing
         # shows them): list again scan_gap after the last listing, however far the quiet
         # backoff has pushed next_scan.
-        if now >= self.next_scan or (self.pending and now >= self.last_scan + max(self.scan_gap, self._list_floor())):
+        # An ask is answered from a listing no older than scan_interval (claims drawn blind
+        # since the last one would collide with what rank 0 offers), within the list floor.
+        again = self.last_scan + max(self.scan_gap, self._list_floor())
+        asks_due = self.asks and now >= max(again, self.last_scan + self.p.timing.scan_interval)
+        if now >= self.next_scan or (self.pending and now >= again) or asks_due:
             if self._scan(now):
                 return None
+        self._answer_asks(now)
         self._verify_pending(now)
         if now >= self.next_status or (self.status_dirty and now >= self.next_status - p.timing.status_interval + 1.0):
             self._push_status(now)
@@ -163,6 +169,7 @@ class Coordinator:
     # -------------------------------------------------------------- events
     def _on_lost(self, conn: int, why: str) -> None:
         self.askers.discard(conn)
+        self._withdraw_offer(conn)
         self.pending.pop(conn, None)
         r = self.conn_rank.pop(conn, None)
         if r is not None:
@@ -175,6 +182,7 @@ class Coordinator:
         self.hub.drop(conn)
         self.pending.pop(conn, None)
         self.askers.discard(conn)
+        self._withdraw_offer(conn)
 
     def _on_message(self, conn: int, m: dict, now: float) -> None:
         t = m.get("t")
@@ -245,41 +253,50 @@ class Coordinator:
         for r in m.get("taken", [])[:64]:
             if isinstance(r, int) and not isinstance(r, bool) and 0 < r < self.p.size:
                 self.known_taken.add(r)
-        self.hub.send(conn, {"t": "offer", "gen": self.p.gen, "ranks": self._free_ranks(now, OFFER_SIZE)})
+        self.asks.append(conn)  # answered after this step's listing, if one is due (step())
 
-    def _free_ranks(self, now: float, k: int) -> list[int]:
-        """Up to ``k`` member ranks nobody is known to hold, each offered to one asker per hold time.
+    def _answer_asks(self, now: float) -> None:
+        for conn in self.asks:
+            if conn in self.askers:
+                r = self._free_rank(conn)
+                msg = {"t": "offer", "gen": self.p.gen, "ranks": [] if r is None else [r]}
+                if r is None and len(self.offered) > 0:
+                    msg["wait"] = True  # every free rank is on offer to another asker: ask again soon
+                self.hub.send(conn, msg)
+        self.asks = []
 
-        A cursor walks the ranks cyclically, so a world of N costs O(N) per pass in all, not per ask.
-        "Known" is what rank 0 has: claims read, its last listing, connections, hellos, ranks askers
-        found taken; a claim made since may collide, and the asker's link() settles it.
+    def _free_rank(self, conn: int) -> int | None:
+        """A member rank nobody is known to hold or to be claiming, offered to ``conn`` alone.
+
+        A cursor walks the ranks cyclically, so a world of N costs O(N) per pass in all, not
+        per ask.  "Known": claims read, the last listing, connections, hellos, ranks askers found
+        taken, ranks on offer (until their asker says hello, asks again or goes).  A claim made
+        since the last listing may still collide; the asker's link() settles it.
         """
         p = self.p
-        hold = 2 * p.timing.probe_timeout
+        self._withdraw_offer(conn)
         pending = {m["rank"] for m, _ in self.pending.values()}
-        out: list[int] = []
-        on_offer: list[int] = []  # free, but offered to another asker moments ago
         for _ in range(p.size - 1):
-            if len(out) == k:
-                break
             r = self.cursor
             self.cursor = self.cursor % (p.size - 1) + 1
             if r in self.rank_conn or r in p.claims or r in self.listed or r in self.known_taken or r in pending:
                 continue
-            if now - self.offered.get(r, -hold) < hold:
-                on_offer.append(r)
+            if r in self.offered:
                 continue
-            self.offered[r] = now
-            out.append(r)
-        # The last free ranks may all be on offer to others: offer them again rather than
-        # nothing (an empty offer sends the asker to list the generation); link() picks one.
-        return out or on_offer[:k]
+            self.offered[r] = conn
+            return r
+        return None
+
+    def _withdraw_offer(self, conn: int) -> None:
+        for r in [r for r, c in self.offered.items() if c == conn]:
+            del self.offered[r]
 
     def _on_hello(self, conn: int, m: dict, now: float) -> None:
         p = self.p
         if not self._agrees(conn, m):
             return
         self.askers.discard(conn)
+        self._withdraw_offer(conn)  # its rank is in the hello now
         r = m.get("rank")
         if not isinstance(r, int) or isinstance(r, bool) or not 0 < r < p.size or r in self.rank_conn:
             self._reject(conn, f"rank {r!r} is not a free member rank of this world")

@@ -14,14 +14,14 @@ import logging
 
 from .decision import Placement
 from .errors import ConfigError, CorruptStateError, FsmingleError
-from .layout import GEN_RE, MAX_GENERATION, claim_name, claimed_ranks, gen_name, master_dir
+from .layout import BEACON_RE, GEN_RE, MAX_GENERATION, claim_name, claimed_ranks, gen_name, master_dir
 from .records import Claim, Release, encode
 from .states import State
 
 log = logging.getLogger("fsmingle")
 
 SPREAD_ABOVE = 32  # free ranks above which first-come claimers spread by instance hash
-BLIND_GUESSES = 3  # hash-drawn claim attempts before a first-come joiner lists a big generation
+BLIND_GUESSES = 1  # hash-drawn claim attempts before a first-come joiner of a big world asks rank 0
 
 
 class Joining:
@@ -57,7 +57,10 @@ class Joining:
                 self.cleaner(g)
             except FsmingleError as e:  # cleaning is a courtesy; never fail a join over it
                 log.warning("could not clean old generations: %s", e)
-        self.publish_beacon()
+        # No beacon yet: the first one is written once the rank is known (hold()), so a
+        # joiner writes it once, not twice (4 metadata operations per participant).  Until
+        # then nobody judges us: a claim whose holder's beacon is not visible yet counts as
+        # unreadable, which proves nothing for stale_after (fsmingle.liveness).
         self._enoent_since = None
         self.emit()
         return self._claim()
@@ -85,17 +88,19 @@ class Joining:
             self.set_note(f"rank {r} is already claimed in generation {self.gen}; checking whether its holder is alive")
             return self._step_contesting()
         if self.size > SPREAD_ABOVE:
-            # Big worlds: first a few guesses drawn from our instance hash, without
-            # listing the generation (a listing is O(N) entries for every joiner, O(N^2)
-            # in all).  Only after BLIND_GUESSES collisions -- a mostly full world --
-            # list it and take a free rank.
-            for i in range(BLIND_GUESSES):
-                r = int(hashlib.sha1(f"{self.instance}:{i}".encode()).hexdigest(), 16) % self.size
-                if self.claim_one(r):
-                    return self.hold(r)
-            # A mostly full world: ask rank 0, which knows the free ranks, instead of
-            # listing N names (see fsmingle.member: "asking").  Rank 0 answers on the
-            # connection this member keeps; without an answer it falls back to a listing.
+            # Big worlds never list the generation to claim (a listing is O(N) entries
+            # for every joiner, O(N^2) in all).  Rank 0, once its endpoint is published,
+            # hands out free ranks (fsmingle.member, "asking") on the connection every
+            # member opens anyway: one listing of master/ (a name or two) tells.  Before
+            # that, a guess drawn from our instance hash; if it collides, ask (or, with
+            # no rank 0 yet, try to become it).
+            self.master_names = self.store.listdir(master_dir(self.gen))
+            if not any(BEACON_RE.match(n) for n in self.master_names):
+                for i in range(BLIND_GUESSES):
+                    r = int(hashlib.sha1(f"{self.instance}:{i}".encode()).hexdigest(), 16) % self.size
+                    if self.claim_one(r):
+                        return self.hold(r)
+                self.master_names = None  # stale by now: the member lists master/ itself
             return self.hold(None)
         return self.claim_by_listing()
 

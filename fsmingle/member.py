@@ -68,6 +68,7 @@ class Member:
         self.asking = p.rank is None  # no rank yet: ask rank 0 for a free one (module doc)
         self.taken: list[int] = []  # offered ranks found claimed, reported in the next ask
         self.tried_master = False  # an asker that finds no endpoint tries to claim rank 0 once
+        self.ask_again: float | None = None  # when to repeat an ask rank 0 told us to repeat
 
     # -------------------------------------------------------------- loop plumbing
     def delay(self) -> float:
@@ -106,17 +107,22 @@ class Member:
         # Connected: the channel first (a failing filesystem must not starve it),
         # then the beacon heartbeat, which is only for status and cleaners.
         msgs, self.inbox = self.inbox + self.link.poll(0), []
+        if self.asking and self.ask_again is not None and now >= self.ask_again:
+            self.ask_again = None
+            self.link.send(self._ask())
         for m in msgs:
             done = self._on_message(m)
             if done is not None or p.role is not self:
                 return done
-        # Every 3/4 of stale_after: 4 metadata operations per 22.5 s (0.18/s at the defaults),
-        # the whole waiting load.  In a big world less often: once rank 0 has verified us its
-        # beacon vouches for us (GenerationReader.judge_rank, status), and the world's own
-        # heartbeats stay under MEMBER_BEACONS_PER_S in all (N / 50 s: 82 s at N = 4,096).
+        # Every 3/4 of stale_after until rank 0 has verified us (4 metadata operations per
+        # 22.5 s at the defaults).  From then on rank 0's beacon vouches for us
+        # (GenerationReader.judge_rank, status): our own beacon beats every 2 x stale_after
+        # (60 s: 0.067 op/s, for people reading the directory), and in a big world less
+        # often, so that the world's heartbeats stay under MEMBER_BEACONS_PER_S in all
+        # (N / 50 s: 82 s at N = 4,096, 44 min at N = 131,072).
         period = p.timing.stale_after * 0.75
         if self.welcomed:
-            period = max(period, p.size / MEMBER_BEACONS_PER_S)
+            period = max(2 * p.timing.stale_after, p.size / MEMBER_BEACONS_PER_S)
         p.heartbeat_if_due(now, period=period)
         if self.link.lost:
             return self._lost(self.link.why)
@@ -149,7 +155,8 @@ class Member:
 
     def _look(self, now: float) -> Placement | None:
         p = self.p
-        names = [n for n in p.store.listdir(master_dir(p.gen)) if BEACON_RE.match(n)]
+        listed, p.master_names = p.master_names, None  # a joiner's listing of a moment ago, once
+        names = [n for n in (listed or p.store.listdir(master_dir(p.gen))) if BEACON_RE.match(n)]
         b = None
         for n in names:
             inst = BEACON_RE.match(n).group(1)
@@ -243,6 +250,9 @@ class Member:
         """Claim one of the ranks rank 0 offers (``link()`` decides), then say hello on this connection."""
         p = self.p
         offered = [r for r in m.get("ranks", []) if isinstance(r, int) and not isinstance(r, bool) and 0 < r < p.size]
+        if m.get("gen") == p.gen and not offered and m.get("wait") is True:
+            self.ask_again = p.clock.monotonic() + p.timing.scan_interval  # all free ranks on offer to others
+            return None
         if m.get("gen") != p.gen or not offered:
             return self._stop_asking(f"rank 0 knows no free rank in generation {p.gen}")
         for r in offered:

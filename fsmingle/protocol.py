@@ -158,6 +158,7 @@ class Participant(Joining, Leaving, GenerationReader, OutsideWorld):
         self.delay = timing.poll_min
         self.note = ""
         self.present: RankSet | None = None
+        self.master_names: list[str] | None = None  # Joining's listing of master/, for Member._look
         self.missing_hint: list[int] | None = None
         # Ranks never seen present in any generation of this attempt (None: nothing known yet):
         # at a timeout, ranks that never showed up are the news; ranks that came and left (a
