@@ -2,9 +2,12 @@
 
 Rank 0 holds the master port (:class:`fsmingle.channel.Hub`) from before its
 claim until exec.  Each member connects and says who it is; rank 0 checks that
-identity against the claim on the filesystem -- reading only claim files that
-a listing of the generation shows, because a name looked up too early can stay
-"absent" in a negative lookup cache -- and keeps the connection.  The decision
+identity against the claim on the filesystem -- one direct read, since the
+member linked it before saying hello; after a read that found nothing, only
+once a listing shows the name, because a name looked up too early can stay
+"absent" in a negative lookup cache -- and keeps the connection.  Members of a
+big world without a rank ask for one (``ask``/``offer``, :mod:`fsmingle.member`),
+and rank 0's beacon vouches for its verified members (``Beacon.vouch``).  The decision
 itself is :func:`fsmingle.decision.decide`; this module gathers its inputs and
 carries out its action:
 

@@ -62,8 +62,7 @@ class Joining:
         # then nobody judges us: a claim whose holder's beacon is not visible yet counts as
         # unreadable, which proves nothing for stale_after (fsmingle.liveness).
         self._enoent_since = None
-        self.emit()
-        return self._claim()
+        return self._claim()  # which reports progress (hold(), or a note): after the first write
 
     def _note_released(self, g: int, rel) -> None:
         if isinstance(rel, Release) and rel.state == "released":

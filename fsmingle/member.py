@@ -3,8 +3,8 @@
 While connected a member makes (almost) no filesystem operations: rank 0 and
 the member ping each other on the connection, rank 0 pushes who is missing,
 and the release arrives on it.  Only a slow heartbeat of the member's beacon
-remains (every ``stale_after / 2`` seconds), for ``fsmingle status`` and for
-cleaners.
+remains (see ``Member.step``): once rank 0 has verified it, rank 0's beacon
+vouches for it (``Beacon.vouch``).
 
 A member that found its blind claim guesses taken in a big world (see
 :mod:`fsmingle.joining`) joins *asking*: it holds no rank yet, connects to rank

@@ -72,3 +72,24 @@ def test_a_chunk_that_does_not_match_its_digest_is_refused():
 def test_the_one_mebibyte_guard_stays_for_hostile_files():
     with pytest.raises(RecordError, match="larger than"):
         decode(encode(_release(MEMBERS_PER_CHUNK)) + b" " * (1 << 20), Release)
+
+
+def test_rank0_vouch_round_trips_and_bad_vouches_are_named():
+    """Rank 0's beacon carries a bitmap of its verified members (``Beacon.vouch``): 131,072 ranks fit
+    in 22 KiB; a vouch that is not base64, or holds more ranks than the world, is a named RecordError."""
+    from fsmingle.records import Beacon, HostId, decode, encode, encode_vouch
+
+    host = HostId(hostname="h0", boot_id="b", pidns="p", pid=1, pid_start=1.0)
+    n = 131_072
+    ranks = set(range(1, n, 3)) | {n - 1}
+    b = Beacon("job", 1, "0" * 16, "node", n, 0, "10.0.0.1", 29500, 5, 0, host, vouch=encode_vouch(ranks, n))
+    data = encode(b)
+    assert len(data) < 23_000
+    got = decode(data, Beacon)
+    assert all(got.vouches_for(r) == (r in ranks) for r in range(0, n, 997)) and got.vouches_for(n - 1)
+    assert not got.vouches_for(n) and not got.vouches_for(-1)
+    for bad, words in (("not base64!", "not base64"), (encode_vouch([], n + 64), "more than the world size"), (7, "string")):
+        d = json.loads(data)
+        d["vouch"] = bad
+        with pytest.raises(RecordError, match=words):
+            decode(json.dumps(d).encode(), Beacon)
