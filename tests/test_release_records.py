@@ -88,7 +88,11 @@ def test_rank0_vouch_round_trips_and_bad_vouches_are_named():
     got = decode(data, Beacon)
     assert all(got.vouches_for(r) == (r in ranks) for r in range(0, n, 997)) and got.vouches_for(n - 1)
     assert not got.vouches_for(n) and not got.vouches_for(-1)
-    for bad, words in (("not base64!", "not base64"), (encode_vouch([], n + 64), "more than the world size"), (7, "string")):
+    for bad, words in (
+        ("not base64!", "not base64"),
+        (encode_vouch([], n + 64), "more than the world size"),
+        (7, "string"),
+    ):
         d = json.loads(data)
         d["vouch"] = bad
         with pytest.raises(RecordError, match=words):
