@@ -120,16 +120,20 @@ class Member:
         # (60 s: 0.067 op/s, for people reading the directory), and in a big world less
         # often, so that the world's heartbeats stay under MEMBER_BEACONS_PER_S in all
         # (N / 50 s: 82 s at N = 4,096, 44 min at N = 131,072).
-        period = p.timing.stale_after * 0.75
-        if self.welcomed:
-            period = max(2 * p.timing.stale_after, p.size / MEMBER_BEACONS_PER_S)
-        p.heartbeat_if_due(now, period=period)
+        p.heartbeat_if_due(now, period=self._beacon_period())
         if self.link.lost:
             return self._lost(self.link.why)
         quiet = self.link.silent_for()
         if quiet >= p.timing.stale_after:
             return self._lost(f"rank 0 was silent on the connection for {quiet:.0f} s")
         return None
+
+    def _beacon_period(self) -> float:
+        """Seconds between this member's own beacon heartbeats while connected (see ``step``)."""
+        p = self.p
+        if not self.welcomed:
+            return p.timing.stale_after * 0.75
+        return max(2 * p.timing.stale_after, p.size / MEMBER_BEACONS_PER_S)
 
     def _decided_elsewhere(self, now: float) -> bool:
         """Not connected yet: a void written by someone else ends our wait (checked every heartbeat period)."""
@@ -286,6 +290,10 @@ class Member:
                 self._lost(f"the process on the master port is not rank 0 of generation {p.gen}")
                 return None
             self.welcomed = True
+            # Rank 0 vouches for us from its next beacon on (within stale_after / 2, while a
+            # judge needs stale_after without a change to call us dead): our own next beat
+            # can wait a whole long period.
+            p.next_hb = max(p.next_hb, p.clock.monotonic() + self._beacon_period())
             log.info(
                 "job %s: connected to the master %s", p.job_id, hostport(self.master.addr, self.master.master_port)
             )
