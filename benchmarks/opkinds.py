@@ -28,6 +28,8 @@ KINDS = (
 NOT_REQUESTS = ("entries", "close")
 #: Operations the (metadata) server sees.
 SERVER_KINDS = tuple(k for k in KINDS if k not in NOT_REQUESTS)
+#: The operations issue 13's "≤ 10 per participant per generation" target counts.
+ISSUE13_KINDS = ("create", "open", "readdir", "rename", "link")
 #: Metadata operations (what an NFS/Lustre metadata server serves).
 METADATA = ("create", "open", "readdir", "stat", "rename", "link", "unlink", "mkdir", "rmdir")
 

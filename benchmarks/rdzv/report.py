@@ -8,6 +8,7 @@ import subprocess
 import sys
 from typing import Any
 
+from ..opkinds import ISSUE13_KINDS
 from .common import HERE, mem_available_bytes, pct
 
 
@@ -151,6 +152,19 @@ def plot(rows: list[dict], path: str, title: str = "") -> None:
         tot = [(p[0], p[1]["ops_fs_ops_mean"]) for p in pts if p[1].get("ops_fs_ops_mean") is not None]
         if tot:
             ax3.plot([x for x, _ in tot], [v for _, v in tot], marker="o", color=c, label=f"{b} / {fs}: mean")
+            listed = [
+                (p[0], sum(p[1]["ops_per_kind_mean"].get(k, 0) for k in ISSUE13_KINDS))
+                for p in pts
+                if p[1].get("ops_per_kind_mean")
+            ]
+            ax3.plot(
+                [x for x, _ in listed],
+                [v for _, v in listed],
+                marker="s",
+                ls="--",
+                color=c,
+                label=f"{b} / {fs}: mean, {' + '.join(ISSUE13_KINDS)}",
+            )
             mx = [(p[0], p[1]["ops_fs_ops_rank0"]) for p in pts if p[1].get("ops_fs_ops_rank0") is not None]
             ax3.plot(
                 [x for x, _ in mx],
@@ -176,7 +190,9 @@ def plot(rows: list[dict], path: str, title: str = "") -> None:
     ax2.set_ylabel("fs ops / s")
     ax2.set_title("Waiting participant's fs ops/s (typical non-rank-0)\n(grey: goal 0.2/s)", fontsize=9)
     ax3.set_ylabel("fs ops")
-    ax3.set_title("fs ops per participant per generation (fsmingle, counted)\n(grey: target 10)", fontsize=9)
+    ax3.set_title(
+        "fs ops per participant per generation (fsmingle, counted)\n(grey: target 10, for issue 13's kinds)", fontsize=9
+    )
     if title:
         fig.suptitle(title, fontsize=8)
     fig.tight_layout()
