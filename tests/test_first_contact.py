@@ -125,6 +125,38 @@ def test_status_judges_a_remote_participant_by_heartbeat_age_against_stale_after
     assert p["heartbeat_age_s"] >= 6, p
 
 
+@pytest.mark.skipif(os.geteuid() != 0 or bool(have("unshare")), reason="a remote participant needs unshare (root)")
+def test_status_calls_a_connected_member_alive_by_rank0s_vouch(procs, d):
+    """A verified member rewrites its own beacon only every 2 x --stale-after; status takes rank 0's
+    fresh beacon, which vouches for it, instead of calling it stale by its own beacon's age."""
+    nodes = [
+        procs.env(
+            d,
+            JOB,
+            "--nnodes",
+            3,
+            "--node-rank",
+            r,
+            timeout=120,
+            stale_after=3,
+            prefix=other_pidns_prefix(),
+            name=f"n{r}",
+        )
+        for r in (0, 1)
+    ]
+    wait_claimed(d, JOB, 1, [0, 1], procs=nodes)
+
+    def old_own_beacon():
+        _rc, out, _err = _status(procs, d, JOB, "--json", "--stale-after", "3")
+        p = {x["rank"]: x for x in json.loads(out)["participants"]}.get(1)
+        return p if p is not None and p["heartbeat_age_s"] >= 3.2 else None
+
+    p = wait_for(old_own_beacon, 30, "member 1's own beacon to be older than --stale-after", interval=0.3)
+    assert (p["liveness"], p["vouched_by_rank0"], p["same_host"]) == ("alive", True, False), p
+    for n in nodes:
+        n.kill()
+
+
 def test_status_of_a_voided_generation_says_voided_not_an_empty_claim_table(procs, d):
     p = procs.env(d, JOB, "--nnodes", 2, timeout=2, name="alone")
     assert p.wait(30) == 7, p.stderr()
