@@ -73,6 +73,8 @@ class Coordinator:
         self.offered: dict[int, int] = {}  # rank -> the asker's connection it is on offer to
         self.cursor = 1
         self.backlog = False
+        self.next_silence_check = now
+        self.suspects: list[tuple[int, int]] = []  # (rank, conn) silent for stale_after / 2 at the last look
         self.first_listed: dict[int, float] = {}  # rank -> when a listing first showed its claim
         self.inbox: list = []
         self.prepared: Release | None = None
@@ -147,14 +149,20 @@ class Coordinator:
         self._verify_pending(now)
         if now >= self.next_status or (self.status_dirty and now >= self.next_status - p.timing.status_interval + 1.0):
             self._push_status(now)
+        if now >= self.next_silence_check:
+            # Who is silent matters at the scale of stale_after: look twice a second, and hand
+            # the decision only the suspects (O(N) twice a second, not at every message).
+            self.next_silence_check = now + min(0.5, p.timing.stale_after / 8)
+            half = p.timing.stale_after / 2
+            self.suspects = [(r, c) for r, c in self.rank_conn.items() if self.hub.silent_for(c) >= half]
         view = CoordinatorView(
             size=p.size,
-            connected=frozenset(self.rank_conn),
-            silent={r: self.hub.silent_for(c) for r, c in self.rank_conn.items()},
+            connected=self.rank_conn.keys(),
+            silent={r: self.hub.silent_for(c) for r, c in self.suspects if self.rank_conn.get(r) == c},
             lost=dict(self.lost),
             dead_claimers={**self.dead_claimers, **self.refused},
             preparing_for=None if self.preparing_since is None else now - self.preparing_since,
-            acked=frozenset(self.acked_ranks),
+            acked=self.acked_ranks,
             stale_after=p.timing.stale_after,
             ack_timeout=self._ack_timeout(),
         )

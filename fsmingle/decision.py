@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import re
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
 from .records import Member
@@ -35,24 +36,27 @@ class CoordinatorView:
 
     Attributes:
         size (int): world size (nnodes or world size).
-        connected (frozenset[int]): ranks other than 0 holding a verified connection now.
-        silent (dict[int, float]): for connected ranks, seconds since they last sent anything.
+        connected (AbstractSet[int]): ranks other than 0 holding a verified connection now
+            (rank 0 passes a live view of its table: O(1) per decision, not O(N)).
+        silent (dict[int, float]): seconds since they last sent anything, for connected ranks --
+            at least those silent for ``stale_after`` (rank 0 passes only those silent for
+            half of it, refreshed twice a second: a world of N would cost O(N) per decision).
         lost (dict[int, str]): verified ranks whose connection dropped, and why.
         dead_claimers (dict[int, str]): ranks claimed on the filesystem, never connected, and judged
             dead there (process gone, or heartbeat silent for ``stale_after``).
         preparing_for (float | None): seconds since the prepare was sent; None if not preparing.
-        acked (frozenset[int]): ranks that acknowledged the prepare.
+        acked (AbstractSet[int]): member ranks (1..size-1) that acknowledged the prepare.
         stale_after (float): seconds of silence that make a connected member dead.
         ack_timeout (float): seconds a member has to acknowledge the prepare.
     """
 
     size: int
-    connected: frozenset[int]
+    connected: AbstractSet[int]
     silent: dict[int, float] = field(default_factory=dict)
     lost: dict[int, str] = field(default_factory=dict)
     dead_claimers: dict[int, str] = field(default_factory=dict)
     preparing_for: float | None = None
-    acked: frozenset[int] = frozenset()
+    acked: AbstractSet[int] = frozenset()
     stale_after: float = 30.0
     ack_timeout: float = 2.0
 
@@ -70,10 +74,11 @@ def decide(v: CoordinatorView) -> tuple[Action, str]:
                 f"rank {r} was silent on its connection for {quiet:.0f} s (no answer is no proof of life)",
             )
     if v.preparing_for is not None:
-        missing = sorted(set(range(1, v.size)) - v.acked)
-        if not missing:
+        # Counted first: acks arrive one by one, and listing who is missing on each would be O(N^2).
+        if len(v.acked) >= v.size - 1 and not set(range(1, v.size)) - set(v.acked):
             return Action.COMMIT, ""
         if v.preparing_for >= v.ack_timeout:
+            missing = sorted(set(range(1, v.size)) - set(v.acked))
             return Action.VOID, (
                 f"rank {missing[0]} did not acknowledge the release within {v.ack_timeout:g} s "
                 "(unreachable or stopped); an unanswered member is never released into the world"
