@@ -71,6 +71,9 @@ class Coordinator:
         self.asks: list[int] = []  # askers to answer at the end of this step
         self.known_taken: set[int] = set()  # ranks askers found claimed
         self.offered: dict[int, int] = {}  # rank -> the asker's connection it is on offer to
+        self.offer_of: dict[int, int] = {}  # the same, by connection (an asker holds one offer)
+        self.conn_version = 0  # bumped on every change of rank_conn
+        self._missing_cache: tuple[int, list[int]] | None = None  # (conn_version, _missing())
         self.cursor = 1
         self.backlog = False
         self.next_silence_check = now
@@ -185,6 +188,7 @@ class Coordinator:
         r = self.conn_rank.pop(conn, None)
         if r is not None:
             self.rank_conn.pop(r, None)
+            self.conn_version += 1
             self.lost[r] = why
             self.status_dirty = True
 
@@ -294,12 +298,13 @@ class Coordinator:
                 continue
             if r in self.offered:
                 continue
-            self.offered[r] = conn
+            self.offered[r], self.offer_of[conn] = conn, r
             return r
         return None
 
     def _withdraw_offer(self, conn: int) -> None:
-        for r in [r for r, c in self.offered.items() if c == conn]:
+        r = self.offer_of.pop(conn, None)
+        if r is not None:
             del self.offered[r]
 
     def _on_hello(self, conn: int, m: dict, now: float) -> None:
@@ -349,6 +354,7 @@ class Coordinator:
             if holder == m["inst"]:
                 del self.pending[conn]
                 self.rank_conn[r], self.conn_rank[conn] = conn, r
+                self.conn_version += 1
                 self.members[r] = Member(rank=r, instance=m["inst"], addr=m["addr"], host=m["host"])
                 self.explicit[r] = m.get("explicit") is True
                 self.keys[r] = str(m.get("key") or "")[:256]
@@ -450,8 +456,13 @@ class Coordinator:
         return t * (3 if self.p.check_mesh else 1)
 
     def _missing(self) -> list[int]:
-        """Member ranks not connected (and verified) yet, ascending."""
-        return [r for r in range(1, self.p.size) if r not in self.rank_conn]
+        """Member ranks not connected (and verified) yet, ascending.
+
+        O(N), so computed once per change of the connections, not per welcome or status message."""
+        key = self.conn_version
+        if self._missing_cache is None or self._missing_cache[0] != key:
+            self._missing_cache = (key, [r for r in range(1, self.p.size) if r not in self.rank_conn])
+        return self._missing_cache[1]
 
     def _status(self) -> dict:
         """Who is present and missing, for members' progress lines and timeout messages."""
@@ -570,7 +581,7 @@ class Coordinator:
     def missing_description(self) -> str:
         p = self.p
         who = "node ranks" if p.mode == "node" else "ranks"
-        missing = self._missing()
+        missing = list(self._missing())
         p.missing_hint = missing
         absent = [r for r in missing if r not in self.listed]
         absent = p.never_seen(absent)  # the never-seen ones are the news
