@@ -129,10 +129,14 @@ class Member:
         return None
 
     def _beacon_period(self) -> float:
-        """Seconds between this member's own beacon heartbeats while connected (see ``step``)."""
+        """Seconds between this member's own beacon heartbeats while connected (see ``step``).
+
+        Connected means rank 0 has our hello: it never judges a member it holds a connection to
+        from the filesystem, and once it has verified us its beacon vouches for us.  Beating every
+        ``3/4 stale_after`` until the welcome would cost 4 x N / 22.5 s operations while rank 0
+        verifies a join storm -- at N = 32,768 more than a 5,000 op/s server has, which starves the
+        verification it waits for (a congestion collapse, measured in benchmarks/sim)."""
         p = self.p
-        if not self.welcomed:
-            return p.timing.stale_after * 0.75
         return max(2 * p.timing.stale_after, p.size / MEMBER_BEACONS_PER_S)
 
     def _decided_elsewhere(self, now: float) -> bool:
@@ -203,6 +207,9 @@ class Member:
         if outcome is Outcome.CONNECTED:
             self.link, self.master = link, b
             link.send(self._ask() if self.asking else self._hello())
+            # Rank 0 holds us by the connection from now on (see _beacon_period); rank 0's next
+            # beacon after our welcome vouches for us, within stale_after / 2.
+            p.next_hb = max(p.next_hb, now + self._beacon_period())
             log.debug("job %s: connected to the master %s", p.job_id, where)
             return
         if outcome is Outcome.REFUSED:
@@ -263,6 +270,7 @@ class Member:
             if p.try_claim(r):
                 self.asking, p.rank = False, r
                 p.publish_beacon()
+                p.next_hb = max(p.next_hb, p.clock.monotonic() + self._beacon_period())
                 p.emit()
                 self.link.send(self._hello())
                 return None
@@ -290,10 +298,6 @@ class Member:
                 self._lost(f"the process on the master port is not rank 0 of generation {p.gen}")
                 return None
             self.welcomed = True
-            # Rank 0 vouches for us from its next beacon on (within stale_after / 2, while a
-            # judge needs stale_after without a change to call us dead): our own next beat
-            # can wait a whole long period.
-            p.next_hb = max(p.next_hb, p.clock.monotonic() + self._beacon_period())
             log.info(
                 "job %s: connected to the master %s", p.job_id, hostport(self.master.addr, self.master.master_port)
             )
