@@ -20,7 +20,9 @@ carries out its action:
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
+import itertools
 import logging
 
 from .channel import WIRE_VERSION, EventKind, hostport
@@ -72,8 +74,7 @@ class Coordinator:
         self.known_taken: set[int] = set()  # ranks askers found claimed
         self.offered: dict[int, int] = {}  # rank -> the asker's connection it is on offer to
         self.offer_of: dict[int, int] = {}  # the same, by connection (an asker holds one offer)
-        self.conn_version = 0  # bumped on every change of rank_conn
-        self._missing_cache: tuple[int, list[int]] | None = None  # (conn_version, _missing())
+        self.missing_sorted: list[int] = list(range(1, p.size))  # member ranks not in rank_conn
         self.cursor = 1
         self.backlog = False
         self.next_silence_check = now
@@ -150,7 +151,10 @@ class Coordinator:
                 return None
         self._answer_asks(now)
         self._verify_pending(now)
-        if now >= self.next_status or (self.status_dirty and now >= self.next_status - p.timing.status_interval + 1.0):
+        # Who is missing goes to every member: at once when it changed, but no more often than
+        # every N / 10,000 s (1 s up to N = 10,000; 13 s at 131,072: N messages each time).
+        gap = max(1.0, p.size / 10_000)
+        if now >= self.next_status or (self.status_dirty and now >= self.next_status - p.timing.status_interval + gap):
             self._push_status(now)
         if now >= self.next_silence_check:
             # Who is silent matters at the scale of stale_after: look twice a second, and hand
@@ -187,8 +191,8 @@ class Coordinator:
         self.pending.pop(conn, None)
         r = self.conn_rank.pop(conn, None)
         if r is not None:
-            self.rank_conn.pop(r, None)
-            self.conn_version += 1
+            if self.rank_conn.pop(r, None) is not None:
+                bisect.insort(self.missing_sorted, r)
             self.lost[r] = why
             self.status_dirty = True
 
@@ -334,7 +338,9 @@ class Coordinator:
         p = self.p
         reads = 0
         self.backlog = False
-        for conn, (m, since) in list(self.pending.items()):
+        # The oldest hellos first, a bounded batch (a join storm holds thousands); one that must
+        # wait for a listing goes to the back, so it cannot hold the fresh ones up.
+        for conn, (m, since) in list(itertools.islice(self.pending.items(), 4 * VERIFY_READS_PER_STEP)):
             r = m["rank"]
             holder = p.claims.get(r)
             if holder is None and reads >= VERIFY_READS_PER_STEP:
@@ -354,7 +360,9 @@ class Coordinator:
             if holder == m["inst"]:
                 del self.pending[conn]
                 self.rank_conn[r], self.conn_rank[conn] = conn, r
-                self.conn_version += 1
+                i = bisect.bisect_left(self.missing_sorted, r)
+                if i < len(self.missing_sorted) and self.missing_sorted[i] == r:
+                    del self.missing_sorted[i]
                 self.members[r] = Member(rank=r, instance=m["inst"], addr=m["addr"], host=m["host"])
                 self.explicit[r] = m.get("explicit") is True
                 self.keys[r] = str(m.get("key") or "")[:256]
@@ -373,6 +381,8 @@ class Coordinator:
                 self._reject(
                     conn, f"rank {r}'s claim did not show in generation {p.gen} within {p.timing.stale_after:g} s"
                 )
+            else:
+                self.pending[conn] = self.pending.pop(conn)
 
     def _scan(self, now: float) -> bool:
         """List the generation: decisions by others, new claims, claimers that died before connecting.
@@ -456,13 +466,9 @@ class Coordinator:
         return t * (3 if self.p.check_mesh else 1)
 
     def _missing(self) -> list[int]:
-        """Member ranks not connected (and verified) yet, ascending.
-
-        O(N), so computed once per change of the connections, not per welcome or status message."""
-        key = self.conn_version
-        if self._missing_cache is None or self._missing_cache[0] != key:
-            self._missing_cache = (key, [r for r in range(1, self.p.size) if r not in self.rank_conn])
-        return self._missing_cache[1]
+        """Member ranks not connected (and verified) yet, ascending (kept sorted as connections
+        come and go, so a welcome or status message costs O(64), not O(N); do not modify)."""
+        return self.missing_sorted
 
     def _status(self) -> dict:
         """Who is present and missing, for members' progress lines and timeout messages."""
