@@ -94,26 +94,27 @@ class GenerationReader:
         return True
 
     def judge_rank(self, r: int, now: float, holder: str | None = None) -> tuple[Verdict, Beacon | None]:
-        """Rank ``r``'s holder (``holder``, else its claim): rank 0's vouch first, then its own beacon.
+        """Rank ``r``'s holder (``holder``, else its claim), judged by its own beacon and rank 0's vouch.
 
-        A member connected to rank 0 heartbeats its own beacon rarely in a big world
-        (``Member.step``); rank 0's beacon, itself judged by its heartbeat, vouches for it.
-        A vouch from a rank 0 not judged alive yet (first look) makes the verdict
-        UNKNOWN at worst: never DEAD on a stale own beacon.  Returns ``(verdict, beacon)``;
-        the beacon is the holder's own, None when the vouch decided or it is unreadable.
+        A member connected to rank 0 heartbeats its own beacon rarely (``Member.step``);
+        rank 0's beacon, itself judged alive or not yet judged, vouches for it: a vouched
+        holder is never DEAD (UNKNOWN instead), so contesters and watchers wait rather than
+        void a live world.  Returns ``(verdict, beacon)``; the beacon is the holder's own
+        (None if unreadable).
         """
         if r != 0:
-            v = self._rank0_vouch(r, now)
-            if v is Verdict.ALIVE:
-                return v, None
+            vouched = self._rank0_vouch(r, now) is not None
             verdict, b = self.judge_holder(holder or self.read_claim(r), now, key=f"?rank{r}")
-            if v is Verdict.UNKNOWN and verdict is Verdict.DEAD:
+            if vouched and verdict is Verdict.DEAD:
+                # A vouch keeps a holder from being judged dead; it never makes one "alive" (a
+                # conflict is raised only on the holder's own evidence): rank 0's beacon may
+                # be up to stale_after / 2 old, and rank 0 itself alive in a later generation.
                 verdict = Verdict.UNKNOWN
             return verdict, b
         return self.judge_holder(holder or self.read_claim(r), now, key=f"?rank{r}")
 
     def _rank0_vouch(self, r: int, now: float) -> Verdict | None:
-        """ALIVE (or UNKNOWN while rank 0 is not judged yet) if rank 0's beacon vouches for ``r``."""
+        """Rank 0's verdict (ALIVE, or UNKNOWN before it is judged) if its beacon vouches for ``r``; else None."""
         seen = self._vouch_seen
         if seen is None or seen[0] != now:  # one read of rank 0's beacon per observer step
             inst0 = self.read_claim(0)
@@ -122,7 +123,7 @@ class GenerationReader:
         _, b0, v0 = seen
         if b0 is None or v0 in (None, Verdict.DEAD) or not b0.vouches_for(r):
             return None
-        return Verdict.ALIVE if v0 is Verdict.ALIVE else Verdict.UNKNOWN
+        return v0
 
     def judge_holder(self, instance: str | None, now: float, key: str) -> tuple[Verdict, Beacon | None]:
         b = self.read_beacon(beacon_name(self.gen, instance), instance) if instance else None

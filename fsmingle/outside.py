@@ -60,7 +60,7 @@ class OutsideWorld:
         self.contest_holder = holder
         verdict, b = self.judge_rank(r, now, holder)
         if verdict is Verdict.ALIVE:
-            where = f"pid {b.host.pid} on {b.host.hostname} ({b.addr})" if b else "a process connected to rank 0"
+            where = f"pid {b.host.pid} on {b.host.hostname} ({b.addr})" if b else "another process"
             self.state = State.FAILED
             raise RankConflictError(
                 f"rank {r} of job {self.job_id} is already held by a live process: {where}; "
