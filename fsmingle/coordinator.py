@@ -139,17 +139,16 @@ class Coordinator:
         if p.role is not self:
             return None  # a fatal reject ended this generation
         self._verify_pending(now)  # most hellos: one direct read of the claim, no listing
-        # A pending hello is verified by the next listing (claims are read only after a listing
-        # shows them): list again scan_gap after the last listing, however far the quiet
-        # backoff has pushed next_scan.
-        # An ask is answered from a listing no older than scan_interval (claims drawn blind
+        # A hello whose first direct read found nothing is verified only by a listing that shows
+        # its claim: list again scan_gap after the last listing (within the list floor), however
+        # far the quiet backoff has pushed next_scan.  An ask is answered from a listing no older than scan_interval (claims drawn blind
         # since the last one would collide with what rank 0 offers), within the list floor.
         again = self.last_scan + max(self.scan_gap, self._list_floor())
         asks_due = self.asks and now >= max(again, self.last_scan + self.p.timing.scan_interval)
         if now >= self.next_scan or (self.pending and now >= again) or asks_due:
             if self._scan(now):
                 return None
-        self._answer_asks(now)
+        self._answer_asks()
         self._verify_pending(now)
         # Who is missing goes to every member: at once when it changed, but no more often than
         # every N / 10,000 s (1 s up to N = 10,000; 13 s at 131,072: N messages each time).
@@ -265,7 +264,7 @@ class Coordinator:
         return True
 
     def _on_ask(self, conn: int, m: dict, now: float) -> None:
-        """A member without a rank asks for free ones (``fsmingle.member``, "asking"): offer a few."""
+        """A member without a rank asks for one (``fsmingle.member``, "asking"): answered by _answer_asks."""
         if not self._agrees(conn, m):
             return
         self.askers.add(conn)
@@ -274,7 +273,8 @@ class Coordinator:
                 self.known_taken.add(r)
         self.asks.append(conn)  # answered after this step's listing, if one is due (step())
 
-    def _answer_asks(self, now: float) -> None:
+    def _answer_asks(self) -> None:
+        """Offer each asker of this step one free rank (or tell it to wait, or that none is known)."""
         for conn in self.asks:
             if conn in self.askers:
                 r = self._free_rank(conn)

@@ -102,16 +102,14 @@ class GenerationReader:
         void a live world.  Returns ``(verdict, beacon)``; the beacon is the holder's own
         (None if unreadable).
         """
-        if r != 0:
-            vouched = self._rank0_vouch(r, now) is not None
-            verdict, b = self.judge_holder(holder or self.read_claim(r), now, key=f"?rank{r}")
-            if vouched and verdict is Verdict.DEAD:
-                # A vouch keeps a holder from being judged dead; it never makes one "alive" (a
-                # conflict is raised only on the holder's own evidence): rank 0's beacon may
-                # be up to stale_after / 2 old, and rank 0 itself alive in a later generation.
-                verdict = Verdict.UNKNOWN
-            return verdict, b
-        return self.judge_holder(holder or self.read_claim(r), now, key=f"?rank{r}")
+        verdict, b = self.judge_holder(holder or self.read_claim(r), now, key=f"?rank{r}")
+        if r != 0 and verdict is Verdict.DEAD and self._rank0_vouch(r, now) is not None:
+            # A vouch keeps a holder from being judged dead; it never makes one "alive" (a
+            # conflict is raised only on the holder's own evidence): rank 0's beacon may be
+            # up to stale_after / 2 old, and rank 0 itself alive in a later generation.  Read
+            # only when it can change the verdict: rank 0's beacon is not re-read every step.
+            verdict = Verdict.UNKNOWN
+        return verdict, b
 
     def _rank0_vouch(self, r: int, now: float) -> Verdict | None:
         """Rank 0's verdict (ALIVE, or UNKNOWN before it is judged) if its beacon vouches for ``r``; else None."""

@@ -20,7 +20,7 @@ from .states import State
 
 log = logging.getLogger("fsmingle")
 
-SPREAD_ABOVE = 32  # free ranks above which first-come claimers spread by instance hash
+SPREAD_ABOVE = 32  # world size above which first-come joiners ask rank 0 (and free ranks above which a listing claimer spreads by hash)
 BLIND_GUESSES = 1  # hash-drawn claim attempts before a first-come joiner of a big world asks rank 0
 
 

@@ -6,14 +6,14 @@ and the release arrives on it.  Only a slow heartbeat of the member's beacon
 remains (see ``Member.step``): once rank 0 has verified it, rank 0's beacon
 vouches for it (``Beacon.vouch``).
 
-A member that found its blind claim guesses taken in a big world (see
-:mod:`fsmingle.joining`) joins *asking*: it holds no rank yet, connects to rank
-0 and sends ``ask``; rank 0 answers ``offer`` with a few ranks it believes free
-(its claims, connections and listings; each offered to one asker at a time),
-the member ``link()``s one and says hello on the same connection.  Ranks it
-found taken go back in the next ``ask``.  If rank 0 knows no free rank, or the
-connection fails before a claim, the member lists the generation instead --
-the filesystem stays the arbiter of claims; rank 0 only saves the listing.
+A first-come member of a big world joins *asking* (see :mod:`fsmingle.joining`):
+it holds no rank yet, connects to rank 0 and sends ``ask``; rank 0 answers
+``offer`` with one rank it believes free (its claims, connections, listings and
+offers to other askers), or ``wait`` when all are on offer; the member
+``link()``s it and says hello on the same connection.  A rank it found taken
+goes back in the next ``ask``.  If rank 0 knows no free rank, or the connection
+fails before a claim, the member lists the generation instead -- the filesystem
+stays the arbiter of claims; rank 0 only saves the listing.
 
 Failure rules (**no release on absence of evidence**):
 
@@ -114,12 +114,9 @@ class Member:
             done = self._on_message(m)
             if done is not None or p.role is not self:
                 return done
-        # Every 3/4 of stale_after until rank 0 has verified us (4 metadata operations per
-        # 22.5 s at the defaults).  From then on rank 0's beacon vouches for us
-        # (GenerationReader.judge_rank, status): our own beacon beats every 2 x stale_after
-        # (60 s: 0.067 op/s, for people reading the directory), and in a big world less
-        # often, so that the world's heartbeats stay under MEMBER_BEACONS_PER_S in all
-        # (N / 50 s: 82 s at N = 4,096, 44 min at N = 131,072).
+        # Our own beacon beats every 2 x stale_after (60 s: 0.067 op/s, for people reading the
+        # directory), in a big world every N / 50 s (MEMBER_BEACONS_PER_S; 44 min at 131,072):
+        # rank 0 holds us by the connection, and its beacon vouches for us (_beacon_period).
         p.heartbeat_if_due(now, period=self._beacon_period())
         if self.link.lost:
             return self._lost(self.link.why)

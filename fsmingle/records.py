@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import functools
 import hashlib
 import ipaddress
 import json
@@ -145,9 +146,15 @@ class Beacon:
     vouch: str = ""
     kind: str = field(default="beacon", init=False)
 
+    @functools.cached_property
+    def _vouch_bits(self) -> bytes:
+        # Decoded once per beacon read: a world-full watcher or `status` asks for every rank.
+        return base64.b64decode(self.vouch) if self.vouch else b""
+
     def vouches_for(self, r: int) -> bool:
         """True if this (rank 0's) beacon says rank ``r`` was connected to it and verified when written."""
-        return vouched(self.vouch, r)
+        bits = self._vouch_bits
+        return r >= 0 and r >> 3 < len(bits) and bool(bits[r >> 3] & (1 << (r & 7)))
 
 
 @dataclass(frozen=True)
@@ -272,14 +279,6 @@ def encode_vouch(ranks, size: int) -> str:
         if 0 <= r < size:
             bits[r >> 3] |= 1 << (r & 7)
     return base64.b64encode(bytes(bits)).decode("ascii")
-
-
-def vouched(vouch: str, r: int) -> bool:
-    """True if bitmap ``vouch`` (from :func:`encode_vouch`) holds rank ``r``."""
-    if not vouch or r < 0:
-        return False
-    bits = base64.b64decode(vouch)
-    return r >> 3 < len(bits) and bool(bits[r >> 3] & (1 << (r & 7)))
 
 
 def _vouch(v: Any, size: int) -> str:

@@ -54,9 +54,7 @@ class RankSet(Sequence[int]):
         return (r for r in range(self.size) if r not in self._gone)
 
     def __getitem__(self, i):
-        if isinstance(i, slice):
-            return tuple(self)[i]
-        return tuple(self)[i]
+        return tuple(self)[i]  # an index or a slice; O(N)
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, RankSet):

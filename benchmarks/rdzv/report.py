@@ -149,32 +149,21 @@ def plot(rows: list[dict], path: str, title: str = "") -> None:
                 color=c,
                 label=f"{b} / {fs} (strace)",
             )
-        tot = [(p[0], p[1]["ops_fs_ops_mean"]) for p in pts if p[1].get("ops_fs_ops_mean") is not None]
-        if tot:
-            ax3.plot([x for x, _ in tot], [v for _, v in tot], marker="o", color=c, label=f"{b} / {fs}: mean")
-            listed = [
-                (p[0], sum(p[1]["ops_per_kind_mean"].get(k, 0) for k in ISSUE13_KINDS))
-                for p in pts
-                if p[1].get("ops_per_kind_mean")
-            ]
-            ax3.plot(
-                [x for x, _ in listed],
-                [v for _, v in listed],
-                marker="s",
-                ls="--",
-                color=c,
-                label=f"{b} / {fs}: mean, {' + '.join(ISSUE13_KINDS)}",
-            )
-            mx = [(p[0], p[1]["ops_fs_ops_rank0"]) for p in pts if p[1].get("ops_fs_ops_rank0") is not None]
-            ax3.plot(
-                [x for x, _ in mx],
-                [v for _, v in mx],
-                marker="^",
-                ls=":",
-                color=c,
-                alpha=0.7,
-                label=f"{b} / {fs}: rank 0",
-            )
+        ops_series = (
+            ("mean", {"marker": "o"}, lambda s: s.get("ops_fs_ops_mean")),
+            (
+                f"mean, {' + '.join(ISSUE13_KINDS)}",
+                {"marker": "s", "ls": "--"},
+                lambda s: (
+                    sum(s["ops_per_kind_mean"].get(k, 0) for k in ISSUE13_KINDS) if s.get("ops_per_kind_mean") else None
+                ),
+            ),
+            ("rank 0", {"marker": "^", "ls": ":", "alpha": 0.7}, lambda s: s.get("ops_fs_ops_rank0")),
+        )
+        for name, style, value in ops_series:
+            got = [(x, value(s)) for x, s in pts if value(s) is not None]
+            if got:
+                ax3.plot([x for x, _ in got], [v for _, v in got], color=c, label=f"{b} / {fs}: {name}", **style)
     ax2.axhline(0.2, color="grey", ls="--", lw=0.8)
     ax3.axhline(10, color="grey", ls="--", lw=0.8)
     ax1.axhline(0.3, color="grey", ls="--", lw=0.8)
