@@ -17,7 +17,6 @@ from .channel import TcpTransport
 from .cleanup import locked_cleaner
 from .config import resolve
 from .decision import Placement, expand_nodelist
-from .fscheck import require_claimable
 from .hostinfo import local_process_alive, this_process
 from .netaddr import choose_address, interface_of, socket_ifname_env
 from .protocol import Participant, SystemClock, Timing
@@ -293,7 +292,6 @@ def rendezvous(dir: str | None = None, job_id: str | None = None, **kwargs) -> R
         timeout,
     )
     store = open_job_dir(s.dir, s.job_id, create_base=False)
-    require_claimable(store.root)  # before any claim: no exclusive create here -> UnsupportedFilesystemError (exit 10)
     log.debug("job directory %s", store.root)
     p = Participant(
         store,

@@ -124,12 +124,12 @@ class RecordError(FsmingleError, ValueError):
 class UnsupportedFilesystemError(StorageError):
     """The rendezvous directory is on a filesystem where no claim can be exclusive.
 
-    Raised before anything is claimed when a real ``link()`` probe in the job
-    directory fails with EPERM, EOPNOTSUPP, ENOSYS or EXDEV, or does not yield a
-    link count of 2 (object stores seen as files: s3fs, gcsfuse, blobfuse,
-    goofys, rclone mounts), and by :meth:`fsmingle.store.PosixStore.create` if
-    link() fails so later.  fsmingle never falls back to ``O_CREAT|O_EXCL``,
-    which such filesystems do not make exclusive across mounts.
+    Raised by the first rank claim (:meth:`fsmingle.store.PosixStore.create`)
+    when its ``link()`` fails with EPERM, EOPNOTSUPP, ENOSYS or EXDEV, or the first
+    one succeeds without a link count of 2 (object stores seen as files: s3fs,
+    gcsfuse, blobfuse, goofys, rclone mounts).  No claim stands then.  fsmingle
+    never falls back to ``O_CREAT|O_EXCL``, which such filesystems do not make
+    exclusive across mounts.
 
     Attributes:
         fstype (str): mount type from /proc/self/mountinfo (``fuse.s3fs``; ``""`` if unknown).

@@ -31,8 +31,8 @@ import socket
 import stat
 import time
 
-from .errors import StorageError, UnsafeDirectoryError, UnsupportedFilesystemError
-from .fscheck import REFUSE_ERRNOS, errno_name, refusal_message
+from .errors import StorageError, UnsafeDirectoryError
+from .fscheck import REFUSE_ERRNOS, errno_name, unsupported
 
 log = logging.getLogger("fsmingle.store")
 
@@ -126,6 +126,7 @@ class PosixStore(Store):
         self.root = root
         self._uid = os.geteuid()
         self._reported: set[str] = set()
+        self._link_proven = False  # the first successful link() checks the link count (create)
 
     def path(self, name: str) -> str:
         return os.path.join(self.root, name) if name else self.root
@@ -231,8 +232,13 @@ class PosixStore(Store):
     def create(self, name: str, data: bytes) -> bool:
         """Exclusive create by link() (see :meth:`Store.create`).
 
+        The first claim is also the probe of the filesystem (:mod:`fsmingle.fscheck.refusal`):
+        the first link() that succeeds must leave our temp file with a link count of 2 (one
+        ``stat``, once per store), or the directory is refused.
+
         Raises:
-            UnsupportedFilesystemError: link() fails with EPERM, EOPNOTSUPP, ENOSYS or EXDEV: this
+            UnsupportedFilesystemError: link() fails with EPERM, EOPNOTSUPP, ENOSYS or EXDEV, or
+                the first one succeeds without a link count of 2 (its copy is removed): this
                 filesystem has no hard links, so no claim on it can be exclusive.  There is
                 deliberately no fallback to O_CREAT|O_EXCL: object-store filesystems (s3fs) accept
                 it on every mount at once (measured: both of two mounts won 100 of 100 races).
@@ -246,7 +252,6 @@ class PosixStore(Store):
                 # that nfs(5)/open(2) recommend: O_EXCL was unreliable before
                 # NFSv3, and link() publishes complete content atomically.
                 os.link(tmp, target)
-                return True
             except FileExistsError:
                 # link() may report failure after succeeding (a retransmitted
                 # NFS request): a link count of 2 on our unique file is the truth.
@@ -265,14 +270,20 @@ class PosixStore(Store):
                 if _nlink(tmp) == 2:
                     return True
                 if e.errno in REFUSE_ERRNOS:
-                    raise UnsupportedFilesystemError(
-                        refusal_message(
-                            self.root,
-                            f"link() fails there with {errno_name(e.errno)} "
-                            f"({os.strerror(e.errno)}), so it cannot hold an exclusive claim",
-                        )
+                    raise unsupported(
+                        self.root, f"link() fails there with {errno_name(e.errno)} ({os.strerror(e.errno)})"
                     ) from None
                 raise storage_error(e, "create", target) from None
+            if not self._link_proven:
+                # A filesystem that "links" by copying answers success without a second name:
+                # such a claim proves nothing.  The LINK reply carries the file's attributes
+                # (RFC 1813, LINK3resok), so the client's nlink is fresh here on NFS too.
+                n = _nlink(tmp)
+                if n != 2:
+                    _unlink_quiet(target)  # our own copy: it must not stand as a claim
+                    raise unsupported(self.root, f"link() succeeded but the link count is {n}, not 2")
+                self._link_proven = True
+            return True
         finally:
             _unlink_quiet(tmp)
 

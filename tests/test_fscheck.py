@@ -7,7 +7,7 @@ command runs on two network-namespace hosts at once, each through its own client
 
 The refusal: ``fsmingle env``/``run`` on an s3fs mount must exit 10 within 5 s on every node,
 naming the filesystem, why, and what to use instead -- also when s3fs is mounted with
-``-o fsname=X`` and its mountinfo type is plain ``fuse`` (the link() probe decides).
+``-o fsname=X`` and its mountinfo type is plain ``fuse`` (the first claim's link() decides).
 """
 
 from __future__ import annotations
@@ -16,9 +16,11 @@ import contextlib
 import errno
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
+from unittest import mock
 
 import pytest
 
@@ -29,7 +31,8 @@ except ImportError:  # tests/ imported as a package
 
 from fsmingle import fscheck
 from fsmingle.errors import UnsupportedFilesystemError
-from fsmingle.fscheck import doctor, families, refusal
+from fsmingle.fscheck import doctor, families
+from fsmingle.store import PosixStore
 
 make_cluster = cl.make_cluster
 
@@ -127,40 +130,46 @@ def test_mountinfo_parsing_picks_the_mount_on_top(tmp_path):
 
 
 @pytest.mark.parametrize("err", [errno.EOPNOTSUPP, errno.EPERM, errno.ENOSYS, errno.EXDEV])
-def test_each_no_hardlink_errno_refuses_with_a_clear_message(tmp_path, monkeypatch, err):
+def test_each_no_hardlink_errno_refuses_at_the_first_claim(tmp_path, err):
     # The errno values a real filesystem answers link() with when it has no hard links (s3fs:
     # EOPNOTSUPP, measured in test_s3fs_refused_on_every_node_within_5s); EPERM/ENOSYS/EXDEV are
     # produced here by replacing os.link, the one thing no local filesystem does on demand.
     def no_link(src, dst, *a, **k):
         raise OSError(err, os.strerror(err))
 
-    monkeypatch.setattr(os, "link", no_link)
-    refusal._probe_cache.clear()
-    with pytest.raises(UnsupportedFilesystemError) as ei:
-        fscheck.require_claimable(str(tmp_path))
+    store = PosixStore(str(tmp_path))
+    with mock.patch.object(os, "link", no_link), pytest.raises(UnsupportedFilesystemError) as ei:
+        store.create("rank-00000.claim", b"{}")
     msg = str(ei.value)
     assert fscheck.errno_name(err) in msg and str(tmp_path) in msg
     assert "cannot hold an exclusive claim" in msg and "Use a POSIX shared filesystem" in msg
     assert ei.value.exit_code == 10 and ei.value.mount_point
+    assert os.listdir(tmp_path) == []  # nothing claimed, no temp file left, never an O_EXCL fallback
+
+
+def test_a_link_that_copies_is_refused_and_its_copy_removed(tmp_path):
+    # A filesystem whose link() "succeeds" by copying gives no second name: the first claim's
+    # link count (1, not 2) refuses it, and the copy must not stand as a claim.
+    def copying_link(src, dst, *a, **k):
+        shutil.copyfile(src, dst)
+
+    store = PosixStore(str(tmp_path))
+    with mock.patch.object(os, "link", copying_link), pytest.raises(UnsupportedFilesystemError) as ei:
+        store.create("rank-00000.claim", b"{}")
+    assert "link count is 1, not 2" in str(ei.value) and ei.value.exit_code == 10
     assert os.listdir(tmp_path) == []
-    # the store refuses too, never falling back to O_EXCL
-    from fsmingle.store import PosixStore
-
-    with pytest.raises(UnsupportedFilesystemError):
-        PosixStore(str(tmp_path)).create("claim", b"{}")
-    assert os.listdir(tmp_path) == []
-    refusal._probe_cache.clear()
 
 
-def test_probe_runs_once_per_process(tmp_path, monkeypatch):
-    calls = []
-    real = fscheck.probe_link
-    monkeypatch.setattr(refusal, "probe_link", lambda d: calls.append(d) or real(d))
-    refusal._probe_cache.clear()
-    for _ in range(3):
-        fscheck.require_claimable(str(tmp_path))
-    assert len(calls) == 1
-    refusal._probe_cache.clear()
+def test_the_link_count_is_checked_on_the_first_claim_only(tmp_path):
+    # The probe rides on the first claim: one stat then, none on later claims (each costs the
+    # metadata server, once per participant at 32,768 ranks).
+    store = PosixStore(str(tmp_path))
+    stats = []
+    real = os.stat
+    with mock.patch.object(os, "stat", lambda p, *a, **k: stats.append(p) or real(p, *a, **k)):
+        assert store.create("rank-00000.claim", b"{}") and store.create("rank-00001.claim", b"{}")
+    assert len(stats) == 1
+    assert sorted(os.listdir(tmp_path)) == ["rank-00000.claim", "rank-00001.claim"]
 
 
 # ------------------------------------------------------------------------- real mounts (root)
@@ -275,8 +284,9 @@ def test_s3fs_refused_on_every_node_within_5s(s3):
         assert elapsed < 5, f"refusal took {elapsed:.1f} s"
         assert "fuse.s3fs" in err and d in err and "link()" in err and "POSIX shared filesystem" in err, err
         assert "EOPNOTSUPP" in err or "ENOTSUP" in err, err
-    # the probe left nothing behind, and nothing was claimed
-    assert all(os.listdir(os.path.join(d, n)) == [] for n in os.listdir(d)), os.listdir(d)
+    # nothing was claimed or published (the first claim was the probe; no temp file left)
+    files = [os.path.join(r, f) for r, _, fs in os.walk(d) for f in fs]
+    assert files == [], files
 
 
 @pytest.mark.root

@@ -2,12 +2,11 @@
 
 Two users:
 
-* :func:`require_claimable` -- called once per process before anything is claimed
-  (:func:`fsmingle.api.rendezvous`): it probes ``link()`` for real in the job
-  directory and raises :class:`~fsmingle.errors.UnsupportedFilesystemError` where
-  a claim cannot be exclusive (s3fs, gcsfuse, blobfuse, goofys, rclone mounts...).
-  The probe decides, not the type string: s3fs mounted with ``-o fsname=X`` shows
-  as plain ``fuse`` in /proc/self/mountinfo, and bindfs or MooseFS look the same.
+* :func:`unsupported` -- the refusal the first rank claim raises
+  (:meth:`fsmingle.store.PosixStore.create`) where ``link()`` cannot make a claim
+  exclusive (s3fs, gcsfuse, blobfuse, goofys, rclone mounts...): the real link()
+  decides, not the type string: s3fs mounted with ``-o fsname=X`` shows as plain
+  ``fuse`` in /proc/self/mountinfo, and bindfs or MooseFS look the same.
 * :func:`check` -- the ``fsmingle check`` doctor: type and mount options that
   matter, link()/rename()/O_EXCL behaviour probed for real, owner and permissions
   of the directory, and a verdict with the ``--stale-after``/``--poll-max`` to
@@ -26,7 +25,7 @@ Modules, one job each (the names below are re-exported here, so ``fsmingle.fsche
 * :mod:`.mounts` -- /proc/self/mountinfo: which mount a path is on (:func:`find_mount`).
 * :mod:`.families` -- the mount-type table: :func:`family`, the options that matter, cache lengths.
 * :mod:`.probes` -- link(), rename() and O_EXCL tried for real (:func:`probe_link`).
-* :mod:`.refusal` -- :func:`require_claimable` and :func:`refusal_message` (exit 10).
+* :mod:`.refusal` -- :func:`unsupported` and :func:`refusal_message`: the refusal (exit 10) the first claim raises.
 * :mod:`.doctor` -- :func:`check`: probes, owner, verdict and settings.
 * :mod:`.peers` -- ``--peers N``: cross-node races and visibility delays.
 * :mod:`.report` -- the ``fsmingle check`` command: rich tables or JSON, exit code (:func:`main`).
@@ -38,7 +37,7 @@ from .doctor import check
 from .families import family
 from .mounts import MountInfo, find_mount
 from .probes import LinkProbe, errno_name, probe_link
-from .refusal import REFUSE_ERRNOS, refusal_message, require_claimable
+from .refusal import REFUSE_ERRNOS, refusal_message, unsupported
 from .report import main, render
 
 __all__ = [
@@ -53,5 +52,5 @@ __all__ = [
     "probe_link",
     "refusal_message",
     "render",
-    "require_claimable",
+    "unsupported",
 ]

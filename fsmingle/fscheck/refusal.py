@@ -1,9 +1,13 @@
 """Refusing a directory where no rank claim can be exclusive (exit 10), and the message that says so.
 
-:func:`require_claimable` is called once per process before anything is claimed
-(:func:`fsmingle.api.rendezvous`); the store (:mod:`fsmingle.store`) refuses with the same
-:func:`refusal_message` when link() fails that way later.  The link() probe decides, not the
-type string: s3fs mounted with ``-o fsname=X`` shows as plain ``fuse`` in
+The first claim of a rendezvous is the probe: :meth:`fsmingle.store.PosixStore.create` links a
+complete temp file onto the claim's name, and refuses with :func:`unsupported` when link() fails
+with an errno of :data:`REFUSE_ERRNOS` or succeeds without a link count of 2.  Nothing is claimed
+then (the link failed, or its copy is removed).  A separate probe before the claim would cost
+every process six more metadata operations (create, write, link, stat, two unlinks) for an answer
+the claim gives anyway: at 32,768 ranks, half a minute of a 5,000 op/s metadata server.
+``fsmingle check`` still probes on its own (:func:`fsmingle.fscheck.probe_link`).  link() decides,
+not the type string: s3fs mounted with ``-o fsname=X`` shows as plain ``fuse`` in
 /proc/self/mountinfo, and bindfs or MooseFS look the same.
 
 Sources: link(2) and open(2) (``O_EXCL`` is not exclusive across object-store mounts, measured
@@ -13,11 +17,9 @@ in ``docs/filesystems/object-store-fuse.md``).
 from __future__ import annotations
 
 import errno
-import os
 
 from ..errors import StorageError, UnsupportedFilesystemError
 from .mounts import MountInfo, find_mount
-from .probes import LinkProbe, probe_link
 
 # errno values of link() that mean "this filesystem has no hard links" (link(2)): EPERM "the
 # filesystem does not support the creation of hard links", EOPNOTSUPP/ENOTSUP (s3fs, gcsfuse),
@@ -25,8 +27,6 @@ from .probes import LinkProbe, probe_link
 # across filesystems).  Any of them: no exclusive claim is possible, and O_EXCL is no substitute
 # (s3fs: two mounts both "won" 100 of 100 O_EXCL races here).
 REFUSE_ERRNOS = frozenset({errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS, errno.EXDEV})
-
-_probe_cache: dict[str, LinkProbe] = {}
 
 
 def refusal_message(directory: str, why: str, m: MountInfo | None = None) -> str:
@@ -46,31 +46,23 @@ def refusal_message(directory: str, why: str, m: MountInfo | None = None) -> str
     )
 
 
-def require_claimable(directory: str) -> None:
-    """Refuse a directory where no exclusive claim is possible; at most one probe per process
-    and directory (the answer is cached: a filesystem does not gain or lose hard links mid-run).
+def unsupported(directory: str, why: str) -> UnsupportedFilesystemError:
+    """The error for a directory where link() cannot make an exclusive claim (exit 10).
 
-    Raises:
-        UnsupportedFilesystemError: link() fails with EPERM/EOPNOTSUPP/ENOSYS/EXDEV or does not
-            yield a link count of 2.  Other errors (EACCES, EROFS, ENOSPC) are left to the
-            store, which reports them as StorageError when it first writes.
+    Args:
+        directory (str): the job directory.
+        why (str): what link() did, e.g. ``"link() fails there with EOPNOTSUPP (...)"``.
+
+    Returns:
+        UnsupportedFilesystemError: with the refusal message and the mount's type, source and
+        mount point (empty where /proc/self/mountinfo does not say).
     """
-    key = os.path.realpath(directory)
-    res = _probe_cache.get(key)
-    if res is None:
-        try:
-            res = probe_link(directory)
-        except OSError:
-            return
-        _probe_cache[key] = res
-    if res.ok or (res.errno is not None and res.errno not in REFUSE_ERRNOS):
-        return
     try:
         m = find_mount(directory)
     except StorageError:
         m = None
-    raise UnsupportedFilesystemError(
-        refusal_message(directory, f"it cannot hold an exclusive claim ({res.detail})", m),
+    return UnsupportedFilesystemError(
+        refusal_message(directory, f"{why}, so it cannot hold an exclusive claim", m),
         fstype=m.fstype if m else "",
         source=m.source if m else "",
         mount_point=m.mount_point if m else "",
