@@ -3,8 +3,9 @@
 Rules (``docs/protocol.md``): a decided generation is never joined; directories are made with
 ``mkdir`` before anyone looks their names up (a name looked up too early stays "absent" in a
 negative lookup cache: GlusterFS nl-cache 61 s); a claim is a ``link()`` of a complete file,
-read back after EEXIST (a lost reply to a retransmitted LINK, nfs(5)); first-come joiners of big
-worlds spread by instance hash instead of herding on the lowest free rank.
+read back after EEXIST (a lost reply to a retransmitted LINK, nfs(5)); first-come joiners never
+list the generation: they ask rank 0 for a free rank (or, before it exists, try rank 0 in small
+worlds and an instance-hash guess in big ones), so nobody herds on the lowest free rank.
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ from .states import State
 
 log = logging.getLogger("fsmingle")
 
-SPREAD_ABOVE = 32  # world size above which first-come joiners ask rank 0 (and free ranks above which a listing claimer spreads by hash)
-BLIND_GUESSES = 1  # hash-drawn claim attempts before a first-come joiner of a big world asks rank 0
+SPREAD_ABOVE = 32  # world size above which a joiner with no rank 0 yet guesses by hash, not rank 0 (and free ranks above which a listing claimer spreads by hash)
+BLIND_GUESSES = 1  # hash-drawn claims a joiner of a big world tries before rank 0 exists (small worlds: rank 0, once)
 
 
 class Joining:
@@ -86,25 +87,27 @@ class Joining:
             self.contest_holder = self.read_claim(r)
             self.set_note(f"rank {r} is already claimed in generation {self.gen}; checking whether its holder is alive")
             return self._step_contesting()
-        if self.size > SPREAD_ABOVE:
-            # Big worlds never list the generation to claim (a listing is O(N) entries
-            # for every joiner, O(N^2) in all).  Rank 0, once its endpoint is published,
-            # hands out free ranks (fsmingle.member, "asking") on the connection every
-            # member opens anyway: one listing of master/ (a name or two) tells.  Before
-            # that, a guess drawn from our instance hash; if it collides, ask (or, with
-            # no rank 0 yet, try to become it).
-            self.master_names = self.store.listdir(master_dir(self.gen))
-            if not any(BEACON_RE.match(n) for n in self.master_names):
-                for i in range(BLIND_GUESSES):
-                    r = int(hashlib.sha1(f"{self.instance}:{i}".encode()).hexdigest(), 16) % self.size
-                    if self.claim_one(r):
-                        return self.hold(r)
-                self.master_names = None  # stale by now: the member lists master/ itself
-            return self.hold(None)
-        return self.claim_by_listing()
+        # First-come joiners never list the generation to claim (a listing is O(N) entries
+        # for every joiner, O(N^2) in all, and simultaneous joiners herd on the lowest free
+        # rank).  Rank 0, once its endpoint is published, hands out free ranks in the order
+        # joiners ask (fsmingle.member, "asking") on the connection every member opens
+        # anyway: one listing of master/ (a name or two) tells.  Before that, a small world's
+        # joiner tries rank 0 (ranks then follow arrival order at rank 0), a big world's a
+        # rank drawn from its instance hash; if that collides, it asks.
+        self.master_names = self.store.listdir(master_dir(self.gen))
+        if not any(BEACON_RE.match(n) for n in self.master_names):
+            guesses = [
+                int(hashlib.sha1(f"{self.instance}:{i}".encode()).hexdigest(), 16) % self.size
+                for i in range(BLIND_GUESSES)
+            ]
+            for r in guesses if self.size > SPREAD_ABOVE else [0]:
+                if self.claim_one(r):
+                    return self.hold(r)
+            self.master_names = None  # stale by now: the member lists master/ itself
+        return self.hold(None)
 
     def claim_by_listing(self) -> Placement | None:
-        """List the generation and claim a free rank (small worlds, or rank 0 could not say)."""
+        """List the generation and claim a free rank: rank 0 could not say which (module doc)."""
         taken = set(claimed_ranks(self.store.listdir(gen_name(self.gen))))
         free = [r for r in range(self.size) if r not in taken]
         rest = [r for r in free if r != 0]

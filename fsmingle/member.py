@@ -6,7 +6,7 @@ and the release arrives on it.  Only a slow heartbeat of the member's beacon
 remains (see ``Member.step``): once rank 0 has verified it, rank 0's beacon
 vouches for it (``Beacon.vouch``).
 
-A first-come member of a big world joins *asking* (see :mod:`fsmingle.joining`):
+A first-come member joins *asking* unless its first try won a rank (see :mod:`fsmingle.joining`):
 it holds no rank yet, connects to rank 0 and sends ``ask``; rank 0 answers
 ``offer`` with one rank it believes free (its claims, connections, listings and
 offers to other askers), or ``wait`` when all are on offer; the member
@@ -37,7 +37,7 @@ from .errors import ConfigError, WorldSizeMismatchError
 from .layout import BEACON_RE, claimed_ranks, gen_name, master_dir, master_name
 from .mesh import mesh_probe
 from .records import RecordError, Release
-from .states import RankSet
+from .states import RankSet, State
 
 log = logging.getLogger("fsmingle")
 
@@ -67,7 +67,6 @@ class Member:
         self.probe = p.transport.listen(p.addr, 0, 4) if p.check_mesh else None
         self.asking = p.rank is None  # no rank yet: ask rank 0 for a free one (module doc)
         self.taken: list[int] = []  # offered ranks found claimed, reported in the next ask
-        self.tried_master = False  # an asker that finds no endpoint tries to claim rank 0 once
         self.ask_again: float | None = None  # when to repeat an ask rank 0 told us to repeat
 
     # -------------------------------------------------------------- loop plumbing
@@ -170,10 +169,13 @@ class Member:
                 break
             b = None
         if b is None:
-            if self.asking and not self.tried_master:
+            if self.asking and 0 not in p.claims:
                 # Nobody to ask: rank 0 itself may be the free rank.  One link() tells
-                # (not a listing of N names); if it is taken, its endpoint is on its way.
-                self.tried_master = True
+                # (not a listing of N names); if it is taken, its claim is read (and cached)
+                # and its endpoint is on its way.  Tried again at the next look while rank 0
+                # is not known taken: --port busy on this host (a peer here still holds it
+                # for the generation before) proves nothing, and members holding other ranks
+                # never take rank 0, so giving up after one try could leave nobody to take it.
                 if p.claim_one(0):
                     self.close()
                     p.role = None
@@ -263,6 +265,9 @@ class Member:
             return None
         if m.get("gen") != p.gen or not offered:
             return self._stop_asking(f"rank 0 knows no free rank in generation {p.gen}")
+        # A claim below that meets a lying cache raises FileNotFoundError (Participant.step
+        # retries): ask again then, rather than wait for an offer that will not come.
+        self.ask_again = p.clock.monotonic() + p.timing.scan_interval
         for r in offered:
             if p.try_claim(r):
                 self.asking, p.rank = False, r
@@ -272,6 +277,7 @@ class Member:
                 self.link.send(self._hello())
                 return None
             self.taken.append(r)
+        self.ask_again = None
         self.link.send(self._ask())  # all were claimed since rank 0 last looked: it offers others
         return None
 
@@ -281,6 +287,10 @@ class Member:
         log.debug("job %s: %s; listing generation %d to claim a rank", p.job_id, why, p.gen)
         self.close()
         p.role = None
+        # JOIN until a rank is held: should the listing meet a lying cache or a retired
+        # generation (FileNotFoundError, Participant._on_enoent), the participant joins
+        # again instead of waiting with no role.
+        p.state = State.JOIN
         return p.claim_by_listing()
 
     def _on_message(self, m: dict) -> Placement | None:
