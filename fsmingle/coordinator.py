@@ -275,26 +275,29 @@ class Coordinator:
 
     def _answer_asks(self) -> None:
         """Offer each asker of this step one free rank (or tell it to wait, or that none is known)."""
+        if not self.asks:
+            return
+        pending = {m["rank"] for m, _ in self.pending.values()}  # once per step, not per ask: O(N) in a join storm
         for conn in self.asks:
             if conn in self.askers:
-                r = self._free_rank(conn)
+                r = self._free_rank(conn, pending)
                 msg = {"t": "offer", "gen": self.p.gen, "ranks": [] if r is None else [r]}
                 if r is None and len(self.offered) > 0:
                     msg["wait"] = True  # every free rank is on offer to another asker: ask again soon
                 self.hub.send(conn, msg)
         self.asks = []
 
-    def _free_rank(self, conn: int) -> int | None:
+    def _free_rank(self, conn: int, pending: set[int]) -> int | None:
         """A member rank nobody is known to hold or to be claiming, offered to ``conn`` alone.
 
         A cursor walks the ranks cyclically, so a world of N costs O(N) per pass in all, not
         per ask.  "Known": claims read, the last listing, connections, hellos, ranks askers found
         taken, ranks on offer (until their asker says hello, asks again or goes).  A claim made
-        since the last listing may still collide; the asker's link() settles it.
+        since the last listing may still collide; the asker's link() settles it.  ``pending``:
+        the ranks of hellos not verified yet.
         """
         p = self.p
         self._withdraw_offer(conn)
-        pending = {m["rank"] for m, _ in self.pending.values()}
         for _ in range(p.size - 1):
             r = self.cursor
             self.cursor = self.cursor % (p.size - 1) + 1

@@ -51,6 +51,11 @@ class Joining:
             self._note_released(g, rel)
             g += 1
         self.gen = g
+        # The one whose mkdir made the generation tries rank 0 first; the others ask it for a
+        # rank rather than race for rank 0 (each loser of that race costs the metadata server
+        # four operations: 60 when 16 nodes start in the same instant).  A generation that was
+        # in our listing (made ahead by a decider, or by an earlier joiner) has no such creator.
+        self.rank0_by_creator = not created and g not in gens
         self._reset_gen_state()
         self.rank = None
         if created and self.cleaner is not None:
@@ -63,7 +68,7 @@ class Joining:
         # then nobody judges us: a claim whose holder's beacon is not visible yet counts as
         # unreadable, which proves nothing for stale_after (fsmingle.liveness).
         self._enoent_since = None
-        return self._claim()  # which reports progress (hold(), or a note): after the first write
+        return self._claim(created)  # which reports progress (hold(), or a note): after the first write
 
     def _note_released(self, g: int, rel) -> None:
         if isinstance(rel, Release) and rel.state == "released":
@@ -76,7 +81,7 @@ class Joining:
         if self.hub is None:
             self.hub = self.transport.listen(self.addr, self.master_port_wanted or 0, self.size)
 
-    def _claim(self) -> Placement | None:
+    def _claim(self, created: bool = False) -> Placement | None:
         if self.want_rank is not None:
             r = self.want_rank
             if r == 0:
@@ -91,16 +96,20 @@ class Joining:
         # for every joiner, O(N^2) in all, and simultaneous joiners herd on the lowest free
         # rank).  Rank 0, once its endpoint is published, hands out free ranks in the order
         # joiners ask (fsmingle.member, "asking") on the connection every member opens
-        # anyway: one listing of master/ (a name or two) tells.  Before that, a small world's
-        # joiner tries rank 0 (ranks then follow arrival order at rank 0), a big world's a
-        # rank drawn from its instance hash; if that collides, it asks.
+        # anyway: one listing of master/ (a name or two) tells.  Before that: the joiner
+        # whose mkdir made the generation tries rank 0; a small world's joiner tries rank 0
+        # too (ranks then follow arrival order at rank 0), unless the generation's maker is
+        # taking it just now; a big world's joiner claims a rank drawn from its instance
+        # hash.  If that collides, it asks.
         self.master_names = self.store.listdir(master_dir(self.gen))
         if not any(BEACON_RE.match(n) for n in self.master_names):
+            big = self.size > SPREAD_ABOVE
             guesses = [
                 int(hashlib.sha1(f"{self.instance}:{i}".encode()).hexdigest(), 16) % self.size
-                for i in range(BLIND_GUESSES)
+                for i in range(BLIND_GUESSES if big else 0)
             ]
-            for r in guesses if self.size > SPREAD_ABOVE else [0]:
+            rank0 = [0] if created or not (big or self.rank0_by_creator) else []
+            for r in dict.fromkeys(rank0 + guesses):
                 if self.claim_one(r):
                     return self.hold(r)
             self.master_names = None  # stale by now: the member lists master/ itself

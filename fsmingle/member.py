@@ -157,6 +157,11 @@ class Member:
                 return True
         return False
 
+    def _creator_may_take_rank0(self, now: float) -> bool:
+        """The joiner that made this generation is taking rank 0 (``rank0_by_creator``): leave
+        it ``scan_interval`` seconds (its endpoint takes a few operations) before racing it."""
+        return self.p.rank0_by_creator and now - self.waiting_since < self.p.timing.scan_interval
+
     def _look(self, now: float) -> Placement | None:
         p = self.p
         listed, p.master_names = p.master_names, None  # a joiner's listing of a moment ago, once
@@ -169,7 +174,7 @@ class Member:
                 break
             b = None
         if b is None:
-            if self.asking and 0 not in p.claims:
+            if self.asking and 0 not in p.claims and not self._creator_may_take_rank0(now):
                 # Nobody to ask: rank 0 itself may be the free rank.  One link() tells
                 # (not a listing of N names); if it is taken, its claim is read (and cached)
                 # and its endpoint is on its way.  Tried again at the next look while rank 0

@@ -159,6 +159,10 @@ class Participant(Joining, Leaving, GenerationReader, OutsideWorld):
         self.note = ""
         self.present: RankSet | None = None
         self.master_names: list[str] | None = None  # Joining's listing of master/, for Member._look
+        # Another joiner made this generation's directory just now (it was not in our listing,
+        # and our mkdir found it): that joiner is taking rank 0, so do not race it for
+        # rank 0 (Joining._claim, Member._look).
+        self.rank0_by_creator = False
         self.missing_hint: list[int] | None = None
         # Ranks never seen present in any generation of this attempt (None: nothing known yet):
         # at a timeout, ranks that never showed up are the news; ranks that came and left (a
