@@ -142,3 +142,22 @@ def test_benchmark_smoke_runs_and_prints_table(tmp_path):
     # once in the main table, once in the by-kind table of counted operations
     assert (out / "results.md").read_text().count("| fsmingle | local | 2 |") == 2
     assert (out / "command.txt").read_text().strip() == res["command"]
+
+
+def test_ops_trace_names_the_callers_of_each_operation():
+    # `python -m benchmarks.ops_trace`: a real rendezvous of 3 threads, each counted operation of
+    # issue 13's list shown with the fsmingle call that made it.
+    p = subprocess.run(
+        [sys.executable, "-m", "benchmarks.ops_trace", "--n", "3", "--stagger", "0.05", "--timeout", "60"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert p.returncode == 0, p.stderr
+    head, *rest = p.stdout.splitlines()
+    assert head.startswith("N = 3, stagger 0.05 s: mean per participant create ")
+    total = float(head.rsplit("= ", 1)[1])
+    assert 5 <= total <= 40, head  # a joiner's 8, rank 0's share; never zero (the wrapper counted)
+    assert "--- rank 0:" in p.stdout and "--- rank 2:" in p.stdout
+    assert any("link" in line and "joining.py:try_claim" in line for line in rest), p.stdout
