@@ -293,16 +293,40 @@ class PosixStore(Store):
             os.mkdir(p, 0o700)  # mkdir is atomic and exclusive on every POSIX filesystem
             return True
         except FileExistsError:
-            # Lost a creation race (or a re-run): stat_existing, not lstat, so that a
-            # negative lookup cache cannot hide the winner's directory for a minute.
-            st = stat_existing(p)
-            if not stat.S_ISDIR(st.st_mode) or st.st_uid != self._uid:
-                raise UnsafeDirectoryError(
-                    f"{p} exists but is not a directory owned by you; remove it or use another --dir"
-                ) from None
-            return False
+            return self._found_dir(p)
         except OSError as e:
-            raise storage_error(e, "create directory", p) from None
+            if e.errno != errno.EIO:
+                raise storage_error(e, "create directory", p) from None
+            # GlusterFS now and then answers EIO to a mkdir that raced another client's mkdir
+            # of the same name (measured once in a full test run: 4 hosts racing on the nfs60
+            # profile); the winner's directory is then there.  Look for it (stat_existing,
+            # which lists the parent if the lookup lies), then try once more; a mount that is
+            # really broken fails the lookup or the second mkdir as well.
+            try:
+                return self._found_dir(p)
+            except FileNotFoundError:
+                pass
+            except OSError:
+                raise storage_error(e, "create directory", p) from None
+            try:
+                os.mkdir(p, 0o700)
+                return True
+            except FileExistsError:
+                return self._found_dir(p)
+            except OSError as e2:
+                raise storage_error(e2, "create directory", p) from None
+
+    def _found_dir(self, p: str) -> bool:
+        """``p`` exists (a mkdir said so): False if it is our directory (lost a creation race, or
+        a re-run), :class:`UnsafeDirectoryError` if not."""
+        # stat_existing, not lstat, so that a negative lookup cache cannot hide the
+        # winner's directory for a minute.
+        st = stat_existing(p)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != self._uid:
+            raise UnsafeDirectoryError(
+                f"{p} exists but is not a directory owned by you; remove it or use another --dir"
+            )
+        return False
 
     def remove(self, name: str) -> None:
         _unlink_quiet(self.path(name))

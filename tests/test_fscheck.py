@@ -30,7 +30,7 @@ except ImportError:  # tests/ imported as a package
     from tests import cluster as cl
 
 from fsmingle import fscheck
-from fsmingle.errors import UnsupportedFilesystemError
+from fsmingle.errors import StorageError, UnsupportedFilesystemError
 from fsmingle.fscheck import doctor, families
 from fsmingle.store import PosixStore
 
@@ -170,6 +170,39 @@ def test_the_link_count_is_checked_on_the_first_claim_only(tmp_path):
         assert store.create("rank-00000.claim", b"{}") and store.create("rank-00001.claim", b"{}")
     assert len(stats) == 1
     assert sorted(os.listdir(tmp_path)) == ["rank-00000.claim", "rank-00001.claim"]
+
+
+@pytest.mark.parametrize("other_made_it", [True, False], ids=["winner-there", "nobody"])
+def test_a_mkdir_race_answered_eio_is_not_fatal(tmp_path, other_made_it):
+    # GlusterFS answered EIO to one of 4 hosts racing mkdir of one name (nfs60, once in a full
+    # run).  The store looks for the winner's directory, else tries once more; os.mkdir is
+    # replaced only to produce the EIO, the directory and the lookups are real.
+    real = os.mkdir
+    calls = []
+
+    def racing_mkdir(path, mode=0o777, *a, **k):
+        calls.append(path)
+        if len(calls) == 1:
+            if other_made_it:
+                real(path, 0o700)  # the other client's mkdir won
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        return real(path, mode, *a, **k)
+
+    store = PosixStore(str(tmp_path))
+    with mock.patch.object(os, "mkdir", racing_mkdir):
+        made = store.mkdir("gen-00000001")
+    assert made is (not other_made_it)  # lost the race, or made it on the second try
+    assert os.path.isdir(tmp_path / "gen-00000001") and len(calls) == (1 if other_made_it else 2)
+
+
+def test_a_mkdir_that_keeps_failing_eio_names_the_directory(tmp_path):
+    def broken(path, *a, **k):
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    store = PosixStore(str(tmp_path))
+    with mock.patch.object(os, "mkdir", broken), pytest.raises(StorageError) as ei:
+        store.mkdir("gen-00000001")
+    assert "gen-00000001" in str(ei.value) and "Input/output error" in str(ei.value)
 
 
 # ------------------------------------------------------------------------- real mounts (root)
