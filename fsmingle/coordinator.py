@@ -141,8 +141,9 @@ class Coordinator:
         self._verify_pending(now)  # most hellos: one direct read of the claim, no listing
         # A hello whose first direct read found nothing is verified only by a listing that shows
         # its claim: list again scan_gap after the last listing (within the list floor), however
-        # far the quiet backoff has pushed next_scan.  An ask is answered from a listing no older than scan_interval (claims drawn blind
-        # since the last one would collide with what rank 0 offers), within the list floor.
+        # far the quiet backoff has pushed next_scan.  An ask is answered from a listing no older
+        # than scan_interval (claims drawn blind since the last one would collide with what rank 0
+        # offers), within the list floor.
         again = self.last_scan + max(self.scan_gap, self._list_floor())
         asks_due = self.asks and now >= max(again, self.last_scan + self.p.timing.scan_interval)
         if now >= self.next_scan or (self.pending and now >= again) or asks_due:

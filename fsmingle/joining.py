@@ -81,7 +81,7 @@ class Joining:
         if self.hub is None:
             self.hub = self.transport.listen(self.addr, self.master_port_wanted or 0, self.size)
 
-    def _claim(self, created: bool = False) -> Placement | None:
+    def _claim(self, created: bool) -> Placement | None:
         if self.want_rank is not None:
             r = self.want_rank
             if r == 0:

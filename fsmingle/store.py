@@ -289,32 +289,28 @@ class PosixStore(Store):
 
     def mkdir(self, name: str) -> bool:
         p = self.path(name)
-        try:
-            os.mkdir(p, 0o700)  # mkdir is atomic and exclusive on every POSIX filesystem
-            return True
-        except FileExistsError:
-            return self._found_dir(p)
-        except OSError as e:
-            if e.errno != errno.EIO:
-                raise storage_error(e, "create directory", p) from None
-            # GlusterFS now and then answers EIO to a mkdir that raced another client's mkdir
-            # of the same name (measured once in a full test run: 4 hosts racing on the nfs60
-            # profile); the winner's directory is then there.  Look for it (stat_existing,
-            # which lists the parent if the lookup lies), then try once more; a mount that is
-            # really broken fails the lookup or the second mkdir as well.
+        retried = False
+        while True:
             try:
-                return self._found_dir(p)
-            except FileNotFoundError:
-                pass
-            except OSError:
-                raise storage_error(e, "create directory", p) from None
-            try:
-                os.mkdir(p, 0o700)
+                os.mkdir(p, 0o700)  # mkdir is atomic and exclusive on every POSIX filesystem
                 return True
             except FileExistsError:
                 return self._found_dir(p)
-            except OSError as e2:
-                raise storage_error(e2, "create directory", p) from None
+            except OSError as e:
+                if e.errno != errno.EIO or retried:
+                    raise storage_error(e, "create directory", p) from None
+                # GlusterFS now and then answers EIO to a mkdir that raced another client's
+                # mkdir of the same name (measured once in a full test run: 4 hosts racing on
+                # the nfs60 profile); the winner's directory is then there.  Look for it
+                # (stat_existing, which lists the parent if the lookup lies), else try once
+                # more; a mount that is really broken fails the lookup or the second mkdir.
+                retried = True
+                try:
+                    return self._found_dir(p)
+                except FileNotFoundError:
+                    pass  # nobody made it: the second mkdir
+                except OSError:
+                    raise storage_error(e, "create directory", p) from None
 
     def _found_dir(self, p: str) -> bool:
         """``p`` exists (a mkdir said so): False if it is our directory (lost a creation race, or

@@ -60,12 +60,13 @@ def _barrier(d: str, prefix: str, n: int, deadline: float, what: str) -> set[str
         delay = min(delay * 1.5, 0.1)
 
 
-def _tidy(d: str, base: str, names: list[str]) -> None:
+def _tidy(d: str, base: str, names: list[str], settle: float = 0.0) -> None:
     """Remove scratch files ``names`` from ``d``, then ``d`` and ``base`` if they are empty (a
-    directory another peer still uses stays: rmdir refuses a non-empty one)."""
+    directory another peer still uses stays: rmdir refuses a non-empty one).  ``settle``: seconds
+    the last peer to tidy keeps retrying an rmdir refused as not empty."""
     _remove(*(os.path.join(d, name) for name in names))
     for q in (d, base):
-        for _ in range(10):
+        for _ in range(1 + round(settle / 0.2)):
             try:
                 os.rmdir(q)
                 break
@@ -73,8 +74,7 @@ def _tidy(d: str, base: str, names: list[str]) -> None:
                 break
             except OSError as e:
                 # ENOTEMPTY: another peer's files, or on GlusterFS a replica still catching up
-                # with an unlink (seen once: the scratch directory was left in a stop-19 test run);
-                # the last peer to tidy retries for up to 2 s, then leaves it.
+                # with an unlink (seen once: the scratch directory was left in a stop-19 test run).
                 if e.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ESTALE, errno.EBUSY):
                     break
                 time.sleep(0.2)
@@ -215,7 +215,7 @@ def _peer_check(directory: str, n: int, timeout: float, session: str, races: int
         if me == peers[0]:
             _barrier(d, "read-", n, deadline, "read")
             scratch = ("join-", "ready-", "mark-", "named-", "lmark-", "result-", "read-", "rl-", "rx-")
-            _tidy(d, base, [name for name in os.listdir(d) if name.startswith(scratch)])
+            _tidy(d, base, [name for name in os.listdir(d) if name.startswith(scratch)], settle=2.0)
         mine.clear()
     finally:
         if mine:  # only on failure: leave nothing of ours behind (the dirs only if nobody else is in them)

@@ -4,7 +4,7 @@ The first claim of a rendezvous is the probe: :meth:`fsmingle.store.PosixStore.c
 complete temp file onto the claim's name, and refuses with :func:`unsupported` when link() fails
 with an errno of :data:`REFUSE_ERRNOS` or succeeds without a link count of 2.  Nothing is claimed
 then (the link failed, or its copy is removed).  A separate probe before the claim would cost
-every process six more metadata operations (create, write, link, stat, two unlinks) for an answer
+every process six more filesystem operations (create, write, link, stat, two unlinks) for an answer
 the claim gives anyway: at 32,768 ranks, half a minute of a 5,000 op/s metadata server.
 ``fsmingle check`` still probes on its own (:func:`fsmingle.fscheck.probe_link`).  link() decides,
 not the type string: s3fs mounted with ``-o fsname=X`` shows as plain ``fuse`` in
