@@ -82,14 +82,23 @@ def _fail(e: FsmingleError) -> typer.Exit:
     return typer.Exit(e.exit_code)
 
 
+_interrupted: list[str] = []  # the signals that interrupted the wait, for what happens once it returns
+
+
 def _on_sigterm(signum, frame):
+    _interrupted.append("SIGTERM")
     raise Terminated()
 
 
-def _after_release(r):
+def _on_sigint(signum, frame):
+    _interrupted.append("SIGINT")
+    raise KeyboardInterrupt()
+
+
+def _after_release(r, signame: str = "SIGTERM"):
     def handler(signum, frame):
         sys.stderr.write(
-            f"fsmingle: terminated (SIGTERM) after job {r.job_id} generation {r.generation} was released "
+            f"fsmingle: terminated ({signame}) after job {r.job_id} generation {r.generation} was released "
             "with this participant in it, before its command started; the others will not find it\n"
         )
         sys.stderr.flush()
@@ -104,11 +113,14 @@ def _rendezvous(values, want_members: bool = False) -> object:
     ``want_members``: ask rank 0 for the whole member list at release (``env --format hostfile|json``).
     """
     from .api import rendezvous
+    from .errors import InterruptedInCommitWindow
     from .progress import Reporter, fmt_duration
     from .protocol import Timing
 
     _setup_logging(bool(values.quiet), bool(values.verbose))
+    _interrupted.clear()
     signal.signal(signal.SIGTERM, _on_sigterm)
+    signal.signal(signal.SIGINT, _on_sigint)
     reporter = Reporter(quiet=bool(values.quiet))
     t0 = time.monotonic()
     try:
@@ -119,6 +131,14 @@ def _rendezvous(values, want_members: bool = False) -> object:
     except FsmingleError as e:
         reporter.close()
         raise _fail(e)
+    except InterruptedInCommitWindow as e:
+        reporter.close()
+        typer.echo(
+            f"fsmingle: {_interrupted[0] if _interrupted else 'interrupted'}: {e}; this participant did not "
+            "withdraw (the others may start without it)",
+            err=True,
+        )
+        raise typer.Exit(TERMINATED_AFTER_RELEASE)
     except Terminated:
         reporter.close()
         typer.echo(
@@ -131,6 +151,12 @@ def _rendezvous(values, want_members: bool = False) -> object:
         raise typer.Exit(INTERRUPTED)
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if _interrupted:
+        # Interrupted in the commit window, and the release stands with this participant in it
+        # (Participant.run read it back): too late to withdraw, and the signal still means stop.
+        reporter.close()
+        _after_release(r, _interrupted[0])(None, None)
     # Released: the others were released with this participant in their world, so a SIGTERM from
     # here on can no longer withdraw it.  Say exactly that and exit 143 (128 + SIGTERM, what a shell
     # reports); the command, once exec'd, gets SIGTERM's default action again (execve(2)).

@@ -25,7 +25,7 @@ import dataclasses
 import itertools
 import logging
 
-from .channel import WIRE_VERSION, EventKind, hostport
+from .channel import WIRE_VERSION, EventKind, encode_parts, hostport
 from .decision import Action, CoordinatorView, decide, order_members, placements
 from .errors import RecordError
 from .layout import RELEASE, claimed_ranks, gen_name, master_name, member_chunk_name, ranges, release_name
@@ -33,6 +33,7 @@ from .liveness import Verdict
 from .mesh import mesh_probe
 from .records import Member, Release, encode, encode_release, encode_vouch, hostid_from_dict, instance_id, validate_addr
 from .states import RankSet
+from .testhooks import pause
 
 log = logging.getLogger("fsmingle")
 
@@ -44,10 +45,14 @@ LISTED_ENTRIES_PER_S = 20_000
 VERIFY_READS_PER_STEP = 64  # claim reads per step before rank 0 turns back to its connections
 
 
+def member_parts(rel: Release) -> list[str]:
+    """The released world's member list ``[[hostname, addr, arrival], ...]`` in rank order, as
+    :func:`fsmingle.channel.encode_parts` parts (hostfiles: ``env --format hostfile|json``)."""
+    return encode_parts([[m.host.hostname, m.addr, m.arrival] for m in rel.members])
+
+
 class Coordinator:
     """The rank-0 role of a :class:`~fsmingle.protocol.Participant` in its current generation."""
-
-    acked = False  # rank 0 acknowledges nothing: it decides
 
     def __init__(self, p):
         self.p = p
@@ -82,6 +87,12 @@ class Coordinator:
         self.first_listed: dict[int, float] = {}  # rank -> when a listing first showed its claim
         self.inbox: list = []
         self.prepared: Release | None = None
+        # The commit window (docs/protocol.md, "The commit window"): from the moment rank 0 attempts
+        # the create of a released release.json, a release may exist -- even if the create raised
+        # (a link() that took effect and answered EIO on a soft NFS mount).  From then on rank 0
+        # never says void unless it has read (or itself created) a restart record.
+        self.commit_attempted = False
+        self.go_sent: set[int] = set()  # connections that have their go
         self.preparing_since: float | None = None
         self.acked_ranks: set[int] = set()
         self.arrived: dict[int, float] = {0: now}
@@ -106,17 +117,40 @@ class Coordinator:
     def wait(self, seconds: float) -> None:
         self.inbox.extend(self.hub.poll(seconds))
 
+    @property
+    def acked(self) -> bool:
+        """True once a release may exist: rank 0 attempted the create of ``release.json`` (the
+        commit window).  ``Leaving.withdraw`` then reads the decision back instead of walking away."""
+        return self.commit_attempted
+
     def close(self) -> None:
         pass  # the hub belongs to the participant: it lives until exec or a rank change
 
-    def leaving(self, why: str) -> None:
-        """Tell every member why rank 0 leaves, and let them read it before the sockets close.
+    def leaving(self, why: str, *, voided: bool = True, released: Release | None = None) -> None:
+        """Tell every member how rank 0 leaves, and let them read it before the sockets close.
+
+        Args:
+            why (str): the reason members see.
+            voided (bool): a restart record for this generation was read or created by this
+                process.  Only then do members hear ``void``; otherwise (in the commit window,
+                with the decision unknown) they hear nothing and lose the connection, which makes
+                every member that acknowledged read ``release.json`` (``member.Member._lost``).
+            released (Release | None): the released decision naming this generation, read back:
+                members that have no go yet get it now (no member has to read the record).
 
         Closing a socket with unread incoming data (a ping) makes Linux send RST,
         and the peer may lose what it had not read yet: wait for members to close first.
         """
-        self._broadcast({"t": "void", "why": why})
+        if released is not None:
+            self._send_go(released)
+        elif voided:
+            self._broadcast({"t": "void", "why": why})
         self.hub.drain(min(0.5, self.p.timing.probe_timeout))
+        if released is None and not voided:
+            # In doubt: drop every connection now (the listener stays: its port may be the
+            # released master port), so members read the decision at once, not after stale_after.
+            for conn in list(self.conn_rank) + list(self.pending) + list(self.askers):
+                self.hub.drop(conn)
 
     # -------------------------------------------------------------- the step
     def step(self):
@@ -546,23 +580,27 @@ class Coordinator:
             # Inert until release.json names its digest: written first, so the
             # decision itself stays one exclusive create at any world size.
             p.store.publish(member_chunk_name(p.gen, p.instance, k), chunk)
+        # The commit window opens here: whatever happens from now on (an exception, a signal, a
+        # create that takes effect and still raises), a release may exist (see ``acked``).
+        self.commit_attempted = True
         if not p.store.create(release_name(p.gen), header):
             # EEXIST: our own release if the first reply was lost (a retransmitted
             # link(), nfs(5)) -- read it back; anything else is somebody's void.
             got = p.read_release(p.gen)
-            if not (isinstance(got, Release) and got.state == "released" and got.writer == p.instance):
-                why = got.reason if isinstance(got, Release) else "a decision record this node cannot read yet"
-                self._end(f"voided by another participant before the release: {why}", write=False)
+            if isinstance(got, Release) and got.state == "released" and got.writer == p.instance:
+                pass  # ours: the release stands
+            elif isinstance(got, Release) and got.state == "restart":
+                self._end(f"voided by another participant before the release: {got.reason}", write=False)
                 return None
-        mine = {
-            m.instance: pl
-            for m, pl in zip(rel.members, placements(list(rel.members), rel.mode, rel.master_port, rel.generation))
-        }
-        for r, conn in self.rank_conn.items():
-            msg = {"t": "go", "placement": mine[self.members[r].instance].as_wire()}
-            if r in self.want_members:
-                msg["members"] = [[m.host.hostname, m.addr, m.arrival] for m in rel.members]
-            self.hub.send(conn, msg)
+            else:
+                # Somebody's record that this node cannot read (yet): never say void over a
+                # decision we have not read.  Members that acknowledged lose the connection and
+                # read release.json themselves; rank 0 reads it too (DECIDING).
+                self.leaving("", voided=False)
+                p.enter_deciding("its own release.json create met a decision it cannot read yet")
+                return None
+        pause("commit")  # tests only: land a signal in the commit window (fsmingle.testhooks)
+        self._send_go(rel)
         slow = sorted(rel.members, key=lambda m: -m.arrival)[:3]
         log.info(
             "job %s generation %d released to %d; slowest: %s",
@@ -575,7 +613,29 @@ class Coordinator:
         # so nobody is left holding an unread release when rank 0 execs.
         self.hub.drain(p.timing.probe_timeout)
         self.p.released_members = tuple([m.host.hostname, m.addr, m.arrival] for m in rel.members)
-        return mine[p.instance]
+        return self._placements(rel)[p.instance]
+
+    def _placements(self, rel: Release) -> dict:
+        return {
+            m.instance: pl
+            for m, pl in zip(rel.members, placements(list(rel.members), rel.mode, rel.master_port, rel.generation))
+        }
+
+    def _send_go(self, rel: Release) -> None:
+        """Send each connected member that has none yet its placement (``go``); members that asked
+        for the member list (hostfiles) get it first in bounded ``members`` parts (:func:`member_parts`):
+        one line per message never nears ``MAX_LINE``, at any world size."""
+        p = self.p
+        mine = self._placements(rel)
+        parts = member_parts(rel) if self.want_members else []
+        for r, conn in self.rank_conn.items():
+            if conn in self.go_sent or r not in self.members:
+                continue
+            self.go_sent.add(conn)
+            if r in self.want_members:
+                for k, data in enumerate(parts):
+                    self.hub.send(conn, {"t": "members", "gen": p.gen, "k": k, "n": len(parts), "data": data})
+            self.hub.send(conn, {"t": "go", "placement": mine[self.members[r].instance].as_wire()})
 
     def _end(self, why: str, *, write: bool) -> None:
         p = self.p

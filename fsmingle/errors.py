@@ -154,11 +154,26 @@ OTHER_EXIT_CODES: tuple[tuple[int, str], ...] = (
     (
         143,
         (
-            "terminated (SIGTERM) after the release, before the command started: too late to withdraw, "
-            "the others were released with this participant"
+            "interrupted (SIGTERM or SIGINT) once the release was decided with this participant in it (or may "
+            "have been: in the commit window), before the command started: too late to withdraw, the others "
+            "were released with this participant"
         ),
     ),
 )
+
+
+class InterruptedInCommitWindow(KeyboardInterrupt):
+    """An interrupt (SIGINT, or SIGTERM in ``fsmingle run``) inside the commit window whose decision
+    could not be read back: a release naming this participant may stand, so it did not withdraw.
+
+    Raised by :meth:`fsmingle.protocol.Participant.run` (``fsmingle.rendezvous()``) from the
+    original interrupt; the CLI exits 143.  A ``KeyboardInterrupt``, so code that stops on Ctrl-C
+    still stops.  Attributes: ``job_id`` (str), ``generation`` (int), ``rank`` (int | None).
+    """
+
+    def __init__(self, message: str, job_id: str, generation: int, rank: int | None):
+        super().__init__(message)
+        self.job_id, self.generation, self.rank = job_id, generation, rank
 
 
 def _error_classes() -> list[type[FsmingleError]]:

@@ -117,40 +117,86 @@ class Leaving:
         )
 
     def withdraw(self, reason: str) -> Placement | None:
-        """Leave the rendezvous (timeout, interrupt): void our generation so others regroup.
+        """Leave the rendezvous (timeout, interrupt, error): void our generation so others regroup.
+
+        The commit window (``docs/protocol.md``): once this participant acknowledged a release
+        (a member) or attempted the create of ``release.json`` (rank 0), a release naming it may
+        exist.  It then never says void unless it created or read a restart record: its void is
+        an exclusive create that races only with the release; if it loses, the decision is read
+        back (:meth:`_read_decision_in_doubt`), and a release that names it stands -- rank 0
+        sends the members their go and returns its placement.  A decision that cannot be read
+        leaves this participant *in doubt* (``self.in_doubt``): it says nothing to anyone, and
+        every member that acknowledged reads ``release.json`` itself.
 
         Returns:
-            Placement | None: this participant's placement if it turned out to
-            be released already (rank 0 committed after our acknowledgement).
+            Placement | None: this participant's placement if the release stands with it in it.
         """
         acked = self.state is State.DECIDING or (self.role is not None and getattr(self.role, "acked", False))
         active = self.gen is not None and self.state not in (State.DONE, State.FAILED)
-        mine = None
+        self.in_doubt = False
+        decided: Release | None = None  # the decision read back (or our own void)
+        voided = False
         if active and self.rank is not None:
             # Void first, then close: the decision record then says why we left (not
             # "lost its connection", which rank 0 would write on seeing it drop).
             try:
-                if not self.void(f"{reason}; it left") and acked:
-                    rel = self.read_release(self.gen)
-                    rel = self.with_members(rel) if isinstance(rel, Release) else rel
-                    mine = self.decision_for_me(rel) if isinstance(rel, Release) else None
+                voided = self.void(f"{reason}; it left")
             except (OSError, FsmingleError) as e:
                 log.warning("could not withdraw cleanly: %s", e)
+            if not voided and acked:
+                decided = self._read_decision_in_doubt()
+                self.in_doubt = decided is None
+        mine = self.decision_for_me(decided) if decided is not None else None
         if self.role is not None:
-            self.role.leaving(f"{reason}; it left")
+            if mine is not None:
+                self.role.leaving("", released=decided)
+            else:
+                # "void" on the wire only where no release can exist: nothing acknowledged, or
+                # a restart record created by us or read back.
+                self.role.leaving(f"{reason}; it left", voided=voided or not acked or decided is not None)
             self.role.close()  # rank 0 sees the connection drop at once
             self.role = None
         if self.hub is not None:
-            self.hub.close()
+            self.hub.close()  # released: torch binds the master port next
             self.hub = None
         if mine is not None:
             self.result, self.state = mine, State.DONE
             return mine
         if not active:
             return self.result
-        try:
-            self.store.remove(beacon_name(self.gen, self.instance))
-        except (OSError, FsmingleError) as e:
-            log.warning("could not remove this participant's beacon: %s", e)
+        if self.in_doubt:
+            log.warning(
+                "job %s: could not read generation %d's decision after acknowledging its release; a release "
+                "naming this participant (rank %s) may stand, and the others then start without it",
+                self.job_id,
+                self.gen,
+                self.rank,
+            )
+        else:
+            try:
+                self.store.remove(beacon_name(self.gen, self.instance))
+            except (OSError, FsmingleError) as e:
+                log.warning("could not remove this participant's beacon: %s", e)
         self.state = State.FAILED
+        return None
+
+    def _read_decision_in_doubt(self, attempts: int = 8) -> Release | None:
+        """Read this generation's decision after our void lost the race: the record (members
+        loaded), or None if it stayed unreadable or invisible for ``attempts`` reads spread over
+        up to ``stale_after`` seconds (a negative lookup cache hides a name that long at most)."""
+        end = self.clock.monotonic() + self.timing.stale_after
+        delay = self.timing.poll_min
+        for k in range(attempts):
+            try:
+                rel = self.read_release(self.gen)
+                rel = self.with_members(rel) if isinstance(rel, Release) else rel
+            except (OSError, FsmingleError) as e:
+                log.debug("reading generation %d's decision: %s", self.gen, e)
+                rel = None
+            if isinstance(rel, Release):
+                return rel
+            if k + 1 == attempts or self.clock.monotonic() + delay > end:
+                return None
+            self.clock.sleep(delay)
+            delay = min(2 * delay * self.timing.backoff, max(0.0, end - self.clock.monotonic()))
         return None

@@ -31,7 +31,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 
-from .channel import WIRE_VERSION, Outcome, hostport
+from .channel import MAX_LINE, WIRE_VERSION, Outcome, decode_parts, hostport
 from .decision import Placement
 from .errors import ConfigError, WorldSizeMismatchError
 from .layout import BEACON_RE, claimed_ranks, gen_name, master_dir, master_name
@@ -45,6 +45,10 @@ log = logging.getLogger("fsmingle")
 # operations each): 200 op/s at any N, where one every 22.5 s per member is 23,000 op/s at
 # N = 131,072 -- more than a 5,000 op/s metadata server has (benchmarks/README.md).
 MEMBER_BEACONS_PER_S = 50
+# The member list streamed before the go (hostfiles): a member takes at most this many parts and
+# this many bytes per member once decompressed (a hostname is at most 253 bytes, an address 45).
+MEMBER_ENTRY_BYTES = 400
+MAX_MEMBER_PARTS = 1 + (1 << 20) * MEMBER_ENTRY_BYTES // MAX_LINE
 
 
 class Member:
@@ -68,6 +72,7 @@ class Member:
         self.asking = p.rank is None  # no rank yet: ask rank 0 for a free one (module doc)
         self.taken: list[int] = []  # offered ranks found claimed, reported in the next ask
         self.ask_again: float | None = None  # when to repeat an ask rank 0 told us to repeat
+        self.parts: list | None = None  # the member list's parts so far (``members`` messages)
 
     # -------------------------------------------------------------- loop plumbing
     def delay(self) -> float:
@@ -81,8 +86,8 @@ class Member:
         else:
             self.p.clock.sleep(seconds)
 
-    def leaving(self, why: str) -> None:
-        pass  # closing the connection tells rank 0 at once
+    def leaving(self, why: str, *, voided: bool = True, released: Release | None = None) -> None:
+        pass  # closing the connection tells rank 0 at once (Coordinator.leaving has the arguments' doc)
 
     def close(self) -> None:
         if self.link is not None:
@@ -196,7 +201,7 @@ class Member:
                 f"this participant on {p.me.hostname} ({p.addr}) expects {p.size} ({p.mode} mode); give every "
                 "participant the same --nnodes (or --world-size)"
             )
-            p.void(msg)
+            self._fail_alone(msg)
             raise WorldSizeMismatchError(msg)
         if b.restart_count < p.restart_count and b.slurm_job_id == p.slurm_job_id:
             # Rank 0 is a leftover of the run Slurm requeued away: never join it.
@@ -335,6 +340,8 @@ class Member:
                         ack["error"] = str(e)
                 self.link.send(ack)
                 self.acked = "error" not in ack and "mesh_fail" not in ack
+        elif t == "members":
+            self._on_members_part(m)
         elif t == "go":
             try:
                 pl = Placement.from_wire(m.get("placement") or {})
@@ -344,19 +351,70 @@ class Member:
             if pl.generation != p.gen or not self.acked:
                 self._lost("rank 0 sent a release for another generation")
                 return None
-            if isinstance(m.get("members"), list):
-                p.released_members = tuple(m["members"])
+            if p.want_members:
+                members = self._members_from_parts()
+                if members is None:
+                    # Released (the go says so), but the member list did not arrive whole: it is in
+                    # release.json, which DECIDING reads (and it sets released_members).
+                    p.enter_deciding("the member list did not arrive whole with the release")
+                    return None
+                p.released_members = members
             return pl
         elif t == "void":
+            if self.acked:
+                # After our acknowledgement a void proves nothing about release.json (the commit
+                # window, docs/protocol.md): void-or-read it ourselves, never rejoin on a word.
+                return self._lost(f"rank 0 said void after this member acknowledged ({m.get('why', '')})")
             p.set_note(f"generation {p.gen} voided: {m.get('why', '')}")
             p.rejoin()
         elif t == "reject":
             why = str(m.get("why", ""))
             if m.get("fatal"):
-                p.void(why)
+                self._fail_alone(why)
                 raise (WorldSizeMismatchError if "expects a world" in why else ConfigError)(why)
             return self._lost(f"rank 0 rejected this participant: {why}")
         return None
+
+    def _fail_alone(self, why: str) -> None:
+        """Before failing on a disagreement (world size, version): only a rank holder voids -- its
+        claim would hold the world up.  A participant without a rank fails alone and leaves the
+        world as it was: under a restart loop, one misconfigured node must not void every new
+        generation (voids on evidence of death, ``OutsideWorld``, are another matter)."""
+        if self.p.rank is not None:
+            self.p.void(why)
+
+    def _on_members_part(self, m: dict) -> None:
+        """Collect one part of the member list rank 0 streams before the go (``members``)."""
+        p = self.p
+        k, n = m.get("k"), m.get("n")
+        if not (self.acked and m.get("gen") == p.gen and type(k) is int and type(n) is int and 0 <= k < n):
+            return
+        if n > MAX_MEMBER_PARTS or (self.parts is not None and len(self.parts) != n):
+            self.parts = None
+            return
+        if self.parts is None:
+            self.parts = [None] * n
+        self.parts[k] = m.get("data")
+
+    def _members_from_parts(self) -> tuple | None:
+        """The member list from its parts ``[[hostname, addr, arrival], ...]``; None if incomplete or invalid."""
+        p = self.p
+        if self.parts is None or any(x is None for x in self.parts):
+            return None
+        members = decode_parts(self.parts, max_bytes=MEMBER_ENTRY_BYTES * p.size)
+        ok = (
+            isinstance(members, list)
+            and len(members) == p.size
+            and all(
+                isinstance(x, list)
+                and len(x) == 3
+                and isinstance(x[0], str)
+                and isinstance(x[1], str)
+                and type(x[2]) in (int, float)
+                for x in members
+            )
+        )
+        return tuple(members) if ok else None
 
     def _on_status(self, m: dict) -> None:
         p = self.p

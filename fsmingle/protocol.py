@@ -46,6 +46,7 @@ from collections.abc import Callable
 from .decision import Placement
 from .errors import (
     FsmingleError,
+    InterruptedInCommitWindow,
     RendezvousTimeoutError,
 )
 from .genreader import GenerationReader
@@ -173,6 +174,7 @@ class Participant(Joining, Leaving, GenerationReader, OutsideWorld):
         self._warned: dict[str, int] = {}
         self._grace = False
         self._enoent_since: float | None = None
+        self.in_doubt = False  # withdrew in the commit window without reading the decision (Leaving.withdraw)
         self._reset_gen_state()
 
     # ------------------------------------------------------------------ small helpers
@@ -423,12 +425,18 @@ class Participant(Joining, Leaving, GenerationReader, OutsideWorld):
     def run(self) -> Placement:
         """Step until released; the blocking form of :meth:`step`.
 
-        An interrupt (``KeyboardInterrupt``, e.g. from SIGTERM) withdraws; if the
-        release had already been decided with this participant in it, the
-        release stands and is returned (the others are starting with us).
+        Any exception or interrupt (``KeyboardInterrupt``, e.g. from SIGTERM) withdraws
+        (:meth:`Leaving.withdraw`).  Inside the commit window -- rank 0 attempted the create of
+        ``release.json``, or this member acknowledged the release -- the decision is read back
+        first: if it released this participant, the release stands and is returned, whatever
+        the exception was (the others are starting with us; a storage error after a create
+        that took effect must not split the world).
 
         Raises:
-            As :meth:`step`; ``KeyboardInterrupt`` after a clean withdrawal.
+            As :meth:`step` (when the release does not stand).
+            KeyboardInterrupt: after a clean withdrawal.
+            InterruptedInCommitWindow: interrupted in the commit window and the decision could
+                not be read back: a release naming this participant may stand.
         """
         try:
             while True:
@@ -439,12 +447,21 @@ class Participant(Joining, Leaving, GenerationReader, OutsideWorld):
         except BaseException as e:
             if self.state not in (State.DONE, State.FAILED) and not isinstance(e, RendezvousTimeoutError):
                 placement = self.withdraw(f"rank {self.rank} stopped ({e.__class__.__name__})")
-                if placement is not None and isinstance(e, KeyboardInterrupt):
+                if placement is not None:
                     log.warning(
-                        "interrupted, but generation %d had already been released with this participant "
-                        "as rank %d; the release stands",
+                        "%s, but generation %d had already been released with this participant as rank %d; "
+                        "the release stands",
+                        "interrupted" if isinstance(e, KeyboardInterrupt) else f"{e.__class__.__name__}: {e}",
                         placement.generation,
                         placement.rank,
                     )
                     return placement
+                if self.in_doubt and isinstance(e, KeyboardInterrupt):
+                    raise InterruptedInCommitWindow(
+                        f"interrupted in the commit window of job {self.job_id} generation {self.gen}: its "
+                        "decision could not be read back, so a release naming this participant may stand",
+                        self.job_id,
+                        self.gen,
+                        self.rank,
+                    ) from e
             raise

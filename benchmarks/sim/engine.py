@@ -70,6 +70,8 @@ class Config:
     timing: Timing = field(default_factory=Timing)
     horizon: float = 3600.0
     seed: int = 1
+    want_members: int = 0  # every k-th participant asks for the member list (env --format hostfile); 0: none
+    check_lines: bool = False  # a message over channel.MAX_LINE loses its connection, as on the real channel
 
 
 def run(cfg: Config) -> dict:
@@ -90,7 +92,7 @@ def run(cfg: Config) -> dict:
             seq[0] += 1
             heapq.heappush(heap, (t, seq[0], i))
 
-    net = SimNet(cfg.net_latency, clocks, counts, wake)
+    net = SimNet(cfg.net_latency, clocks, counts, wake, check_lines=cfg.check_lines)
     parts: list = [None] * n
     arrive = sorted(rng.uniform(0, cfg.arrival_spread) for _ in range(n - 1))
     arrival = [*arrive, float("inf")]
@@ -121,6 +123,7 @@ def run(cfg: Config) -> dict:
             clock=clocks[i],
             transport=SimTransport(net, i),
             rng=random.Random(cfg.seed * 1_000_003 + i),
+            want_members=bool(cfg.want_members) and i % cfg.want_members == 0,
         )
 
     while heap and len(released) < n:
@@ -181,7 +184,12 @@ def run(cfg: Config) -> dict:
                 nxt = min(nxt, max(c.t, min(t for t, _ in box)))
         wake(i, nxt)
     wall = time.process_time() - wall0
-    return _measure(cfg, n, counts, released, arrival, window, mds, steps, wall, rank0, parts)
+    out = _measure(cfg, n, counts, released, arrival, window, mds, steps, wall, rank0, parts)
+    out["long_lines"] = net.long_lines
+    if cfg.want_members:
+        out["members_asked"] = sum(1 for p in parts if p is not None and p.want_members)
+        out["members_ok"] = sum(1 for p in parts if p is not None and p.want_members and len(p.released_members) == n)
+    return out
 
 
 def cpu_scale_of(cfg: Config) -> float:

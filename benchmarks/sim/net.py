@@ -8,7 +8,7 @@ channel pings every ``ping_interval`` of quiet; :func:`ping_messages` counts the
 
 from __future__ import annotations
 
-from fsmingle.channel import EventKind, HubEvent, Outcome, Transport
+from fsmingle.channel import MAX_LINE, EventKind, HubEvent, Outcome, Transport, encode_msg
 
 
 class SimHub:
@@ -36,6 +36,11 @@ class SimHub:
         if link is None or link.lost:
             return
         t = self._now() + self.net.latency
+        if self.net.check_lines and len(encode_msg(msg)) > MAX_LINE:
+            # The real reader drops a connection whose line passes MAX_LINE (channel._Endpoint._read).
+            self.net.long_lines += 1
+            link._lose(t, f"the peer sent a line over {MAX_LINE} bytes")
+            return
         self.last_delivery = max(self.last_delivery, t)
         self.net.counts[self.owner]["msgs_out"] += 1
         link.inbox.append((t, msg))
@@ -142,8 +147,9 @@ class SimTransport(Transport):
 class SimNet:
     """All hubs; ``clocks[i]`` is participant i's local clock; ``wake(i, t)`` schedules it."""
 
-    def __init__(self, latency: float, clocks: list, counts: list, wake):
+    def __init__(self, latency: float, clocks: list, counts: list, wake, check_lines: bool = False):
         self.latency, self.clocks, self.counts, self.wake = latency, clocks, counts, wake
+        self.check_lines, self.long_lines = check_lines, 0
         self.hubs: dict[tuple[str, int], SimHub] = {}
         self._port, self._conn = 29400, 0
 
