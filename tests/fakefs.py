@@ -265,6 +265,7 @@ class FakeStore(Store):
         self._io_blind = 0.0
         self._io_exc: Callable[[str], BaseException] | None = None
         self.io_errors: list[tuple[str, str, bool]] = []  # (op, name, took effect)
+        self.io_raised: list[BaseException] = []  # the exceptions raised (the test's oracles know them)
 
     @property
     def lag(self) -> float:
@@ -338,9 +339,11 @@ class FakeStore(Store):
             self.blind(name, self._io_blind)
         what = f"cannot {op} {self.path(name)}: Input/output error; check the shared mount on this node"
         if self._io_exc is not None:
-            return self._io_exc(what)
-        err = StorageError(what)
-        err.errno = errno.EIO
+            err = self._io_exc(what)
+        else:
+            err = StorageError(what)
+            err.errno = errno.EIO
+        self.io_raised.append(err)
         return err
 
     def arm_hook(self, after_ops: int, fn: Callable[[], None]) -> None:

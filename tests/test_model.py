@@ -265,7 +265,9 @@ class World:
     def is_injected(self, e: BaseException | None) -> bool:
         seen = set()
         while e is not None and id(e) not in seen:
-            if any(e is x for x in self.injected):
+            if any(e is x for x in self.injected) or any(
+                e is x for h in self.hosts.values() for x in h.store.io_raised
+            ):
                 return True
             seen.add(id(e))
             e = e.__cause__ or e.__context__
