@@ -247,6 +247,7 @@ class FakeStore(Store):
         self.ops = 0
         self._crash_at: int | None = None
         self._crash_after_effect = False
+        self._crash_exc: Callable[[str], BaseException] | None = None
         self._hook_at: int | None = None
         self._hook: Callable[[], None] | None = None
         self.neg_ttl = 0.0  # seconds a failed lookup keeps answering "absent" (0: only the lag rule)
@@ -255,6 +256,16 @@ class FakeStore(Store):
         self._lost_reply_match: Callable[[str], bool] | None = None
         self.creates = 0
         self.lost_replies: list[str] = []
+        # I/O errors that take effect (arm_io_error): the op counter, the armed one, what it matches
+        self.io_ops = 0
+        self._io_at: int | None = None
+        self._io_match: Callable[[str], bool] | None = None
+        self._io_ops: tuple[str, ...] = ("create", "publish")
+        self._io_after_effect = True
+        self._io_blind = 0.0
+        self._io_exc: Callable[[str], BaseException] | None = None
+        self.io_errors: list[tuple[str, str, bool]] = []  # (op, name, took effect)
+        self.io_raised: list[BaseException] = []  # the exceptions raised (the test's oracles know them)
 
     @property
     def lag(self) -> float:
@@ -268,14 +279,72 @@ class FakeStore(Store):
         return f"fake://{self.node}/{name}"
 
     # ------------------------------------------------------------------ crashes
-    def arm_crash(self, after_ops: int, after_effect: bool = False) -> None:
+    def arm_crash(
+        self, after_ops: int, after_effect: bool = False, exc: Callable[[str], BaseException] | None = None
+    ) -> None:
         """Die (raise :class:`Crash`) at the ``after_ops``-th next store operation (0: the next one).
 
         ``after_effect``: a mutating operation takes effect before the crash
         (for ``create``/``publish`` with ``link()``, leaving the temporary behind).
+        ``exc``: raise ``exc(what)`` there instead of :class:`Crash` -- an exception *inside* the
+        process (a ``KeyboardInterrupt`` from SIGTERM, a ``StorageError``) that its own handlers
+        see (``Participant.run``'s ``except BaseException``), not its death.
         """
         self._crash_at = self.ops + after_ops
         self._crash_after_effect = after_effect
+        self._crash_exc = exc
+
+    def _death(self, what: str) -> BaseException:
+        exc, self._crash_exc = self._crash_exc, None
+        return Crash(what) if exc is None else exc(what)
+
+    def arm_io_error(
+        self,
+        after_ops: int = 0,
+        match: Callable[[str], bool] | None = None,
+        *,
+        ops: tuple[str, ...] = ("create", "publish"),
+        after_effect: bool = True,
+        blind_for: float = 0.0,
+        exc: Callable[[str], BaseException] | None = None,
+    ) -> None:
+        """The ``after_ops``-th next ``create`` (``link()``) or ``publish`` (``rename()``) of a name
+        ``match`` accepts fails with EIO -- after taking effect on the server (``after_effect``: a
+        soft NFS mount's timeout, a reply lost for good) or before.  :class:`~fsmingle.store.PosixStore`
+        turns such an ``OSError`` into :class:`~fsmingle.errors.StorageError` (after ``create``'s link
+        count could not prove the link), so that is what is raised unless ``exc`` says otherwise.
+        ``blind_for``: the name then reads as absent on this node for that many seconds (the
+        failed operation left a negative lookup entry: the read-back finds nothing)."""
+        self._io_at = self.io_ops + after_ops
+        self._io_match, self._io_ops = match, tuple(ops)
+        self._io_after_effect, self._io_blind, self._io_exc = after_effect, blind_for, exc
+
+    def _io_fault(self, op: str, name: str) -> bool:
+        """Count one ``op`` on ``name``; True if it is the armed I/O error."""
+        if self._io_at is None or op not in self._io_ops or (self._io_match is not None and not self._io_match(name)):
+            return False
+        n, self.io_ops = self.io_ops, self.io_ops + 1
+        if n < self._io_at:
+            return False
+        self._io_at = None
+        return True
+
+    def _io_error(self, op: str, name: str, took_effect: bool) -> BaseException:
+        import errno
+
+        from fsmingle.errors import StorageError
+
+        self.io_errors.append((op, name, took_effect))
+        if self._io_blind > 0:
+            self.blind(name, self._io_blind)
+        what = f"cannot {op} {self.path(name)}: Input/output error; check the shared mount on this node"
+        if self._io_exc is not None:
+            err = self._io_exc(what)
+        else:
+            err = StorageError(what)
+            err.errno = errno.EIO
+        self.io_raised.append(err)
+        return err
 
     def arm_hook(self, after_ops: int, fn: Callable[[], None]) -> None:
         """Call ``fn`` just before the ``after_ops``-th next store operation (a preemption point:
@@ -284,6 +353,7 @@ class FakeStore(Store):
 
     def disarm(self) -> None:
         self._crash_at = None
+        self._crash_exc = None
         self._hook_at = self._hook = None
 
     # ------------------------------------------------------------------ negative caches, lost replies
@@ -320,11 +390,16 @@ class FakeStore(Store):
     def _forget_absent(self, name: str) -> None:
         self.neg.pop(name, None)
 
-    def arm_lost_reply(self, after_creates: int = 0, match: Callable[[str], bool] | None = None) -> None:
+    def arm_lost_reply(
+        self, after_creates: int = 0, match: Callable[[str], bool] | None = None, blind_for: float = 0.0
+    ) -> None:
         """The ``after_creates``-th next successful ``create`` (of a name ``match`` accepts) takes effect
-        but returns False: its reply was lost and the retransmission found the name taken (EEXIST)."""
+        but returns False: its reply was lost and the retransmission found the name taken (EEXIST).
+        ``blind_for``: the name then reads as absent on this node for that many seconds (the read-back
+        after the failed create finds nothing: a negative lookup entry)."""
         self._lost_reply_at = self.creates + after_creates
         self._lost_reply_match = match
+        self._lost_reply_blind = blind_for
 
     def _op(self) -> bool:
         """Count one operation; True if the process dies in it."""
@@ -341,7 +416,7 @@ class FakeStore(Store):
     # ------------------------------------------------------------------ reads
     def read(self, name: str) -> bytes | None:
         if self._op():
-            raise Crash(f"{self.node} died reading {name}")
+            raise self._death(f"{self.node} died reading {name}")
         fs = self.fs
         if self.hidden(name):
             return None  # a negative cache entry (ours, or a spurious ENOENT)
@@ -361,7 +436,7 @@ class FakeStore(Store):
 
     def listdir(self, name: str = "") -> list[str]:
         if self._op():
-            raise Crash(f"{self.node} died listing {name!r}")
+            raise self._death(f"{self.node} died listing {name!r}")
         if name and self.hidden(name):
             return []  # opendir() needs a lookup of the directory, which the cache answers "absent"
         if name and not self.fs.dir_exists(name):
@@ -386,11 +461,16 @@ class FakeStore(Store):
         self._check_parent(name)
         if crash and not self._crash_after_effect:
             self.fs.new_tmp(parent(name), self.node)  # written (perhaps partly), never renamed
-            raise Crash(f"{self.node} died publishing {name}")
+            raise self._death(f"{self.node} died publishing {name}")
+        io = self._io_fault("publish", name)
+        if io and not self._io_after_effect:
+            raise self._io_error("publish", name, False)
         self.fs.write(name, bytes(data), self.node, "publish")
         self._wrote(name)
+        if io:
+            raise self._io_error("publish", name, True)
         if crash:
-            raise Crash(f"{self.node} died after publishing {name}")
+            raise self._death(f"{self.node} died after publishing {name}")
 
     def create(self, name: str, data: bytes) -> bool:
         crash = self._op()
@@ -399,28 +479,37 @@ class FakeStore(Store):
         if fs.current(name) is not None or fs.dir_exists(name):
             fs._emit(Event(fs.now, self.node, "create", name, bytes(data), False))
             if crash:
-                raise Crash(f"{self.node} died creating {name} (it existed)")
+                raise self._death(f"{self.node} died creating {name} (it existed)")
             return False
         if crash and not self._crash_after_effect:
             fs.new_tmp(parent(name), self.node)  # the unique file, never linked
-            raise Crash(f"{self.node} died creating {name}")
+            raise self._death(f"{self.node} died creating {name}")
+        io = self._io_fault("create", name)
+        if io and not self._io_after_effect:
+            fs.new_tmp(parent(name), self.node)
+            raise self._io_error("create", name, False)
         fs.write(name, bytes(data), self.node, "create")
         self._wrote(name)
+        if io:
+            fs.new_tmp(parent(name), self.node)  # the unique file, its link count unproven
+            raise self._io_error("create", name, True)
         if crash:
             fs.new_tmp(parent(name), self.node)  # linked, but the unique name not yet unlinked
-            raise Crash(f"{self.node} died after creating {name}")
+            raise self._death(f"{self.node} died after creating {name}")
         if self._lost_reply_at is not None and (self._lost_reply_match is None or self._lost_reply_match(name)):
             n, self.creates = self.creates, self.creates + 1
             if n >= self._lost_reply_at:
                 self._lost_reply_at = self._lost_reply_match = None
                 self.lost_replies.append(name)
+                if getattr(self, "_lost_reply_blind", 0.0) > 0:
+                    self.blind(name, self._lost_reply_blind)
                 return False  # it took effect; the reply was lost, the retransmission got EEXIST
         return True
 
     def mkdir(self, name: str) -> bool:
         crash = self._op()
         if crash and not self._crash_after_effect:
-            raise Crash(f"{self.node} died before mkdir {name}")
+            raise self._death(f"{self.node} died before mkdir {name}")
         if parent(name) and self.hidden(parent(name)):
             raise FileNotFoundError(f"{self.path(parent(name))}: no such directory")
         made = self.fs.mkdir_truth(name, self.node)
@@ -428,27 +517,27 @@ class FakeStore(Store):
             self._forget_absent(name)
         self.listed[parent(name)] = self.fs.now
         if crash:
-            raise Crash(f"{self.node} died after mkdir {name}")
+            raise self._death(f"{self.node} died after mkdir {name}")
         return made
 
     def remove(self, name: str) -> None:
         crash = self._op()
         if crash and not self._crash_after_effect:
-            raise Crash(f"{self.node} died before removing {name}")
+            raise self._death(f"{self.node} died before removing {name}")
         if self.fs.current(name) is not None and not self.hidden(name):  # ENOENT from the cache: ignored
             self.fs.write(name, None, self.node, "remove")
             self._wrote(name)
         if crash:
-            raise Crash(f"{self.node} died after removing {name}")
+            raise self._death(f"{self.node} died after removing {name}")
 
     def retire(self, name: str) -> bool:
         crash = self._op()
         if crash and not self._crash_after_effect:
-            raise Crash(f"{self.node} died before retiring {name}")
+            raise self._death(f"{self.node} died before retiring {name}")
         gone = False if self.hidden(name) else self.fs.retire_truth(name, self.node)
         self.listed[parent(name)] = self.fs.now
         if crash:
-            raise Crash(f"{self.node} died after retiring {name}")
+            raise self._death(f"{self.node} died after retiring {name}")
         return gone
 
 

@@ -36,6 +36,11 @@ What the model says about TCP (each a kernel behaviour the real channel meets):
   the receive queue on a reset).
 * **A busy port**: ``listen`` on a port an open hub of the same host holds
   raises :class:`~fsmingle.errors.ConfigError` with the real Hub's message.
+* **An exception inside a network call** (:meth:`FakeNet.arm_fault`): a
+  process's k-th ``send`` or ``poll`` raises (a ``KeyboardInterrupt`` from
+  SIGTERM lands wherever the process is), before or after it takes effect.
+* **Observers** (``FakeNet.on_send``): every message a process sends is shown
+  to the test at the moment it is sent (the oracle on ``void``).
 
 Everything is deterministic: no randomness, no real time, no threads.
 """
@@ -114,6 +119,12 @@ class FakeHub:
 
     def poll(self, timeout: float = 0.0) -> list[HubEvent]:
         """What arrived since the last poll (``timeout`` is ignored: time is the test's); pings go out."""
+        self.net.fault_point(self.owner, "poll", after=False)
+        out = self._poll()
+        self.net.fault_point(self.owner, "poll", after=True)  # what was read is lost with the exception
+        return out
+
+    def _poll(self) -> list[HubEvent]:
         self.polls += 1
         self.last_poll_seq = self.net.tick_seq()
         if self.closed:
@@ -135,9 +146,12 @@ class FakeHub:
         self.net.transmit(pipe, TO_LINK, (_MSG, encode_msg(msg)))
 
     def send(self, conn: int, msg: dict) -> None:
+        self.net.fault_point(self.owner, "send", after=False, msg=msg)
         pipe = self.conns.get(conn)
         if pipe is not None and not pipe.hub_closed and not self.closed:
+            self.net.sent(pipe, TO_LINK, msg)
             self._send(pipe, msg)
+        self.net.fault_point(self.owner, "send", after=True, msg=msg)
 
     def silent_for(self, conn: int) -> float:
         pipe = self.conns.get(conn)
@@ -189,6 +203,12 @@ class FakeLink:
         return self._why
 
     def poll(self, timeout: float = 0.0) -> list[dict]:
+        self.net.fault_point(self.owner, "poll", after=False)
+        out = self._poll()
+        self.net.fault_point(self.owner, "poll", after=True)
+        return out
+
+    def _poll(self) -> list[dict]:
         if self._lost:
             return []
         out, self.inbox = self.inbox, []
@@ -196,16 +216,23 @@ class FakeLink:
             self._lost, self._why = True, self.peer_why  # EOF after the data sent before it
             return out
         if self.net.now() - self.pipe.link_last_tx >= self.ping_interval:
-            self.send({"t": "ping"})
+            self._send({"t": "ping"})
         return out
 
     def send(self, msg: dict) -> None:
+        self.net.fault_point(self.owner, "send", after=False, msg=msg)
+        self._send(msg)
+        self.net.fault_point(self.owner, "send", after=True, msg=msg)
+
+    def _send(self, msg: dict) -> None:
         if self._lost or self.closed:
             return
         pipe = self.pipe
         pipe.link_last_tx = self.net.now()
         if pipe.hub_closed or pipe.reset:
             return
+        if msg.get("t") != "ping":
+            self.net.sent(pipe, TO_HUB, msg)
         self.net.transmit(pipe, TO_HUB, (_MSG, encode_msg(msg)))
 
     def silent_for(self) -> float:
@@ -297,6 +324,63 @@ class FakeNet:
         self.next_port: dict[Any, int] = {}
         self.seq = 0
         self.connect_timeouts = 0
+        self.on_send: Callable[[Pipe, int, dict], None] | None = None  # the test's observer of sent messages
+        self.net_ops: dict[Any, int] = {}  # owner -> sends and polls counted (arm_fault)
+        self.faults: dict[Any, tuple[int, Callable[[str], BaseException], bool, Callable | None]] = {}
+        self._fault_due: dict[Any, Callable[[str], BaseException]] = {}
+
+    # ------------------------------------------------------------------ exceptions inside calls
+    def arm_fault(
+        self,
+        owner,
+        after_ops: int,
+        exc: Callable[[str], BaseException],
+        after_effect: bool = False,
+        match: Callable[[str, dict | None], bool] | None = None,
+    ) -> None:
+        """``owner``'s ``after_ops``-th next ``send`` or ``poll`` raises ``exc(what)``, before or after it takes
+        effect (a ``KeyboardInterrupt`` from SIGTERM lands wherever the process is).  ``match(what, msg)``:
+        count only the calls it accepts (``what`` is ``send`` or ``poll``; ``msg`` what is sent)."""
+        if match is None:
+            at = self.net_ops.get(owner, 0) + after_ops
+        else:
+            at = after_ops
+            self.net_ops[(owner, "match")] = 0
+        self.faults[owner] = (at, exc, after_effect, match)
+        self._fault_due.pop(owner, None)
+
+    def disarm(self, owner) -> None:
+        self.faults.pop(owner, None)
+        self._fault_due.pop(owner, None)
+
+    def fault_point(self, owner, what: str, *, after: bool, msg: dict | None = None) -> None:
+        if after:
+            exc = self._fault_due.pop(owner, None)
+            if exc is not None:
+                raise exc(f"{what} {msg.get('t') if msg else ''} (after it took effect)")
+            return
+        n = self.net_ops.get(owner, 0)
+        self.net_ops[owner] = n + 1
+        armed = self.faults.get(owner)
+        if armed is None:
+            return
+        if armed[3] is not None:
+            if not armed[3](what, msg):
+                return
+            n = self.net_ops[(owner, "match")]
+            self.net_ops[(owner, "match")] = n + 1
+        if n < armed[0]:
+            return
+        what = f"{what} {msg.get('t') if msg else ''}"
+        del self.faults[owner]
+        if armed[2]:
+            self._fault_due[owner] = armed[1]
+        else:
+            raise armed[1](what)
+
+    def sent(self, pipe: Pipe, direction: int, msg: dict) -> None:
+        if self.on_send is not None and msg.get("t") != "ping":
+            self.on_send(pipe, direction, msg)
 
     # ------------------------------------------------------------------ set-up
     def add_host(self, host, *addrs: str) -> None:

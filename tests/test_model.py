@@ -39,6 +39,7 @@ that it otherwise avoids.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import random
@@ -55,6 +56,7 @@ from fsmingle.errors import (
     CorruptStateError,
     RankConflictError,
     RendezvousTimeoutError,
+    StorageError,
     WorldSizeMismatchError,
 )
 from fsmingle.layout import (
@@ -125,6 +127,7 @@ class Proc:
     last_step: float | None = None  # start of its last step that read the filesystem (not cut short by ENOENT)
     result: Placement | None = None
     error: BaseException | None = None
+    interrupted: BaseException | None = None  # released although interrupted (its release stood)
 
     @property
     def alive(self) -> bool:
@@ -195,7 +198,10 @@ class World:
         self.spins = 0  # zero-delay retries after ENOENT (bug 7)
         self.log: list[str] = []
         self._counter = 0
+        self.injected: list[BaseException] = []  # exceptions the test raised inside processes
+        self.released_with_error: list[str] = []  # released (its release stood), then exited with an error
         self.fs.listeners.append(self._on_event)
+        self.net.on_send = self._on_send
 
     # ------------------------------------------------------------------ helpers
     def say(self, msg: str) -> None:
@@ -236,6 +242,48 @@ class World:
         q = self.by_instance.get(owner)
         if q is not None and q.status == "running":
             q.wake = min(q.wake, self.fs.now)
+
+    # ------------------------------------------------------------------ injected exceptions
+    def exc_factory(self, kind: str):
+        """A factory of the exception ``kind`` (``interrupt``: SIGTERM in ``fsmingle run``;
+        ``storage``: a StorageError with EIO, as PosixStore raises; ``oserror``: a bare OSError(EIO)),
+        each instance remembered so the oracles know the test raised it."""
+
+        def make(what: str) -> BaseException:
+            if kind == "interrupt":
+                e: BaseException = KeyboardInterrupt(f"SIGTERM in {what}")
+            elif kind == "storage":
+                e = StorageError(f"injected EIO in {what}")
+                e.errno = errno.EIO
+            else:
+                e = OSError(errno.EIO, f"injected EIO in {what}")
+            self.injected.append(e)
+            return e
+
+        return make
+
+    def is_injected(self, e: BaseException | None) -> bool:
+        seen = set()
+        while e is not None and id(e) not in seen:
+            if any(e is x for x in self.injected) or any(
+                e is x for h in self.hosts.values() for x in h.store.io_raised
+            ):
+                return True
+            seen.add(id(e))
+            e = e.__cause__ or e.__context__
+        return False
+
+    def _on_send(self, pipe, direction: int, msg: dict) -> None:
+        # Issue 21: once release.json of g says "released", nobody says "void" for g on the wire.
+        if msg.get("t") != "void" or direction != fakenet.TO_LINK:
+            return
+        q = self.by_instance.get(pipe.hub.owner)
+        g = q.p.gen if q is not None and q.p is not None else None
+        rel = self.releases.get(g)
+        assert rel is None or release_name(g) in self.corrupted, (
+            f"{pipe.hub.owner} sent 'void' ({msg.get('why')!r}) to {pipe.link.owner} for generation {g}, "
+            f"whose release.json says released (writer {rel.writer})"
+        )
 
     # ------------------------------------------------------------------ oracles
     def _local_alive(self, me: HostId, other: HostId) -> bool | None:
@@ -335,16 +383,41 @@ class World:
                 self.say(f"{q.instance[:4]} left generation {gen_before} for {p.gen}")
         if p.left:
             self.left.setdefault(q.instance, set()).update(range(1, p.left + 1))
+            for g, rel in self.releases.items():
+                assert (
+                    g > p.left
+                    or q.result is not None
+                    or release_name(g) in self.corrupted
+                    or all(m.instance != q.instance for m in rel.members)
+                ), (
+                    f"{q.instance} left generation {g} (rejoined, state {p.state.value}) although its release "
+                    f"names it as rank {[m.rank for m in rel.members if m.instance == q.instance]}"
+                )
 
     def step(
-        self, q: Proc, crash_at: int | None = None, after_effect: bool = False, preempt: tuple[int, Proc] | None = None
+        self,
+        q: Proc,
+        crash_at: int | None = None,
+        after_effect: bool = False,
+        preempt: tuple[int, Proc] | None = None,
+        fault: tuple[str, int, str] | None = None,
     ) -> Placement | None:
-        """One ``Participant.step`` (as ``Participant.run`` would do it), then the invariants."""
+        """One ``Participant.step`` (as ``Participant.run`` would do it), then the invariants.
+
+        ``fault``: ``(where, k, kind)`` -- an exception of ``kind`` (:meth:`exc_factory`) raised inside
+        the process at its k-th ``store`` operation or k-th ``net`` call (send or poll) of this step,
+        before or after it takes effect (``after_effect``)."""
         assert q.status == "running"
         p, store = q.p, q.host.store
         prev_step = q.last_step
         started = self.fs.now
         gen_before = p.gen
+        if fault is not None:
+            where, k, kind = fault
+            if where == "store":
+                store.arm_crash(k, after_effect, exc=self.exc_factory(kind))
+            else:
+                self.net.arm_fault(q.instance, k, self.exc_factory(kind), after_effect)
         if crash_at is not None:
             store.arm_crash(crash_at, after_effect)
         if preempt is not None:
@@ -359,19 +432,42 @@ class World:
         except AssertionError:
             raise  # an invariant checked inside a store operation
         except BaseException as e:
+            # Participant.run's `except BaseException`: withdraw(); after an interrupt, a placement
+            # it finds there is returned (the release stands); any other exception is raised again.
             store.disarm()
-            q.error = e
+            self.net.disarm(q.instance)
             pl = None
             if p.state not in (State.DONE, State.FAILED) and not isinstance(e, RendezvousTimeoutError):
                 pl = p.withdraw(f"rank {p.rank} stopped ({e.__class__.__name__})")
+            if pl is not None and isinstance(e, KeyboardInterrupt):
+                q.interrupted = e
+                self.say(f"interrupted {q.instance[:4]} ({e}), but its release stood")
+                self._note_left(q, gen_before)
+                q.status, q.result = "done", pl
+                self.say(
+                    f"released {q.instance[:4]} gen {pl.generation} rank {pl.rank} master "
+                    f"{pl.master_addr}:{pl.master_port} (interrupted)"
+                )
+                self._check_released(q, pl)
+                self.check()
+                return pl
+            q.error = e
             self.say(f"exit {q.instance[:4]}: {e.__class__.__name__}: {e}")
+            if pl is not None:
+                # Released, but `fsmingle run` exits with this error: the others start with a
+                # member that is gone -- a death after the release, as far as they can tell.
+                self._check_released(q, pl)
+                self.released_with_error.append(q.instance)
+                self._die(q, "crashed")
+                self._check_exception(q, e, prev_step)
+                return None
             self._die(q, "exited")
             self._note_left(q, gen_before)
             self._check_exception(q, e, prev_step)
-            assert pl is None, f"{q.instance} withdrew after {e!r} and found itself released: {pl}"
             return None
         finally:
             store.disarm()
+            self.net.disarm(q.instance)
         self._note_left(q, gen_before)
         if p._enoent_since is None:
             q.last_step = started
@@ -512,6 +608,8 @@ class World:
 
     def _check_exception(self, q: Proc, e: BaseException, prev_step: float | None) -> None:
         p = q.p
+        if self.is_injected(e):
+            return  # raised by the test inside the process (a signal, an I/O error)
         if isinstance(e, RendezvousTimeoutError):
             assert q.host.clock.monotonic() >= p.deadline, f"timeout before the deadline: {e}"
             # leaving must not be contradicted by a release naming us
@@ -584,6 +682,7 @@ class World:
         for h in self.hosts.values():
             h.store.neg_ttl = 0.0
             h.store._lost_reply_at = None
+            h.store._io_at = None
 
     # ------------------------------------------------------------------ liveness
     def released_any(self) -> bool:
@@ -778,6 +877,16 @@ class RendezvousMachine(RuleBasedStateMachine):
                     event("bug 7: zero-delay ENOENT retries")
                 if w.net.connect_timeouts:
                     event("a connect got no answer")
+                if any(q.interrupted is not None for q in w.procs):
+                    event("interrupted after its release stood")
+                if w.released_with_error:
+                    event("released, then exited with an injected error")
+                if any(h.store.io_errors for h in w.hosts.values()):
+                    event(
+                        "an I/O error took effect"
+                        if any(t for h in w.hosts.values() for *_, t in h.store.io_errors)
+                        else "an I/O error"
+                    )
             finally:
                 logging.getLogger("fsmingle").setLevel(self._log_level)
                 note("\n".join(self.w.log[-100:]))
@@ -866,6 +975,40 @@ class RendezvousMachine(RuleBasedStateMachine):
             self.w.step(q, crash_at=k, after_effect=after_effect)
             if q.status == "running":
                 self.w.crash(q)  # it survived the step's operations; it dies right after
+
+    @rule(
+        i=st.integers(0, 15),
+        k=st.integers(0, 10),
+        where=st.sampled_from(["store", "net", "net"]),
+        kind=st.sampled_from(["interrupt", "interrupt", "storage", "oserror"]),
+        after_effect=st.booleans(),
+    )
+    def fault_in_step(self, i, k, where, kind, after_effect):
+        """An exception lands inside the process (issue 21): a SIGTERM (KeyboardInterrupt) or an I/O
+        error at its k-th store operation or k-th send/poll of this step, before or after it takes
+        effect; the process then does what ``Participant.run`` does (withdraw; an interrupt after
+        its release stood returns the release)."""
+        q = self._running_proc(i)
+        if q is not None:
+            self.w.say(f"arm {kind} at {where} op {k} of {q.instance[:4]} (after effect: {after_effect})")
+            self.w.step(q, fault=(where, k, kind), after_effect=after_effect)
+
+    @rule(
+        h=st.integers(0, 7),
+        k=st.integers(0, 2),
+        which=st.sampled_from(["release", "release", "claim", "any"]),
+        ops=st.sampled_from([("create",), ("publish",), ("create", "publish")]),
+        after_effect=st.booleans(),
+        blind=st.sampled_from([0.0, 0.0, 5.0, GLUSTER_NEG]),
+    )
+    def io_error(self, h, k, which, ops, after_effect, blind):
+        """A node's k-th next link() (create) or rename() (publish) fails with EIO -- after taking effect on
+        the server, or before -- and the name may then read as absent there for a while (issue 21)."""
+        host = self._host(h)
+        if host is not None:
+            match = {"release": lambda n: n.endswith(RELEASE), "claim": _is_claim, "any": None}[which]
+            self.w.say(f"{host.node}: EIO on its {k}-th next {'/'.join(ops)} of {which} (took effect: {after_effect})")
+            host.store.arm_io_error(k, match, ops=ops, after_effect=after_effect, blind_for=blind)
 
     @rule(i=st.integers(0, 15), j=st.integers(0, 15), k=st.integers(0, 8))
     def preempt(self, i, j, k):
