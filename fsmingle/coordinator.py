@@ -283,18 +283,20 @@ class Coordinator:
             log.error("job %s: %s", p.job_id, msg)
             self._reject(conn, msg, fatal=True)
             return False
+        if m.get("job") != p.job_id or m.get("gen") != p.gen:
+            self._reject(conn, f"this master is job {p.job_id!r} generation {p.gen}")
+            return False
         rc = m.get("restart_count")
-        if isinstance(rc, int) and rc > p.restart_count and m.get("slurm_job_id") == p.slurm_job_id:
-            # We are the leftover of a run Slurm requeued away: give the place up.
+        if type(rc) is int and rc > p.restart_count and p.slurm_job_id and m.get("slurm_job_id") == p.slurm_job_id:
+            # We are the leftover of a run Slurm requeued away: give the place up.  Checked after
+            # the job and generation (a peer that proves nothing must not end a generation),
+            # and only inside a Slurm job (outside one, "" == "" proves nothing either).
             why = (
                 f"rank 0 on {p.me.hostname} belongs to an earlier run of this job "
                 f"(SLURM_RESTART_COUNT {p.restart_count} < {rc})"
             )
             self._reject(conn, why)
             self._end(why, write=True)
-            return False
-        if m.get("job") != p.job_id or m.get("gen") != p.gen:
-            self._reject(conn, f"this master is job {p.job_id!r} generation {p.gen}")
             return False
         return True
 
@@ -303,7 +305,8 @@ class Coordinator:
         if not self._agrees(conn, m):
             return
         self.askers.add(conn)
-        for r in m.get("taken", [])[:64]:
+        taken = m.get("taken")
+        for r in taken[:64] if isinstance(taken, list) else ():
             if isinstance(r, int) and not isinstance(r, bool) and 0 < r < self.p.size:
                 self.known_taken.add(r)
         self.asks.append(conn)  # answered after this step's listing, if one is due (step())

@@ -128,6 +128,8 @@ class Placement:
         Raises:
             ValueError: a field is missing or of the wrong type (a broken peer).
         """
+        if not isinstance(d, dict):
+            raise ValueError(f"placement is {type(d).__name__}, not an object")
         kw = {}
         for name, typ in (
             ("generation", int),

@@ -331,7 +331,8 @@ class Member:
                 if "hold_port" in m and "mesh_fail" not in ack:
                     # We become rank 0 of the world (--rank-order): hold the master port
                     # from now until exec, as rank 0 always does (close-on-exec).
-                    want = m.get("hold_port") if isinstance(m.get("hold_port"), int) else 0
+                    want = m.get("hold_port")
+                    want = want if type(want) is int and 0 <= want < 65536 else 0
                     try:
                         if p.hub is None:
                             p.hub = p.transport.listen(p.addr, want, 1)
@@ -418,7 +419,8 @@ class Member:
 
     def _on_status(self, m: dict) -> None:
         p = self.p
-        missing = [r for r in m.get("missing", []) if isinstance(r, int) and not isinstance(r, bool)]
+        raw = m.get("missing")
+        missing = [r for r in raw if type(r) is int and 0 < r < p.size] if isinstance(raw, list) else []
         nmissing = m.get("nmissing", len(missing))
         p.missing_hint = missing
         if isinstance(nmissing, int) and nmissing == len(missing):

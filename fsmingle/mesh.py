@@ -14,7 +14,9 @@ the generation is voided (no release on absence of evidence).
 from __future__ import annotations
 
 from .channel import Outcome, hostport
+from .errors import RecordError
 from .netaddr import interface_of
+from .records import validate_addr
 
 
 def mesh_probe(p, neighbours: list) -> str:
@@ -29,8 +31,12 @@ def mesh_probe(p, neighbours: list) -> str:
             rank, host, addr, port = entry
         except (TypeError, ValueError):
             return f"rank 0 sent a malformed neighbour entry {entry!r}"
-        if not isinstance(port, int):
+        if type(port) is not int or not 0 < port < 65536:
             return f"ring neighbour rank {rank} ({host}, {addr}) has no probe port: run every node with --check-mesh"
+        try:
+            addr = validate_addr(addr if isinstance(addr, str) else repr(addr))
+        except RecordError:
+            return f"rank 0 sent a malformed neighbour address {addr!r}"
         outcome, link, why = p.transport.connect(addr, port, p.timing.probe_timeout)
         if outcome is Outcome.CONNECTED:
             link.close()

@@ -223,6 +223,18 @@ def encode(record: Beacon | Claim | Release) -> bytes:
     return (json.dumps(d, sort_keys=True, separators=(",", ":")) + "\n").encode()
 
 
+def _seconds(v: int | float, what: str) -> float:
+    """A number of seconds as a finite float; an int past a float's range is a RecordError, not
+    the OverflowError ``float()`` raises (``10**400`` is valid JSON)."""
+    try:
+        f = float(v)
+    except OverflowError:
+        raise RecordError(f"{what} is out of range") from None
+    if f != f or f in (float("inf"), float("-inf")):
+        raise RecordError(f"{what} is not a finite number")
+    return f
+
+
 def _req(d: dict, key: str, typ: type | tuple, *, optional: bool = False) -> Any:
     if key not in d:
         raise RecordError(f"field {key!r} is missing")
@@ -244,7 +256,7 @@ def _hostid(d: Any) -> HostId:
         boot_id=_req(d, "boot_id", str)[:64],
         pidns=_req(d, "pidns", str)[:64],
         pid=_req(d, "pid", int),
-        pid_start=float(_req(d, "pid_start", (int, float))),
+        pid_start=_seconds(_req(d, "pid_start", (int, float)), "pid_start"),
     )
 
 
@@ -357,7 +369,7 @@ def decode(data: bytes, expect: type) -> Any:
         generation=_nonneg(_req(d, "generation", int), "generation"),
         mode=mode,
         size=size,
-        wall_time=float(_req(d, "wall_time", (int, float))),
+        wall_time=_seconds(_req(d, "wall_time", (int, float)), "wall_time"),
     )
     if expect is Beacon:
         rank = _req(d, "rank", int, optional=True)
@@ -425,7 +437,7 @@ def _members(raw: list, first: int) -> list[Member]:
                 instance=_instance(m.get("instance")),
                 addr=validate_addr(_req(m, "addr", str)),
                 host=_hostid(m.get("host")),
-                arrival=float(arrival),
+                arrival=_seconds(arrival, f"member {i}'s arrival"),
             )
         )
     return out

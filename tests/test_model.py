@@ -432,32 +432,31 @@ class World:
         except AssertionError:
             raise  # an invariant checked inside a store operation
         except BaseException as e:
-            # Participant.run's `except BaseException`: withdraw(); after an interrupt, a placement
-            # it finds there is returned (the release stands); any other exception is raised again.
+            # Participant.run's `except BaseException`: withdraw(); a placement it finds there is
+            # returned whatever the exception (the release stands: the commit window).
             store.disarm()
             self.net.disarm(q.instance)
             pl = None
             if p.state not in (State.DONE, State.FAILED) and not isinstance(e, RendezvousTimeoutError):
                 pl = p.withdraw(f"rank {p.rank} stopped ({e.__class__.__name__})")
-            if pl is not None and isinstance(e, KeyboardInterrupt):
+            if pl is not None:
                 q.interrupted = e
-                self.say(f"interrupted {q.instance[:4]} ({e}), but its release stood")
+                self.say(f"{e.__class__.__name__} in {q.instance[:4]} ({e}), but its release stood")
                 self._note_left(q, gen_before)
                 q.status, q.result = "done", pl
                 self.say(
                     f"released {q.instance[:4]} gen {pl.generation} rank {pl.rank} master "
-                    f"{pl.master_addr}:{pl.master_port} (interrupted)"
+                    f"{pl.master_addr}:{pl.master_port} (after {e.__class__.__name__})"
                 )
                 self._check_released(q, pl)
                 self.check()
                 return pl
             q.error = e
             self.say(f"exit {q.instance[:4]}: {e.__class__.__name__}: {e}")
-            if pl is not None:
-                # Released, but `fsmingle run` exits with this error: the others start with a
-                # member that is gone -- a death after the release, as far as they can tell.
-                self._check_released(q, pl)
-                self.released_with_error.append(q.instance)
+            if p.in_doubt:
+                # Could not read its decision after acknowledging (or attempting) the release: it
+                # did not withdraw (exit 143, or the error) -- to the others, a death in the window.
+                self.say(f"{q.instance[:4]} exits in doubt about generation {p.gen}")
                 self._die(q, "crashed")
                 self._check_exception(q, e, prev_step)
                 return None
