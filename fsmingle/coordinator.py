@@ -27,8 +27,8 @@ import logging
 
 from .channel import WIRE_VERSION, EventKind, hostport
 from .decision import Action, CoordinatorView, decide, order_members, placements
-from .errors import RecordError
-from .layout import RELEASE, claimed_ranks, gen_name, master_name, member_chunk_name, ranges, release_name
+from .errors import FsmingleError, RecordError
+from .layout import GEN_RE, RELEASE, claimed_ranks, gen_name, master_name, member_chunk_name, ranges, release_name
 from .liveness import Verdict
 from .mesh import mesh_probe
 from .records import Member, Release, encode, encode_release, encode_vouch, hostid_from_dict, instance_id, validate_addr
@@ -95,6 +95,9 @@ class Coordinator:
         self.status_dirty = True
         self.published = False  # the endpoint in master/ (retried by step() after an ENOENT)
         self.next_endpoint = now
+        # Housekeeping of generations (_housekeeping): one cleaning, a periodic look for newer ones.
+        self.cleaned = False
+        self.next_superseded_check = now + p.timing.stale_after
         p.set_present(RankSet(p.size, range(1, p.size)))
 
     # -------------------------------------------------------------- loop plumbing
@@ -138,6 +141,8 @@ class Coordinator:
                 self._on_message(ev.conn, ev.msg, now)
         if p.role is not self:
             return None  # a fatal reject ended this generation
+        if self._housekeeping(now):
+            return None
         self._verify_pending(now)  # most hellos: one direct read of the claim, no listing
         # A hello whose first direct read found nothing is verified only by a listing that shows
         # its claim: list again scan_gap after the last listing (within the list floor), however
@@ -183,6 +188,48 @@ class Coordinator:
         elif action is Action.VOID:
             self._end(why, write=True)
         return None
+
+    # -------------------------------------------------------------- housekeeping (generations)
+    def _housekeeping(self, now: float) -> bool:
+        """Clean old generations once, and leave this one if a newer exists; True if it ended.
+
+        Never while preparing or committing (the release's critical path).  Rank 0 is one
+        process per generation, and every generation that releases or voids had one, so the
+        cleaner runs once per generation (``cleanup.retire_decided_below``: a bounded batch, never
+        this generation nor the previous one), where a joiner's ``mkdir`` hardly ever creates a
+        generation (the decider of the one before made it ahead, ``Participant.prepare_next``).
+        """
+        p = self.p
+        if self.preparing_since is not None:
+            return False
+        if not self.cleaned:
+            self.cleaned = True
+            if p.cleaner is not None:
+                try:
+                    p.cleaner(p.gen)
+                except (OSError, FsmingleError) as e:  # a courtesy: never fail a rendezvous over it
+                    log.warning("could not clean old generations: %s", e)
+        if now >= self.next_superseded_check:
+            return self._leave_if_superseded(now)
+        return False
+
+    def _leave_if_superseded(self, now: float) -> bool:
+        """Every ``stale_after``: a newer generation means this one was re-created from a stale
+        listing after it had been retired (``Joining._newer_than`` missed it: a listing still
+        stale after our own mkdir).  A generation above ours is made only once ours is decided,
+        so the world is waiting there: void ours (we hold rank 0 of it) and join the newest.
+        One listing of the job directory (a few names) per ``stale_after`` per generation."""
+        p = self.p
+        self.next_superseded_check = now + p.timing.stale_after
+        newest = max((int(m.group(1)) for m in map(GEN_RE.match, p.store.listdir("")) if m), default=0)
+        if newest <= p.gen:
+            return False
+        self._end(
+            f"generation {newest} exists, so this one ({p.gen}) was re-created from a stale listing after it "
+            "had been retired; joining the newest",
+            write=True,
+        )
+        return True
 
     # -------------------------------------------------------------- events
     def _on_lost(self, conn: int, why: str) -> None:
