@@ -58,6 +58,7 @@ from fsmingle.errors import (
     RendezvousTimeoutError,
     WorldSizeMismatchError,
 )
+from fsmingle.joining import RETIRED_NUMBER
 from fsmingle.layout import (
     GEN_RE,
     RELEASE,
@@ -66,7 +67,6 @@ from fsmingle.layout import (
     master_dir,
     release_name,
 )
-from fsmingle.joining import RETIRED_NUMBER
 from fsmingle.protocol import Participant, State, Timing
 from fsmingle.records import Claim, HostId, Release, decode, encode
 from fsmingle.store import PosixStore, Store
