@@ -28,7 +28,7 @@ import logging
 from .channel import WIRE_VERSION, EventKind, hostport
 from .decision import Action, CoordinatorView, decide, order_members, placements
 from .errors import FsmingleError, RecordError
-from .layout import GEN_RE, RELEASE, claimed_ranks, gen_name, master_name, member_chunk_name, ranges, release_name
+from .layout import RELEASE, claimed_ranks, gen_name, master_name, member_chunk_name, ranges, release_name
 from .liveness import Verdict
 from .mesh import mesh_probe
 from .records import Member, Release, encode, encode_release, encode_vouch, hostid_from_dict, instance_id, validate_addr
@@ -214,19 +214,31 @@ class Coordinator:
         return False
 
     def _leave_if_superseded(self, now: float) -> bool:
-        """Every ``stale_after``: a newer generation means this one was re-created from a stale
-        listing after it had been retired (``Joining._newer_than`` missed it: a listing still
-        stale after our own mkdir).  A generation above ours is made only once ours is decided,
-        so the world is waiting there: void ours (we hold rank 0 of it) and join the newest.
-        One listing of the job directory (a few names) per ``stale_after`` per generation."""
+        """Every ``stale_after``: leave this generation if the world is waiting in a newer one.
+
+        That happens when this generation was re-created from a stale listing after it had been
+        retired, and the listing its creator made after its ``mkdir`` was still stale
+        (``Joining._newer_than``).  Evidence that the world is elsewhere: two generations above
+        ours (the one above ours is made before ours is decided only by a voider of ours --
+        ``Participant.prepare_next`` -- so a second one above means that one was decided), or an
+        endpoint in the newest one's ``master/``.  A single empty generation above ours proves
+        nothing: a member that crashed between ``prepare_next`` and its void leaves one.  Then
+        void ours (we hold rank 0 of it) and join the newest.  Costs one listing of the job
+        directory (a few names) per ``stale_after`` per generation, and one of ``master/`` only
+        while a newer generation exists.
+        """
+        from .layout import BEACON_RE, GEN_RE, master_dir  # here: keeps this housekeeping apart
+
         p = self.p
         self.next_superseded_check = now + p.timing.stale_after
-        newest = max((int(m.group(1)) for m in map(GEN_RE.match, p.store.listdir("")) if m), default=0)
-        if newest <= p.gen:
+        above = sorted(g for g in (int(m.group(1)) for m in map(GEN_RE.match, p.store.listdir(""))) if g > p.gen)
+        if not above:
+            return False
+        if len(above) < 2 and not any(map(BEACON_RE.match, p.store.listdir(master_dir(above[-1])))):
             return False
         self._end(
-            f"generation {newest} exists, so this one ({p.gen}) was re-created from a stale listing after it "
-            "had been retired; joining the newest",
+            f"generation {above[-1]} exists and is in use, so this one ({p.gen}) was re-created from a stale "
+            "listing after it had been retired; joining the newest",
             write=True,
         )
         return True
