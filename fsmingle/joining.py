@@ -242,10 +242,13 @@ class Joining:
         now = self.clock.monotonic()
         if self._busy_since is None or self._busy_gen != self.gen:
             self._busy_since, self._busy_gen = now, self.gen
+            # A warning at once -- unless the holder is an fsmingle peer of this host, which
+            # is taking rank 0 with it (rank mode: several processes per host share --port).
+            peer = "fsmingle" in str(e).rsplit("(held by", 1)[-1]
             self.set_note(
                 f"{e}; this node cannot be rank 0 (the master) of generation {self.gen}: waiting up to "
                 f"{self.timing.stale_after:g} s (--stale-after) for another node to take rank 0",
-                logging.WARNING,
+                logging.INFO if peer else logging.WARNING,
             )
             return
         if now - self._busy_since < self.timing.stale_after:
