@@ -174,13 +174,42 @@ def clean_job(
     return out
 
 
+# Generations one cleaner call retires at most: a crash loop adds one generation per restart and
+# each generation's rank 0 cleans once, so a job directory holds a bounded number (g - 1, g and
+# the next one made ahead) after any number of restarts, and no call is long.
+CLEAN_PER_CALL = 4
+
+
+def retire_decided_below(store: Store, g: int, limit: int = CLEAN_PER_CALL) -> list[int]:
+    """Retire up to ``limit`` decided generations below ``g - 1``, oldest first; no lock.
+
+    ``g`` (the caller's, being joined) and ``g - 1`` (the previous one: a participant slow to
+    read its release still finds it) are never touched, nor is any undecided generation
+    (``fsmingle clean`` judges those by their participants' liveness).  At most ``2 * limit``
+    decision lookups per call.
+
+    Returns:
+        list[int]: the generations retired.
+    """
+    if g <= 2:
+        return []
+    out: list[int] = []
+    old = [x for x in generations(store) if x < g - 1]
+    for x in old[: 2 * limit]:
+        if len(out) >= limit:
+            break
+        if store.read(release_name(x)) is not None and store.retire(gen_name(x)):
+            out.append(x)
+    return out
+
+
 def locked_cleaner(store: PosixStore, lease_duration: float = 30.0):
     """A ``cleaner(g)`` callback for :class:`fsmingle.protocol.Participant`.
 
-    When a participant creates generation ``g``, it retires decided
-    generations below ``g - 1`` (keeping the newest decided one) under a
-    non-blocking ``SoftFileLease``; if another process holds the lease it
-    simply skips.
+    Rank 0 of generation ``g`` calls it once (``Coordinator``, not in the commit path): it
+    retires up to ``CLEAN_PER_CALL`` decided generations below ``g - 1``
+    (:func:`retire_decided_below`) under a non-blocking ``SoftFileLease``; if another process
+    holds the lease it simply skips.
     """
 
     def cleaner(g: int) -> None:
@@ -192,10 +221,9 @@ def locked_cleaner(store: PosixStore, lease_duration: float = 30.0):
         except filelock.Timeout:
             return
         try:
-            old = [x for x in generations(store) if x < g - 1]
-            for x in old:
-                if store.read(release_name(x)) is not None:
-                    store.retire(gen_name(x))
+            gone = retire_decided_below(store, g)
+            if gone:
+                log.debug("retired decided generation(s) %s", gone)
         finally:
             lease.release()
 

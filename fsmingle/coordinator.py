@@ -27,7 +27,7 @@ import logging
 
 from .channel import WIRE_VERSION, EventKind, encode_parts, hostport
 from .decision import Action, CoordinatorView, decide, order_members, placements
-from .errors import RecordError
+from .errors import FsmingleError, RecordError
 from .layout import RELEASE, claimed_ranks, gen_name, master_name, member_chunk_name, ranges, release_name
 from .liveness import Verdict
 from .mesh import mesh_probe
@@ -106,6 +106,9 @@ class Coordinator:
         self.status_dirty = True
         self.published = False  # the endpoint in master/ (retried by step() after an ENOENT)
         self.next_endpoint = now
+        # Housekeeping of generations (_housekeeping): one cleaning, a periodic look for newer ones.
+        self.cleaned = False
+        self.next_superseded_check = now + p.timing.stale_after
         p.set_present(RankSet(p.size, range(1, p.size)))
 
     # -------------------------------------------------------------- loop plumbing
@@ -172,6 +175,8 @@ class Coordinator:
                 self._on_message(ev.conn, ev.msg, now)
         if p.role is not self:
             return None  # a fatal reject ended this generation
+        if self._housekeeping(now):
+            return None
         self._verify_pending(now)  # most hellos: one direct read of the claim, no listing
         # A hello whose first direct read found nothing is verified only by a listing that shows
         # its claim: list again scan_gap after the last listing (within the list floor), however
@@ -217,6 +222,60 @@ class Coordinator:
         elif action is Action.VOID:
             self._end(why, write=True)
         return None
+
+    # -------------------------------------------------------------- housekeeping (generations)
+    def _housekeeping(self, now: float) -> bool:
+        """Clean old generations once, and leave this one if a newer exists; True if it ended.
+
+        Never while preparing or committing (the release's critical path).  Rank 0 is one
+        process per generation, and every generation that releases or voids had one, so the
+        cleaner runs once per generation (``cleanup.retire_decided_below``: a bounded batch, never
+        this generation nor the previous one), where a joiner's ``mkdir`` hardly ever creates a
+        generation (the decider of the one before made it ahead, ``Participant.prepare_next``).
+        """
+        p = self.p
+        if self.preparing_since is not None:
+            return False
+        if not self.cleaned:
+            self.cleaned = True
+            if p.cleaner is not None:
+                try:
+                    p.cleaner(p.gen)
+                except (OSError, FsmingleError) as e:  # a courtesy: never fail a rendezvous over it
+                    log.warning("could not clean old generations: %s", e)
+        if now >= self.next_superseded_check:
+            return self._leave_if_superseded(now)
+        return False
+
+    def _leave_if_superseded(self, now: float) -> bool:
+        """Every ``stale_after``: leave this generation if the world is waiting in a newer one.
+
+        That happens when this generation was re-created from a stale listing after it had been
+        retired, and the listing its creator made after its ``mkdir`` was still stale
+        (``Joining._newer_than``).  Evidence that the world is elsewhere: two generations above
+        ours (the one above ours is made before ours is decided only by a voider of ours --
+        ``Participant.prepare_next`` -- so a second one above means that one was decided), or an
+        endpoint in the newest one's ``master/``.  A single empty generation above ours proves
+        nothing: a member that crashed between ``prepare_next`` and its void leaves one.  Then
+        void ours (we hold rank 0 of it) and join the newest.  Costs one listing of the job
+        directory (a few names) per ``stale_after`` per generation, and one of ``master/`` only
+        while a newer generation exists.
+        """
+        from .layout import BEACON_RE, GEN_RE, master_dir  # here: keeps this housekeeping apart
+
+        p = self.p
+        self.next_superseded_check = now + p.timing.stale_after
+        above = sorted(g for g in (int(m.group(1)) for m in map(GEN_RE.match, p.store.listdir(""))) if g > p.gen)
+        if not above:
+            return False
+        if len(above) < 2 and not any(map(BEACON_RE.match, p.store.listdir(master_dir(above[-1])))):
+            return False
+        self._end(
+            f"generation {above[-1]} exists and is in use, so this one ({p.gen}) was re-created from a stale "
+            "listing after it had been retired; joining the newest",
+            write=True,
+        )
+        return True
 
     # -------------------------------------------------------------- events
     def _on_lost(self, conn: int, why: str) -> None:

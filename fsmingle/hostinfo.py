@@ -57,3 +57,34 @@ def local_process_alive(me: HostId, other: HostId) -> bool | None:
         return False
     except psutil.Error:
         return None
+
+
+def port_holder(port: int) -> str:
+    """Who listens on TCP ``port`` on this host, for an error message: ``"pid 123 (python -m x)"``.
+
+    ``psutil.net_connections`` reads ``/proc/net/tcp*`` and maps sockets to pids through
+    ``/proc/<pid>/fd``: another user's process shows without its pid unless we are root, and
+    some platforms refuse the call altogether (``AccessDenied``).  Whatever cannot be told is
+    said so; this never raises.
+    """
+    try:
+        conns = psutil.net_connections(kind="tcp")
+    except (psutil.Error, OSError) as e:
+        return f"psutil cannot list this host's sockets ({e.__class__.__name__})"
+    pids = sorted(
+        {c.pid for c in conns if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port},
+        key=lambda p: (p is None, p or 0),
+    )
+    if not pids:
+        return "psutil sees no listener (a socket in TIME_WAIT or bound but not listening, or another namespace)"
+    out = []
+    for pid in pids[:3]:
+        if pid is None:
+            out.append("a process of another user (run as root to see which)")
+            continue
+        try:
+            cmd = " ".join(" ".join(psutil.Process(pid).cmdline()).split())[:200]
+        except psutil.Error:
+            cmd = ""
+        out.append(f"pid {pid}" + (f" ({cmd})" if cmd else ""))
+    return ", ".join(out)

@@ -14,19 +14,25 @@ import hashlib
 import logging
 
 from .decision import Placement
-from .errors import ConfigError, CorruptStateError, FsmingleError
-from .layout import BEACON_RE, GEN_RE, MAX_GENERATION, claim_name, claimed_ranks, gen_name, master_dir
+from .errors import ConfigError, CorruptStateError
+from .hostinfo import port_holder
+from .layout import BEACON_RE, GEN_RE, MAX_GENERATION, claim_name, claimed_ranks, gen_name, master_dir, release_name
 from .records import Claim, Release, encode
 from .states import State
 
 log = logging.getLogger("fsmingle")
 
 SPREAD_ABOVE = 32  # world size above which a joiner with no rank 0 yet guesses by hash, not rank 0 (and free ranks above which a listing claimer spreads by hash)
+# The reason a retired generation number re-created from a stale listing is marked decided with.
+RETIRED_NUMBER = "retired generation number re-created from a stale listing"
 BLIND_GUESSES = 1  # hash-drawn claims a joiner of a big world tries before rank 0 exists (small worlds: rank 0, once)
 
 
 class Joining:
     """JOIN: pick the generation, publish the beacon, claim a rank (see the module doc)."""
+
+    _busy_since: float | None = None  # when this joiner first met --port busy (claim_one, _port_busy)
+    _busy_gen: int | None = None  # in which generation
 
     def _step_join(self) -> Placement | None:
         names = self.store.listdir("")
@@ -46,6 +52,17 @@ class Joining:
             created = self.store.mkdir(gen_name(g))
             self.store.mkdir(master_dir(g))
             rel = self.read_release(g)
+            if rel is None and created:
+                newer = self._newer_than(g)
+                if newer is not None:
+                    # Our listing was stale and g had been retired: its name was free, and
+                    # we just made an empty old generation while the world waits in a newer
+                    # one.  Mark it retired (nobody can join it) and go to the newest.
+                    self._mark_retired_number(g, newer)
+                    self.left = max(self.left, g)
+                    gens.append(newer)
+                    g = newer
+                    continue
             if rel is None:
                 break
             self._note_released(g, rel)
@@ -58,17 +75,60 @@ class Joining:
         self.rank0_by_creator = not created and g not in gens
         self._reset_gen_state()
         self.rank = None
-        if created and self.cleaner is not None:
-            try:
-                self.cleaner(g)
-            except FsmingleError as e:  # cleaning is a courtesy; never fail a join over it
-                log.warning("could not clean old generations: %s", e)
         # No beacon yet: the first one is written once the rank is known (hold()), so a
         # joiner writes it once, not twice (4 metadata operations per participant).  Until
         # then nobody judges us: a claim whose holder's beacon is not visible yet counts as
         # unreadable, which proves nothing for stale_after (fsmingle.liveness).
         self._enoent_since = None
         return self._claim(created)  # which reports progress (hold(), or a note): after the first write
+
+    def _newer_than(self, g: int) -> int | None:
+        """The newest generation above ``g`` in a fresh listing of the job directory, or None.
+
+        Asked only by the joiner whose ``mkdir`` just created ``g`` (one per generation, so one
+        listing of a few names per generation, whatever N).  That listing is fresh: a client's
+        own create in a directory changes the directory, and the Linux NFS client drops its
+        cached listing when it sees its own change (the post-operation attributes of the
+        directory, "weak cache consistency", carry the new change attribute; ``nfs(5)``:
+        "the client drops all cached LOOKUP results" on a directory change; in the kernel,
+        ``nfs_wcc_update_inode`` marks a directory's data invalid); FUSE does the same for its
+        kernel cache (``fuse_dir_changed``).  Should a cache still answer stale, rank 0 of the
+        re-created generation leaves it later (``Coordinator._leave_if_superseded``).
+        """
+        gens = [int(m.group(1)) for m in map(GEN_RE.match, self.store.listdir("")) if m]
+        newest = max(gens, default=0)
+        return newest if newest > g else None
+
+    def _mark_retired_number(self, g: int, newer: int) -> None:
+        """Mark generation ``g``, re-created from a stale listing, as decided: nobody joins it again.
+
+        Not a void: nobody holds a rank in ``g`` (we made it a moment ago, and no release of it
+        can still be wanted: its old decision was retired), so this is no rank holder's
+        decision.  An exclusive create, as every decision: should a stale joiner have claimed
+        rank 0 in it meanwhile, it reads this record in its next scan and moves on too.
+        """
+        rel = Release(
+            job_id=self.job_id,
+            generation=g,
+            state="restart",
+            mode=self.mode,
+            size=self.size,
+            master_addr=None,
+            master_port=None,
+            members=(),
+            writer=self.instance,
+            reason=f"{RETIRED_NUMBER}; generation {newer} exists",
+            wall_time=self.clock.time(),
+        )
+        made = self.store.create(release_name(g), encode(rel))
+        log.info(
+            "job %s: generation %d had been retired and this node's stale listing re-created it; %s; "
+            "joining generation %d",
+            self.job_id,
+            g,
+            "marked it retired" if made else "someone else decided it already",
+            newer,
+        )
 
     def _note_released(self, g: int, rel) -> None:
         if isinstance(rel, Release) and rel.state == "released":
@@ -79,7 +139,18 @@ class Joining:
 
     def _ensure_hub(self) -> None:
         if self.hub is None:
-            self.hub = self.transport.listen(self.addr, self.master_port_wanted or 0, self.size)
+            try:
+                self.hub = self.transport.listen(self.addr, self.master_port_wanted or 0, self.size)
+            except ConfigError as e:
+                if not self.master_port_wanted or "already in use" not in str(e):
+                    raise
+                # Name what holds the port (a previous run's torch master, most often).
+                raise ConfigError(f"{e} (held by {self._port_holder(self.master_port_wanted)})") from None
+
+    def _port_holder(self, port: int) -> str:
+        """Who holds ``port`` on this host (psutil; the model's transport answers for its fake hosts)."""
+        ask = getattr(self.transport, "port_holder", None) or port_holder
+        return ask(port)
 
     def _claim(self, created: bool) -> Placement | None:
         if self.want_rank is not None:
@@ -135,15 +206,21 @@ class Joining:
         return None
 
     def claim_one(self, r: int) -> bool:
-        """Try to claim rank ``r`` first-come; rank 0 opens the master port first."""
+        """Try to claim rank ``r`` first-come; rank 0 opens the master port first.
+
+        Raises:
+            ConfigError: ``--port`` has been busy on this host for ``stale_after`` seconds and no
+                rank 0 appeared in that time (``_port_busy``).
+        """
         if r == 0:
             try:
                 self._ensure_hub()
-            except ConfigError:
-                # --port busy on this host: most likely a first-come peer on
-                # this node is about to take rank 0 with it; try another rank.
+            except ConfigError as e:
+                # --port busy on this host: a first-come peer on this node may be about to
+                # take rank 0 with it, or another host with a free port may; try another rank.
                 if self.size == 1:
                     raise
+                self._port_busy(e)
                 return False
         if self.try_claim(r):
             return True
@@ -151,6 +228,40 @@ class Joining:
             self.hub.close()
             self.hub = None
         return False
+
+    def _port_busy(self, e: ConfigError) -> None:
+        """``--port`` is busy here: say so at once; fail once no rank 0 appeared for ``stale_after``.
+
+        A first-come world needs somebody whose port is free.  If nobody took rank 0 within
+        ``stale_after`` of our first meeting the busy port (a bounded grace: a peer of this host
+        or another host may take rank 0 meanwhile; then this joiner is asked no more), the port
+        is what keeps the world from forming: exit 3 naming the port and its holder, rather
+        than a timeout that blames a master that "never published its endpoint".  A joiner
+        that fails here holds no rank: it just exits.
+        """
+        now = self.clock.monotonic()
+        if self._busy_since is None or self._busy_gen != self.gen:
+            self._busy_since, self._busy_gen = now, self.gen
+            # A warning at once -- unless the holder is an fsmingle peer of this host, which
+            # is taking rank 0 with it (rank mode: several processes per host share --port).
+            peer = "fsmingle" in str(e).rsplit("(held by", 1)[-1]
+            self.set_note(
+                f"{e}; this node cannot be rank 0 (the master) of generation {self.gen}: waiting up to "
+                f"{self.timing.stale_after:g} s (--stale-after) for another node to take rank 0",
+                logging.INFO if peer else logging.WARNING,
+            )
+            return
+        if now - self._busy_since < self.timing.stale_after:
+            return
+        # Before failing, one direct read: has somebody claimed rank 0 whose endpoint we have
+        # not seen yet (a lagging listing of master/)?  Then wait for it after all.
+        if self.read_claim(0) is not None:
+            return
+        raise ConfigError(
+            f"{e}; no other node took rank 0 (the master) of generation {self.gen} within "
+            f"{self.timing.stale_after:g} s (--stale-after), so the job cannot start: free port "
+            f"{self.master_port_wanted} on the hosts (a previous run's master?) or pass another --port"
+        )
 
     def try_claim(self, r: int) -> bool:
         if self.store.create(claim_name(self.gen, r), encode(Claim(r, self.instance))):

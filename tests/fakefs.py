@@ -266,6 +266,14 @@ class FakeStore(Store):
         self._io_exc: Callable[[str], BaseException] | None = None
         self.io_errors: list[tuple[str, str, bool]] = []  # (op, name, took effect)
         self.io_raised: list[BaseException] = []  # the exceptions raised (the test's oracles know them)
+        # directory -> fake time this view's own mkdir created it: a new directory (a new inode on a
+        # real server) has no cached history, so nothing below it is read from before then -- not
+        # even what an earlier directory of the same name held (retired, then re-created).
+        self.born: dict[str, float] = {}
+        # A client's own mkdir refreshes its listing of the parent (Linux NFS: the directory's
+        # post-operation attributes show the change and its cached listing is dropped).  False: a
+        # cache that stays stale even then (tests of the fallback that does not rely on it).
+        self.mkdir_refreshes_listing = True
 
     @property
     def lag(self) -> float:
@@ -424,7 +432,7 @@ class FakeStore(Store):
             self._remember_absent(name)
         h = fs.hist(name)
         last = len(h) - 1
-        idx = _index_at(h, fs.now - self._lag)
+        idx = _index_at(h, max(fs.now - self._lag, self.born.get(parent(name), NEVER)))
         seen = self.seen.get(name)
         if seen is not None and seen > idx:
             idx = seen
@@ -515,7 +523,12 @@ class FakeStore(Store):
         made = self.fs.mkdir_truth(name, self.node)
         if made:
             self._forget_absent(name)
-        self.listed[parent(name)] = self.fs.now
+            self.born[name] = self.listed[name] = self.fs.now
+            below = name + "/"
+            for n in [n for n in self.seen if n.startswith(below)]:
+                del self.seen[n]
+        if self.mkdir_refreshes_listing:
+            self.listed[parent(name)] = self.fs.now
         if crash:
             raise self._death(f"{self.node} died after mkdir {name}")
         return made

@@ -269,6 +269,11 @@ class FakeTransport(Transport):
         net.endpoints.setdefault(self.owner, []).append(hub)
         return hub
 
+    def port_holder(self, port: int) -> str:
+        """What holds ``port`` on this host, as :func:`fsmingle.hostinfo.port_holder` says it."""
+        hub = self.net.hubs.get((self.host, port))
+        return "nothing (it was freed since)" if hub is None else f"fake process {hub.owner[:4]} (fsmingle)"
+
     def connect(self, addr: str, port: int, timeout: float):
         net = self.net
         target = net.addr_host.get(addr)

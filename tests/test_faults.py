@@ -23,6 +23,7 @@ from helpers import (
     assert_one_world,
     beacon_of,
     claim_of,
+    free_port,
     gen_dir,
     have,
     make_gen_dir,
@@ -584,3 +585,60 @@ def test_signal_while_waiting_exits_130_and_others_regroup(procs, d, sig):
     res = results([r0] + late, timeout=40)
     assert time.monotonic() - t0 < 40  # far below --stale-after (60 s): nobody waited for the leaver's heartbeat
     assert_one_world(res, 3, generation=2)
+
+
+# ------------------------------------------------------------------ (11) issue 21: busy --port, crash loops
+
+
+def _hold_port(procs, port: int):
+    """Another program listening on ``port`` on every address (a previous run's torch master)."""
+    code = (
+        "import socket, sys, time; s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); "
+        f"s.bind(('', {port})); s.listen(); print('ready', flush=True); time.sleep(120)"
+    )
+    holder = procs.spawn([sys.executable, "-c", code], name="holder")
+    wait_for(lambda: "ready" in holder.stdout(), 10, "the port holder to listen")
+    return holder
+
+
+def test_busy_port_is_named_with_its_holder_within_stale_after(procs, d):
+    # Issue 21 row 6: --port busy on every host (here: this one).  Before, nobody took rank 0 and
+    # both nodes timed out (exit 7) saying the master "never published its endpoint".
+    port = free_port()
+    holder = _hold_port(procs, port)
+    nodes = [
+        procs.env(d, JOB, "--nnodes", 2, "--port", port, timeout=60, stale_after=2, name=f"n{i}") for i in range(2)
+    ]
+    for p in nodes:
+        rc = p.wait(20)
+        err = p.stderr()
+        assert rc == 3, f"{p.name} exited {rc}:\n{err[-3000:]}"
+        assert f"--port {port} is already in use" in err and f"pid {holder.pid}" in err, err[-3000:]
+        assert "no other node took rank 0" in err and "never published" not in err, err[-3000:]
+        assert p.elapsed < 15, p.elapsed
+    # the warning came at once, before the failure
+    err = nodes[0].stderr()
+    assert "this node cannot be rank 0" in err.split("fsmingle: error:")[0], err
+    # an explicit rank 0 with that --port fails at once, naming the holder too
+    r0 = procs.env(d, JOB, "--nnodes", 2, "--node-rank", 0, "--port", port, timeout=60, stale_after=2, name="r0")
+    assert r0.wait(15) == 3, r0.stderr()
+    assert f"pid {holder.pid}" in r0.stderr() and r0.elapsed < 10, r0.stderr()
+
+
+def test_crash_loop_leaves_a_bounded_number_of_generations(procs, d):
+    # Issue 21 row 8: a member killed 7 times after claiming its rank voids 7 generations.  Before,
+    # every generation stayed on disk (the next one was always made ahead, so no joiner's mkdir
+    # ran the cleaner); now each generation's rank 0 retires decided ones below the previous.
+    opts = dict(timeout=90, stale_after=3)  # node rank 3 comes last: no world completes in the loop
+    stay = [procs.env(d, JOB, "--nnodes", 4, "--node-rank", r, name=f"r{r}", **opts) for r in (0, 1)]
+    for g in range(1, 8):
+        victim = procs.env(d, JOB, "--nnodes", 4, "--node-rank", 2, name=f"victim{g}", **opts)
+        wait_claimed(d, JOB, g, [0, 1, 2], procs=[*stay, victim], timeout=30)
+        time.sleep(0.5)  # connected to rank 0
+        victim.signal(signal.SIGKILL)
+        victim.wait(5)
+        wait_for(lambda g=g: release_of(d, JOB, g), 15, f"generation {g} to be voided")
+    last = [procs.env(d, JOB, "--nnodes", 4, "--node-rank", r, name=f"last{r}", **opts) for r in (2, 3)]
+    res = results([*stay, *last], timeout=40)
+    assert_one_world(res, 4, generation=8)
+    assert _gen_names(d) == ["gen-00000007", "gen-00000008", "gen-00000009"], _gen_names(d)

@@ -50,6 +50,7 @@ from hypothesis import HealthCheck, event, note, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
+from fsmingle.cleanup import retire_decided_below
 from fsmingle.decision import Placement, placements
 from fsmingle.errors import (
     ConfigError,
@@ -59,6 +60,7 @@ from fsmingle.errors import (
     StorageError,
     WorldSizeMismatchError,
 )
+from fsmingle.joining import RETIRED_NUMBER
 from fsmingle.layout import (
     GEN_RE,
     RELEASE,
@@ -192,6 +194,8 @@ class World:
         self.releases: dict[int, Release] = {}  # generation -> authentic "released" decision (from the events)
         self.release_time: dict[int, float] = {}
         self.decided: dict[int, Release] = {}  # generation -> any authentic decision
+        self.retired: dict[int, float] = {}  # generation -> when its directory was last retired
+        self.release_time_any: dict[int, float] = {}  # generation -> when its last decision was created
         self.left: dict[str, set[int]] = {}  # instance -> generations it left (rejoined elsewhere, or exited)
         self.corrupted: set[str] = set()  # names a hostile writer replaced
         self.intruders = 0
@@ -295,12 +299,7 @@ class World:
     def _cleaner_for(self, store: Store):
         # fsmingle.cleanup.locked_cleaner without the lease (one process acts at a time here)
         def cleaner(g: int) -> None:
-            if g <= 2:
-                return
-            gens = sorted(int(m.group(1)) for m in map(GEN_RE.match, store.listdir("")) if m)
-            for x in gens:
-                if x < g - 1 and store.read(release_name(x)) is not None:
-                    store.retire(gen_name(x))
+            retire_decided_below(store, g)
 
         return cleaner
 
@@ -529,13 +528,23 @@ class World:
             raise AssertionError(f"oracle failed on {ev}: {e!r}") from e
 
     def _check_event(self, ev) -> None:
+        if ev.ok and ev.op == "retire" and GEN_RE.match(ev.name):
+            self.retired[int(GEN_RE.match(ev.name).group(1))] = ev.t
         if not ev.ok or fakefs.basename(ev.name) != RELEASE or ev.op not in ("create", "publish"):
             return
         assert ev.op == "create", f"a release was replaced: {ev}"
         rel = decode(ev.data, Release)  # only the protocol writes through create, and always a whole record
         g = rel.generation
         assert ev.name == release_name(g), f"{ev.name} holds generation {g}"
+        if g in self.decided and self.retired.get(g, -1) >= self.release_time_any.get(g, 0):
+            # The number of a retired generation, re-created from a stale listing: only ever marked
+            # decided again as a restart (generation names are never reused for a release).
+            assert rel.state == "restart", f"generation {g} was retired, re-created and released: {rel.reason}"
+            self.say(f"re-created generation {g} marked: {rel.reason}")
+            self.release_time_any[g] = ev.t
+            return
         assert g not in self.decided, f"generation {g} decided twice"
+        self.release_time_any[g] = ev.t
         self.decided[g] = rel
         self.say(f"decision gen {g}: {rel.state} by {rel.writer[:4]} {rel.reason}")
         if rel.state != "released":
@@ -661,6 +670,16 @@ class World:
             and (self.intruders or (None in self.ranks and 0 in self.ranks))
         ):
             return  # an explicit --port rank 0 next to first-come processes of the same host
+        if isinstance(e, ConfigError) and "no other node took rank 0" in str(e):
+            # A first-come joiner met --port busy on its host and saw no rank 0 for stale_after
+            # (docs/protocol.md, "A busy --port"): the port is held by another process of its host.
+            assert p.want_rank is None and self.master_port is not None, f"busy-port failure without --port: {e}"
+            hub = self.net.hubs.get((q.host.key, self.master_port))
+            assert hub is not None and not hub.closed and hub.owner != q.instance, f"the port is not busy: {e}"
+            assert f"--port {self.master_port}" in str(e) and f"held by fake process {hub.owner[:4]}" in str(e), e
+            waited = q.host.clock.monotonic() - p._busy_since
+            assert p.rank is None and waited >= p.timing.stale_after, f"failed after {waited:.1f} s holding {p.rank}"
+            return
         raise AssertionError(f"unexpected {e.__class__.__name__} from {q.instance}: {e}") from e
 
     def check(self) -> None:
@@ -1687,3 +1706,138 @@ def test_connected_members_with_rare_heartbeats_live_by_rank0s_vouch(monkeypatch
     assert w.releases.get(1) is not None
     assert intruder.status == "exited" and isinstance(intruder.error, RankConflictError), intruder.error
     assert "released" in str(intruder.error)
+
+
+# ---------------------------------------------------------------------------------------------
+# Issue 21: generation numbers are never reused, voided generations are cleaned, a busy --port.
+
+ADMIN_INSTANCE = "feedfacefeedface"
+
+
+def _restart(g: int) -> bytes:
+    return encode(
+        Release(
+            job_id=JOB,
+            generation=g,
+            state="restart",
+            mode="node",
+            size=2,
+            master_addr=None,
+            master_port=None,
+            members=(),
+            writer=ADMIN_INSTANCE,
+            reason="test history",
+            wall_time=0.0,
+        )
+    )
+
+
+def _history_with_retired_generations(w: World) -> None:
+    """Generations 1-3 made (3 the newest, undecided); 10 s later 3 and 4 voided (5 made ahead); 2 s
+    later 1-3 retired (``fsmingle clean``, or a cleaner keeping the newest decided one, 4)."""
+    admin = w.fs.view("admin")
+    for g in (1, 2, 3):
+        admin.mkdir(gen_name(g))
+        admin.mkdir(master_dir(g))
+        if g < 3:
+            admin.create(release_name(g), _restart(g))
+    w.fs.advance(10.0)
+    for g in (3, 4):
+        admin.mkdir(gen_name(g + 1))
+        admin.mkdir(master_dir(g + 1))
+        admin.create(release_name(g), _restart(g))
+    w.fs.advance(2.0)
+    for g in (1, 2, 3):
+        admin.retire(gen_name(g))
+    w.fs.advance(1.0)
+
+
+def _gens_on_disk(w: World) -> list[int]:
+    return sorted(int(GEN_RE.match(d).group(1)) for d in w.fs.dirs if GEN_RE.fullmatch(d) and w.fs.dir_exists(d))
+
+
+@pytest.mark.parametrize("relist_fresh", [True, False], ids=["joiner-relists", "rank0-relists"])
+def test_a_stale_listing_never_resurrects_a_retired_generation(relist_fresh):
+    # Issue 21 row 3: a joiner whose listing is 12 s stale sees generation 3 as the newest, but 3
+    # was retired; its mkdir re-creates it.  Before: it became rank 0 of an empty old generation
+    # while the world waited in 5 (a hang; with timeouts, "generation 3 decided twice").  Now the
+    # joiner re-lists after creating it, marks it retired and joins 5; if that re-listing is
+    # still stale (relist_fresh=False), rank 0 of 3 re-lists every stale_after and leaves it.
+    w = World(2, staleness=15.0)
+    _history_with_retired_generations(w)
+    stale = w.start(0)
+    stale.host.store.lag = 12.0  # its listing shows the job directory as it was at t0 + 1
+    stale.host.store.mkdir_refreshes_listing = relist_fresh
+    w.start(1)
+    took = w.run_to_completion()
+    rel = _released_same_world(w)
+    assert rel.generation == 5 and sorted(m.instance for m in rel.members) == sorted(q.instance for q in w.procs)
+    # (rank 0 of generation 5 has retired the marked generation 3 again since: read its event)
+    made = [e for e in w.fs.events if e.op == "create" and e.ok and e.name == release_name(3)]
+    marked = decode(made[-1].data, Release)
+    assert marked.state == "restart" and marked.writer == stale.instance
+    if relist_fresh:
+        assert marked.reason.startswith(RETIRED_NUMBER) and took < 5, (marked.reason, took)
+    else:
+        assert "re-created from a stale listing" in marked.reason and took < 2 * TIMING.stale_after + 5
+
+
+def test_voided_generations_are_cleaned_while_the_job_runs():
+    # Issue 21 row 8: a member killed 8 times after connecting; each kill voids a generation.
+    # Before: prepare_next() made every next generation ahead, no joiner's mkdir created one, so
+    # the cleaner never ran and all 9+ generations stayed.  Now each generation's rank 0 cleans.
+    w = World(4)  # slot 3 comes last: the world cannot complete during the crash loop
+    w.start(0)
+    w.start(1)
+    for _ in range(8):
+        q = w.start(2)
+        w.tick(3.0)
+        assert q.p.state is State.WAIT and q.p.role is not None and q.p.role.link is not None
+        w.crash(q)
+        w.tick(3.0)
+    assert len(w.decided) >= 8
+    on_disk = _gens_on_disk(w)
+    assert len(on_disk) <= 3, on_disk
+    w.start(2)
+    w.start(3)
+    w.run_to_completion()
+    rel = _released_same_world(w)
+    on_disk = _gens_on_disk(w)
+    assert on_disk == [rel.generation - 1, rel.generation, rel.generation + 1], on_disk
+
+
+def _occupy_port(w: World, host: Host, port: int) -> str:
+    owner = "0bad0bad0bad0bad"
+    w.net.transport(host.key, owner, 1.0).listen(host.addr, port, 1)
+    return owner
+
+
+def test_busy_port_on_every_host_fails_first_come_within_stale_after():
+    # Issue 21 row 6: --port busy on every host (a previous run's master holds it).  Before:
+    # nobody took rank 0 and everyone timed out blaming a master that "never published its
+    # endpoint".  Now: a warning at once, and exit 3 (ConfigError) naming the port and its
+    # holder once no rank 0 appeared for stale_after.
+    w = World(2, master_port=29500, timeout=300.0)
+    for s in range(2):
+        _occupy_port(w, w.host(w.slot_host[s]), 29500)
+    qs = [w.start(s) for s in range(2)]
+    w.tick(TIMING.stale_after + 5.0)
+    for q in qs:
+        assert q.status == "exited" and isinstance(q.error, ConfigError), (q.status, q.error)
+        msg = str(q.error)
+        assert "--port 29500 is already in use" in msg and "held by fake process 0bad" in msg, msg
+        assert "no other node took rank 0" in msg, msg
+        assert q.died_at - w.procs[0].hid.pid_start <= TIMING.stale_after + 3.0
+
+
+def test_busy_port_on_one_host_lets_another_take_rank0():
+    w = World(3, master_port=29500)
+    _occupy_port(w, w.host(w.slot_host[0]), 29500)
+    first = w.start(0)
+    w.tick(0.5)
+    assert "already in use" in first.p.note and "held by fake process 0bad" in first.p.note
+    w.start(1)
+    w.start(2)
+    w.run_to_completion()
+    rel = _released_same_world(w)
+    assert rel.members[0].instance != first.instance and first.status == "done"
