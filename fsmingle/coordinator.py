@@ -645,7 +645,21 @@ class Coordinator:
         # The commit window opens here: whatever happens from now on (an exception, a signal, a
         # create that takes effect and still raises), a release may exist (see ``acked``).
         self.commit_attempted = True
-        if not p.store.create(release_name(p.gen), header):
+        try:
+            created = p.store.create(release_name(p.gen), header)
+        except FileNotFoundError:
+            raise  # no directory, no link(): Participant._on_enoent confirms it by a listing
+        except (OSError, FsmingleError) as e:
+            # EIO or a timeout on a soft mount: the link() may have taken effect on the server
+            # (nfs(5), "soft"), so the decision is unknown.  Read it, never guess it: members that
+            # acknowledged lose their connection and read release.json too.
+            log.warning(
+                "job %s: creating generation %d's release.json failed (%s); reading it back", p.job_id, p.gen, e
+            )
+            self.leaving("", voided=False)
+            p.enter_deciding(f"the create of its own release.json failed: {e}")
+            return None
+        if not created:
             # EEXIST: our own release if the first reply was lost (a retransmitted
             # link(), nfs(5)) -- read it back; anything else is somebody's void.
             got = p.read_release(p.gen)

@@ -33,9 +33,10 @@ class Leaving:
         return placements(list(rel.members), rel.mode, rel.master_port, rel.generation)[mine[0]]
 
     def enter_deciding(self, why: str) -> None:
-        """We acknowledged a release and lost rank 0 before its go: read the decision until it shows."""
+        """Inside the commit window with the decision unknown (a member lost rank 0 after its ack,
+        rank 0's create of release.json failed): read the decision until it shows."""
         self.state = State.DECIDING
-        self.set_note(f"lost rank 0 after acknowledging the release ({why}); reading generation {self.gen}'s decision")
+        self.set_note(f"{why}; reading generation {self.gen}'s decision")
         if self.role is not None:
             self.role.close()
             self.role = None

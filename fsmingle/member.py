@@ -455,7 +455,7 @@ class Member:
             if p.void(f"rank {r} lost the master after acknowledging the release: {why}"):
                 p.rejoin()
             else:
-                p.enter_deciding(why)
+                p.enter_deciding(f"lost rank 0 after acknowledging the release ({why})")
             return None
         # Not acknowledged: no release can name us (rank 0 needs every ack), so
         # void -- the others regroup at once -- and move on, whoever won.
