@@ -135,6 +135,11 @@ class SimTransport(Transport):
         conn = self.net.next_conn()
         link = SimLink(self.net, self.owner, hub, conn)
         hub.links[conn] = link
+        # Rank 0 learns of the connection when the handshake reaches it (the real Hub's ACCEPTED
+        # event, which it answers with its challenge): half a round trip before connect returns.
+        t = c.t - self.net.latency
+        hub.inbox.append((t, HubEvent(EventKind.ACCEPTED, conn, peer=f"sim-{self.owner}")))
+        self.net.wake(hub.owner, t)
         self.net.counts[self.owner]["connects"] += 1
         return Outcome.CONNECTED, link, ""
 
