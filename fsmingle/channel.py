@@ -268,7 +268,7 @@ class Hub(_Endpoint):
         port (int): the port to hold; 0 picks a free one.
         clock (Callable[[], float]): monotonic seconds.
         ping_interval (float): seconds of quiet after which a ping is sent.
-        backlog (int): listen backlog (members expected).
+        backlog (int): listen backlog (members expected; at least 128).
 
     Raises:
         ConfigError: the port is in use on this host, or cannot be bound.
@@ -304,7 +304,9 @@ class Hub(_Endpoint):
             raise ConfigError(
                 f"cannot bind port {port} ({'IPv6' if fam == socket.AF_INET6 else 'IPv4'}): {e.strerror}"
             ) from None
-        self._lsock.listen(min(max(backlog, 16), socket.SOMAXCONN))
+        # At least 128 pending: a burst of connections from others (rank 0 drops them within a
+        # step) must not fill the queue a member's connect() waits in.
+        self._lsock.listen(min(max(backlog, 128), socket.SOMAXCONN))
         self._lsock.setblocking(False)
         self.port: int = self._lsock.getsockname()[1]
         self.sel.register(self._lsock, selectors.EVENT_READ, None)
