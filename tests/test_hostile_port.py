@@ -16,9 +16,10 @@ import secrets
 import socket
 import sys
 import time
+from dataclasses import replace as dataclasses_replace
 
 import pytest
-from helpers import REPO, assert_one_world, read_json, results, run_cli, wait_claimed, wait_for
+from helpers import REPO, assert_one_world, make_gen_dir, read_json, results, run_cli, wait_claimed, wait_for
 
 N = 4
 # Seconds from the 4th node's start to every node's release.  A quiet world of 4 takes about
@@ -353,3 +354,24 @@ def test_an_unverified_hello_blocks_offers_only_for_the_lease(rank0):
     assert b.recv() == {"t": "offer", "gen": 1, "ranks": [1]}  # the lease ran out
     # The hello itself is neither accepted nor thrown out before --stale-after: still pending.
     assert forged.recv(timeout=0.1) is None and len(rank0.p.role.pending) == 1
+
+
+def test_a_member_meeting_an_older_rank0_says_so(procs, d):
+    # An older rank 0 publishes no secret and sends no challenge: waiting for one would last until
+    # the timeout, so the member fails at once naming the versions (exit 3, ConfigError).
+    from fsmingle.hostinfo import this_process
+    from fsmingle.records import Beacon, encode
+
+    gen = make_gen_dir(d, "old", 1)
+    (gen / "master").mkdir(mode=0o700)
+    with socket.socket() as lsock:
+        lsock.bind(("127.0.0.1", 0))
+        lsock.listen(8)
+        inst = secrets.token_hex(8)
+        b = Beacon(**{**BEACON, "job_id": "old", "instance": inst, "master_port": lsock.getsockname()[1]})
+        rec = gen / "master" / f"beacon-{inst}.json"
+        rec.write_bytes(encode(dataclasses_replace(b, host=this_process(), version="0.0.9")))
+        os.chmod(rec, 0o600)
+        p = procs.env(d, "old", "--nnodes", 2, timeout=20)
+        assert p.wait(15) == 3, p.stderr()
+    assert "runs fsmingle 0.0.9" in p.stderr() and "wire protocol 3" in p.stderr(), p.stderr()
