@@ -97,6 +97,7 @@ class Coordinator:
         self.secret = new_secret()
         self.unauth: dict[int, tuple[str, float, str]] = {}
         self.unauth_of: dict[str, dict[int, None]] = {}
+        self.crowded: set[str] = set()  # sources over UNAUTH_PER_SOURCE since the last step
         self.nonces: dict[int, str] = {}
         self.refused_conns = 0  # connections dropped for failing the challenge (logged once)
         self.missing_sorted: list[int] = list(range(1, p.size))  # member ranks not in rank_conn
@@ -238,15 +239,19 @@ class Coordinator:
         """Challenge a new connection; it must answer within ``probe_timeout`` (_expire_unauth)."""
         nonce = new_nonce()
         self.unauth[conn] = (nonce, now + self.p.timing.probe_timeout, peer)
-        self.unauth_of.setdefault(peer, {})[conn] = None
+        conns = self.unauth_of.setdefault(peer, {})
+        conns[conn] = None
+        if len(conns) > UNAUTH_PER_SOURCE:
+            self.crowded.add(peer)
         self.hub.send(conn, {"t": "challenge", "nonce": nonce})
 
     def _expire_unauth(self, now: float) -> None:
         """Drop unanswered connections: beyond UNAUTH_PER_SOURCE per source (oldest first), and
         any past its deadline.  Run after a whole batch of events, so that a member whose answer
         came in the same batch as a burst of accepts from its address is not evicted for them."""
-        for src in [s for s, conns in self.unauth_of.items() if len(conns) > UNAUTH_PER_SOURCE]:
-            conns = self.unauth_of[src]
+        crowded, self.crowded = self.crowded, set()
+        for src in crowded:
+            conns = self.unauth_of.get(src, {})
             while len(conns) > UNAUTH_PER_SOURCE:
                 self._refuse(next(iter(conns)), f"more than {UNAUTH_PER_SOURCE} unauthenticated connections from {src}")
         while self.unauth:
