@@ -43,11 +43,13 @@ log = logging.getLogger("fsmingle")
 LISTED_ENTRIES_PER_S = 20_000
 VERIFY_READS_PER_STEP = 64  # claim reads per step before rank 0 turns back to its connections
 # Connections that have not answered rank 0's challenge yet, per source address.  A member
-# answers within one round trip, so a handful per host is plenty even for a host running many
-# participants (rank mode) that connect together; when a source exceeds it, its *oldest*
-# unauthenticated connection goes, never the new one: a legitimate member that shares an
-# address with a flood still gets in (it authenticates within a round trip of its accept).
-UNAUTH_PER_SOURCE = 16
+# answers within one round trip, so this is the most participants of one host (rank mode: one
+# per GPU or process) that can connect in the same instant without one of them having to try
+# again; the cost of an unanswered connection to rank 0 is a socket and 32 bytes for at most
+# probe_timeout.  When a source exceeds it, its *oldest* unauthenticated connection goes, never
+# the new one: a legitimate member that shares an address with a flood still gets in (it
+# authenticates within a round trip of its accept).
+UNAUTH_PER_SOURCE = 64
 # Offers one connection may receive without ever saying hello.  A legitimate asker needs one,
 # a second or third when its link() loses to a claim rank 0 could not know of; one that keeps
 # asking is dropped after this many (it then lists the generation, if it is one of ours).

@@ -171,7 +171,9 @@ class Member:
             self.link = None
         self.master, self.nonce, self.heard, self.ask_again = None, None, False, None
         self.look_delay = min(p.timing.poll_max, max(p.timing.poll_min, self.look_delay) * p.timing.backoff)
-        self.next_look = now + self.look_delay
+        # Spread: members shed together (a burst from one host over the per-source cap) must not
+        # all come back in the same instant.
+        self.next_look = now + self.look_delay * p.rng.uniform(0.5, 1.5)
 
     def _sign(self, msg: dict) -> dict:
         """``msg`` with its ``mac``: over this connection's challenge and who sends it for what."""
