@@ -109,7 +109,7 @@ def mac_ok(secret: str, nonce: str, mac, t, job, gen, inst, rank=None) -> bool:
         return False
     try:
         want = auth_mac(secret, nonce, t, job, gen, inst, rank)
-    except (TypeError, ValueError):  # a value json cannot encode (never from the wire)
+    except (TypeError, ValueError, RecursionError):  # a value json cannot encode (never from the wire)
         return False
     return hmac.compare_digest(want, mac)
 
@@ -135,7 +135,7 @@ def decode_msg(line: bytes) -> dict | None:
     """Parse one line; None if it is not a JSON object with a string ``t`` (a foreign or broken peer)."""
     try:
         d = json.loads(line.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
+    except (UnicodeDecodeError, ValueError, RecursionError):  # RecursionError: "[[[[..." from anyone
         return None
     if not isinstance(d, dict) or not isinstance(d.get("t"), str):
         return None

@@ -367,3 +367,18 @@ def test_fake_network_reset_and_busy_port():
         w.net.transport("A", "again").listen("10.0.0.1", hub.port, 1)
     w.net.kill("rank0")
     w.net.transport("A", "again").listen("10.0.0.1", hub.port, 1)  # the dead process's port is free
+
+
+def test_deeply_nested_json_from_anyone_loses_only_that_connection():
+    # One line of 30,000 "[" is under MAX_LINE but beyond the JSON decoder's recursion limit:
+    # it must cost the sender its connection, never rank 0 an exception (it would withdraw).
+    hub = Hub("127.0.0.1", 0, ping_interval=PING)
+    try:
+        with socket.create_connection(("127.0.0.1", hub.port), timeout=2) as s:
+            s.sendall(b'{"t":"ask","job":' + b"[" * 30000 + b"]" * 30000 + b"}\n")
+            events: list = []
+            until(lambda: [e for e in events if e.kind is EventKind.LOST], poll=lambda: events.extend(hub.poll(0.01)))
+        assert [e.kind for e in events] == [EventKind.ACCEPTED, EventKind.LOST], events
+        assert "not fsmingle's protocol" in events[-1].why
+    finally:
+        hub.close()
