@@ -28,10 +28,13 @@ import abc
 import base64
 import enum
 import errno
+import hashlib
+import hmac
 import ipaddress
 import json
 import logging
 import resource
+import secrets
 import selectors
 import socket
 import time
@@ -44,7 +47,9 @@ from .errors import ConfigError, StorageError
 log = logging.getLogger("fsmingle.channel")
 
 MAX_LINE = 64 * 1024  # a hello or a placement is ~300 bytes; anything larger is hostile
-WIRE_VERSION = 2
+# 3: rank 0 challenges every connection; hello, ask and ack carry an HMAC over the challenge
+# keyed by the generation's secret (see "Authentication" below and docs/protocol.md).
+WIRE_VERSION = 3
 
 
 class Outcome(enum.Enum):
@@ -56,6 +61,7 @@ class Outcome(enum.Enum):
 
 
 class EventKind(enum.Enum):
+    ACCEPTED = "accepted"  # a new connection (``peer``: its source address); rank 0 challenges it
     MESSAGE = "message"
     LOST = "lost"
 
@@ -68,6 +74,58 @@ class HubEvent:
     conn: int
     msg: dict | None = None
     why: str = ""
+    peer: str = ""  # ACCEPTED: the source address (an IPv4-mapped IPv6 address as IPv4)
+
+
+# ---------------------------------------------------------------- authentication
+# Rank 0 makes a secret per generation and publishes it only in its endpoint record
+# (``master/beacon-<inst>.json``: mode 0600 in a 0700 directory), so only processes that can
+# read the job directory -- the job's own uid -- know it.  On accept rank 0 sends
+# ``{"t": "challenge", "nonce": ...}``; a member answers with its hello or ask carrying
+# ``mac`` = HMAC-SHA256(secret, the nonce and the message's identifying fields).  A fresh
+# nonce per connection makes a recorded message useless on any other connection.  Nothing is
+# encrypted: someone who can read the traffic (root, the network path) sees the messages.
+
+
+def new_secret() -> str:
+    """A generation's channel secret (256 bits, hex)."""
+    return secrets.token_hex(32)
+
+
+def new_nonce() -> str:
+    """One connection's challenge (128 bits, hex)."""
+    return secrets.token_hex(16)
+
+
+def auth_mac(secret: str, nonce: str, t, job, gen, inst, rank=None) -> str:
+    """The ``mac`` of a hello, ask or ack: HMAC-SHA256 keyed by ``secret`` over the connection's
+    ``nonce`` and the fields that say who speaks and what for (hex).  The values are taken as the
+    message carries them (any JSON), so a receiver checks exactly what it then acts on."""
+    body = json.dumps([WIRE_VERSION, nonce, t, job, gen, inst, rank], separators=(",", ":"), sort_keys=True)
+    return hmac.new(secret.encode(), body.encode(), hashlib.sha256).hexdigest()
+
+
+def mac_ok(secret: str, nonce: str, mac, t, job, gen, inst, rank=None) -> bool:
+    """True if ``mac`` (as received: any JSON value) is :func:`auth_mac` of these fields; constant time."""
+    if not secret or not isinstance(mac, str) or len(mac) != 64 or not mac.isascii():
+        return False
+    try:
+        want = auth_mac(secret, nonce, t, job, gen, inst, rank)
+    except (TypeError, ValueError, RecursionError):  # a value json cannot encode (never from the wire)
+        return False
+    return hmac.compare_digest(want, mac)
+
+
+def peer_host(addr: str) -> str:
+    """A source address as rank 0 counts it: the IP only, IPv4-mapped IPv6 as IPv4, no scope."""
+    a = str(addr).split("%")[0]
+    try:
+        ip = ipaddress.ip_address(a)
+    except ValueError:
+        return a
+    if ip.version == 6 and ip.ipv4_mapped is not None:
+        return str(ip.ipv4_mapped)
+    return str(ip)
 
 
 def encode_msg(msg: dict) -> bytes:
@@ -79,7 +137,7 @@ def decode_msg(line: bytes) -> dict | None:
     """Parse one line; None if it is not a JSON object with a string ``t`` (a foreign or broken peer)."""
     try:
         d = json.loads(line.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
+    except (UnicodeDecodeError, ValueError, RecursionError):  # RecursionError: "[[[[..." from anyone
         return None
     if not isinstance(d, dict) or not isinstance(d.get("t"), str):
         return None
@@ -252,7 +310,7 @@ class Hub(_Endpoint):
         port (int): the port to hold; 0 picks a free one.
         clock (Callable[[], float]): monotonic seconds.
         ping_interval (float): seconds of quiet after which a ping is sent.
-        backlog (int): listen backlog (members expected).
+        backlog (int): listen backlog (members expected; at least 128).
 
     Raises:
         ConfigError: the port is in use on this host, or cannot be bound.
@@ -288,7 +346,9 @@ class Hub(_Endpoint):
             raise ConfigError(
                 f"cannot bind port {port} ({'IPv6' if fam == socket.AF_INET6 else 'IPv4'}): {e.strerror}"
             ) from None
-        self._lsock.listen(min(max(backlog, 16), socket.SOMAXCONN))
+        # At least 128 pending: a burst of connections from others (rank 0 drops them within a
+        # step) must not fill the queue a member's connect() waits in.
+        self._lsock.listen(min(max(backlog, 128), socket.SOMAXCONN))
         self._lsock.setblocking(False)
         self.port: int = self._lsock.getsockname()[1]
         self.sel.register(self._lsock, selectors.EVENT_READ, None)
@@ -301,14 +361,15 @@ class Hub(_Endpoint):
         """Accept, read and write whatever is ready, waiting up to ``timeout`` seconds for something.
 
         Returns:
-            list[HubEvent]: messages from members (pings excluded) and lost connections, in order.
+            list[HubEvent]: new connections (``ACCEPTED``, with the peer's address), messages from
+            members (pings excluded) and lost connections, in order.
         """
         events: list[HubEvent] = []
         if self._closed:
             return events
         for key, mask in self.sel.select(max(0.0, timeout)):
             if key.data is None:
-                self._accept()
+                events.extend(self._accept())
                 continue
             c: _Conn = key.data
             cid = self._ids[id(c)]
@@ -319,24 +380,30 @@ class Hub(_Endpoint):
                     events.append(HubEvent(EventKind.MESSAGE, cid, m))
             if c.lost:
                 events.append(HubEvent(EventKind.LOST, cid, why=c.why))
-                del self._conns[cid]
+                self._forget(cid)
         self._ping_quiet(self._conns.values())
         for cid, c in list(self._conns.items()):
             if c.lost:  # lost while writing a ping
                 events.append(HubEvent(EventKind.LOST, cid, why=c.why))
-                del self._conns[cid]
+                self._forget(cid)
         return events
 
-    def _accept(self) -> None:
+    def _forget(self, cid: int) -> None:
+        c = self._conns.pop(cid, None)
+        if c is not None:
+            self._ids.pop(id(c), None)  # a flood of short connections must not grow this map
+
+    def _accept(self) -> list[HubEvent]:
+        out: list[HubEvent] = []
         while True:
             try:
-                s, _ = self._lsock.accept()
+                s, addr = self._lsock.accept()
             except (BlockingIOError, InterruptedError):
-                return
+                return out
             except OSError as e:
                 if e.errno in (errno.EMFILE, errno.ENFILE):
                     log.error("cannot accept a member connection: %s; raise the open-file limit", e.strerror)
-                return
+                return out
             s.setblocking(False)
             s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             c = _Conn(s, self.clock())
@@ -344,6 +411,7 @@ class Hub(_Endpoint):
             self._conns[cid] = c
             self._ids[id(c)] = cid
             self.sel.register(s, selectors.EVENT_READ, c)
+            out.append(HubEvent(EventKind.ACCEPTED, cid, peer=peer_host(addr[0] if addr else "")))
 
     def send(self, conn: int, msg: dict) -> None:
         """Queue ``msg`` to one member (dropped silently if that connection is gone: its LOST event says so)."""
@@ -360,6 +428,7 @@ class Hub(_Endpoint):
         """Close one member connection (after a reject)."""
         c = self._conns.pop(conn, None)
         if c is not None:
+            self._ids.pop(id(c), None)
             self._flush(c)
             self._lose(c, "dropped")
 

@@ -25,7 +25,7 @@ import dataclasses
 import itertools
 import logging
 
-from .channel import WIRE_VERSION, EventKind, encode_parts, hostport
+from .channel import WIRE_VERSION, EventKind, encode_parts, hostport, mac_ok, new_nonce, new_secret
 from .decision import Action, CoordinatorView, decide, order_members, placements
 from .errors import FsmingleError, RecordError
 from .layout import RELEASE, claimed_ranks, gen_name, master_name, member_chunk_name, ranges, release_name
@@ -43,6 +43,18 @@ log = logging.getLogger("fsmingle")
 # is only for decisions by others and claimers that never connect.
 LISTED_ENTRIES_PER_S = 20_000
 VERIFY_READS_PER_STEP = 64  # claim reads per step before rank 0 turns back to its connections
+# Connections that have not answered rank 0's challenge yet, per source address.  A member
+# answers within one round trip, so this is the most participants of one host (rank mode: one
+# per GPU or process) that can connect in the same instant without one of them having to try
+# again; the cost of an unanswered connection to rank 0 is a socket and 32 bytes for at most
+# probe_timeout.  When a source exceeds it, its *oldest* unauthenticated connection goes, never
+# the new one: a legitimate member that shares an address with a flood still gets in (it
+# authenticates within a round trip of its accept).
+UNAUTH_PER_SOURCE = 64
+# Offers one connection may receive without ever saying hello.  A legitimate asker needs one,
+# a second or third when its link() loses to a claim rank 0 could not know of; one that keeps
+# asking is dropped after this many (it then lists the generation, if it is one of ours).
+MAX_OFFERS_PER_CONN = 8
 
 
 def member_parts(rel: Release) -> list[str]:
@@ -79,6 +91,22 @@ class Coordinator:
         self.known_taken: set[int] = set()  # ranks askers found claimed
         self.offered: dict[int, int] = {}  # rank -> the asker's connection it is on offer to
         self.offer_of: dict[int, int] = {}  # the same, by connection (an asker holds one offer)
+        # Leases (see _answer_asks): rank -> when its offer runs out, in the order made (so the
+        # oldest is first: expiring costs O(expired)); offers made per connection; askers told
+        # to wait, longest-waiting first; ranks given back since the last step.
+        self.offer_until: dict[int, float] = {}
+        self.offers_to: dict[int, int] = {}
+        self.waiting: dict[int, float] = {}
+        self.returned: list[int] = []
+        # The channel's authentication (fsmingle.channel): this generation's secret, published in
+        # the endpoint record only; connections challenged but not answered yet (conn -> (nonce,
+        # deadline, source), in accept order), the same by source, and answered ones' nonces.
+        self.secret = new_secret()
+        self.unauth: dict[int, tuple[str, float, str]] = {}
+        self.unauth_of: dict[str, dict[int, None]] = {}
+        self.crowded: set[str] = set()  # sources over UNAUTH_PER_SOURCE since the last step
+        self.nonces: dict[int, str] = {}
+        self.refused_conns = 0  # connections dropped for failing the challenge (logged once)
         self.missing_sorted: list[int] = list(range(1, p.size))  # member ranks not in rank_conn
         self.cursor = 1
         self.backlog = False
@@ -169,12 +197,15 @@ class Coordinator:
         for ev in events:
             if p.role is not self:
                 break  # the generation ended while handling an earlier event
-            if ev.kind is EventKind.LOST:
+            if ev.kind is EventKind.ACCEPTED:
+                self._on_accepted(ev.conn, ev.peer, now)
+            elif ev.kind is EventKind.LOST:
                 self._on_lost(ev.conn, ev.why)
             else:
                 self._on_message(ev.conn, ev.msg, now)
         if p.role is not self:
             return None  # a fatal reject ended this generation
+        self._expire_unauth(now)
         if self._housekeeping(now):
             return None
         self._verify_pending(now)  # most hellos: one direct read of the claim, no listing
@@ -188,7 +219,7 @@ class Coordinator:
         if now >= self.next_scan or (self.pending and now >= again) or asks_due:
             if self._scan(now):
                 return None
-        self._answer_asks()
+        self._answer_asks(now)
         self._verify_pending(now)
         # Who is missing goes to every member: at once when it changed, but no more often than
         # every N / 10,000 s (1 s up to N = 10,000; 13 s at 131,072: N messages each time).
@@ -279,8 +310,9 @@ class Coordinator:
 
     # -------------------------------------------------------------- events
     def _on_lost(self, conn: int, why: str) -> None:
+        self._forget_conn(conn)
         self.askers.discard(conn)
-        self._withdraw_offer(conn)
+        self._give_back(self._withdraw_offer(conn))
         self.pending.pop(conn, None)
         r = self.conn_rank.pop(conn, None)
         if r is not None:
@@ -292,11 +324,112 @@ class Coordinator:
     def _reject(self, conn: int, why: str, fatal: bool = False) -> None:
         self.hub.send(conn, {"t": "reject", "why": why, "fatal": fatal})
         self.hub.drop(conn)
+        self._forget_conn(conn)
         self.pending.pop(conn, None)
         self.askers.discard(conn)
-        self._withdraw_offer(conn)
+        self._give_back(self._withdraw_offer(conn))
+
+    # -------------------------------------------------------------- authentication
+    def _on_accepted(self, conn: int, peer: str, now: float) -> None:
+        """Challenge a new connection; it must answer within ``probe_timeout`` (_expire_unauth)."""
+        nonce = new_nonce()
+        self.unauth[conn] = (nonce, now + self.p.timing.probe_timeout, peer)
+        conns = self.unauth_of.setdefault(peer, {})
+        conns[conn] = None
+        if len(conns) > UNAUTH_PER_SOURCE:
+            self.crowded.add(peer)
+        self.hub.send(conn, {"t": "challenge", "nonce": nonce})
+
+    def _expire_unauth(self, now: float) -> None:
+        """Drop unanswered connections: beyond UNAUTH_PER_SOURCE per source (oldest first), and
+        any past its deadline.  Run after a whole batch of events, so that a member whose answer
+        came in the same batch as a burst of accepts from its address is not evicted for them."""
+        crowded, self.crowded = self.crowded, set()
+        for src in crowded:
+            conns = self.unauth_of.get(src, {})
+            while len(conns) > UNAUTH_PER_SOURCE:
+                self._refuse(next(iter(conns)), f"more than {UNAUTH_PER_SOURCE} unauthenticated connections from {src}")
+        while self.unauth:
+            conn, (_, deadline, src) = next(iter(self.unauth.items()))  # accept order: oldest deadline first
+            if deadline > now:
+                break
+            self._refuse(conn, f"no answer to the challenge within {self.p.timing.probe_timeout:g} s from {src}")
+
+    def _forget_conn(self, conn: int) -> None:
+        self.nonces.pop(conn, None)
+        self.waiting.pop(conn, None)
+        self.offers_to.pop(conn, None)
+        entry = self.unauth.pop(conn, None)
+        if entry is not None:
+            conns = self.unauth_of.get(entry[2])
+            if conns is not None:
+                conns.pop(conn, None)
+                if not conns:
+                    del self.unauth_of[entry[2]]
+
+    def _refuse(self, conn: int, why: str) -> None:
+        """Drop a connection that failed authentication: no answer, nothing more spent on it."""
+        src = self.unauth.get(conn, (None, None, "?"))[2]
+        self.hub.drop(conn)
+        self._forget_conn(conn)
+        self.refused_conns += 1
+        if self.refused_conns == 1:
+            log.warning(
+                "job %s: rank 0 dropped a connection to its port that did not authenticate (%s); "
+                "further ones are logged at debug level",
+                self.p.job_id,
+                why,
+            )
+        else:
+            log.debug("job %s: dropped connection %d from %s: %s", self.p.job_id, conn, src, why)
+
+    def _authenticate(self, conn: int, m: dict) -> bool:
+        """The first message on a connection: a hello or an ask with the right ``mac`` over this
+        connection's challenge, else the connection is dropped at once.  A real fsmingle peer of
+        an older wire version is told so (the one answer an unauthenticated peer gets)."""
+        entry = self.unauth.get(conn)
+        t = m.get("t")
+        if entry is None:  # accepted before this generation (a kept --port): not challenged by us
+            self._refuse(conn, "a connection this generation did not challenge")
+            return False
+        v = m.get("v")
+        if t in ("hello", "ask") and isinstance(v, int) and not isinstance(v, bool) and 0 < v < WIRE_VERSION:
+            self._forget_conn(conn)
+            self._agrees(conn, m)  # the version mismatch: a fatal reject naming both versions
+            return False
+        rank = m.get("rank") if t == "hello" else None
+        if t not in ("hello", "ask") or not mac_ok(
+            self.secret, entry[0], m.get("mac"), t, m.get("job"), m.get("gen"), m.get("inst"), rank
+        ):
+            self._refuse(conn, f"a {str(t)[:16]!r} without a valid mac")
+            return False
+        self._forget_conn(conn)
+        self.nonces[conn] = entry[0]
+        return True
+
+    def _signed(self, conn: int, m: dict) -> bool:
+        """A later hello, ask or ack on an authenticated connection carries a valid ``mac`` too."""
+        t = m.get("t")
+        nonce = self.nonces[conn]
+        if t in ("hello", "ask"):
+            rank = m.get("rank") if t == "hello" else None
+            ok = mac_ok(self.secret, nonce, m.get("mac"), t, m.get("job"), m.get("gen"), m.get("inst"), rank)
+        elif t == "ack" and conn in self.conn_rank:
+            r = self.conn_rank[conn]
+            ok = mac_ok(self.secret, nonce, m.get("mac"), t, self.p.job_id, m.get("gen"), self.members[r].instance, r)
+        else:
+            return True  # nothing rank 0 acts on
+        if not ok:
+            self.hub.drop(conn)
+            self._on_lost(conn, f"it sent a {t!r} without a valid mac")
+        return ok
 
     def _on_message(self, conn: int, m: dict, now: float) -> None:
+        if conn not in self.nonces:
+            if not self._authenticate(conn, m):
+                return
+        elif not self._signed(conn, m):
+            return
         t = m.get("t")
         if t == "hello":
             self._on_hello(conn, m, now)
@@ -370,52 +503,145 @@ class Coordinator:
                 self.known_taken.add(r)
         self.asks.append(conn)  # answered after this step's listing, if one is due (step())
 
-    def _answer_asks(self) -> None:
-        """Offer each asker of this step one free rank (or tell it to wait, or that none is known)."""
-        if not self.asks:
-            return
-        pending = {m["rank"] for m, _ in self.pending.values()}  # once per step, not per ask: O(N) in a join storm
-        for conn in self.asks:
-            if conn in self.askers:
-                r = self._free_rank(conn, pending)
-                msg = {"t": "offer", "gen": self.p.gen, "ranks": [] if r is None else [r]}
-                if r is None and len(self.offered) > 0:
-                    msg["wait"] = True  # every free rank is on offer to another asker: ask again soon
-                self.hub.send(conn, msg)
-        self.asks = []
+    def _lease(self) -> float:
+        """Seconds an offer, or an unverified hello for a rank no listing shows, holds its rank.
 
-    def _free_rank(self, conn: int, pending: set[int]) -> int | None:
+        A legitimate asker says hello a link() and a beacon write after the offer (well under a
+        second on a loaded metadata server); twice ``scan_interval`` is also twice the pace at
+        which askers told to wait ask again.  A lease that runs out early costs one failed
+        link() of the next asker (EEXIST: it reports the rank taken), never a wrong claim:
+        the filesystem stays the arbiter.
+        """
+        return max(1.0, 2 * self.p.timing.scan_interval)
+
+    def _answer_asks(self, now: float) -> None:
+        """Offer each asker of this step one free rank (or tell it to wait, or that none is known).
+
+        Offers are leases (``_lease``): one not followed by a hello in time goes back to the
+        pool.  A rank given back -- a lease that ran out, an asker that asked again or went --
+        goes first to the askers told to wait, longest-waiting first, without waiting for them
+        to ask again.  An asker that asks again while holding an offer gives that offer up and
+        queues behind those who wait, so it cannot keep a rank from them; one that has had
+        ``MAX_OFFERS_PER_CONN`` offers without ever saying hello is dropped.
+        """
+        while self.offer_until:
+            r, until = next(iter(self.offer_until.items()))  # offered in this order: oldest first
+            if until > now:
+                break
+            self._give_back(self._withdraw_offer(self.offered[r]))
+        if not self.asks and not (self.returned and self.waiting):
+            self.returned = []
+            return
+        pending = self._pending_ranks(now)  # once per step, not per ask: O(N) in a join storm
+        asks, self.asks = self.asks, []
+        asked: dict[int, None] = {}
+        for conn in asks:
+            if conn not in self.askers or conn in asked:
+                continue
+            if self.offers_to.get(conn, 0) >= MAX_OFFERS_PER_CONN:
+                self._reject(conn, f"asked for a rank {MAX_OFFERS_PER_CONN} times without saying hello")
+                continue
+            held = self._withdraw_offer(conn)
+            if held is not None:  # asked again while holding an offer: it goes back, first to who waits
+                self._give_back(held)
+                self.waiting.pop(conn, None)
+            asked[conn] = None
+        given = self._hand_out_returned(pending, now)
+        # Then free ranks, in queue order: who waits longest first, then this step's new askers.
+        exhausted = False
+        for conn in [*self.waiting, *(c for c in asked if c not in self.waiting)]:
+            if conn in given:
+                continue
+            r = None if exhausted else self._free_rank(conn, pending, now)
+            exhausted = r is None
+            if r is not None:
+                self.waiting.pop(conn, None)
+                self.hub.send(conn, {"t": "offer", "gen": self.p.gen, "ranks": [r]})
+            elif conn in asked:
+                msg = {"t": "offer", "gen": self.p.gen, "ranks": []}
+                if self.offered:
+                    msg["wait"] = True  # every free rank is on offer to another asker: ask again soon
+                    self.waiting.setdefault(conn, now)
+                else:
+                    self.waiting.pop(conn, None)  # it lists the generation itself now
+                self.hub.send(conn, msg)
+
+    def _hand_out_returned(self, pending: set[int], now: float) -> set[int]:
+        """Offer the ranks given back to the longest-waiting askers; returns the connections offered one."""
+        given: set[int] = set()
+        returned, self.returned = self.returned, []
+        for r in returned:
+            if not self.waiting:
+                break
+            if r in self.offered or not self._offerable(r, pending):
+                continue
+            conn = next(iter(self.waiting))
+            del self.waiting[conn]
+            self._offer(conn, r, now)
+            self.hub.send(conn, {"t": "offer", "gen": self.p.gen, "ranks": [r]})
+            given.add(conn)
+        return given
+
+    def _pending_ranks(self, now: float) -> set[int]:
+        """Ranks of hellos not verified yet that still hold their rank from offers: for
+        ``_lease`` seconds, or as long as a listing shows their claim (then the listing itself
+        keeps the rank from offers).  A hello for a claim nobody can see -- an invented identity,
+        or a claim not on the server -- stops blocking the rank then: an asker's exclusive link()
+        settles who holds it.  The hello itself is still verified against the claim file, until
+        ``stale_after`` (_verify_pending)."""
+        lease = self._lease()
+        return {m["rank"] for m, since in self.pending.values() if now - since < lease}
+
+    def _offerable(self, r: int, pending: set[int]) -> bool:
+        p = self.p
+        return not (r in self.rank_conn or r in p.claims or r in self.listed or r in self.known_taken or r in pending)
+
+    def _offer(self, conn: int, r: int, now: float) -> None:
+        self.offered[r], self.offer_of[conn] = conn, r
+        self.offer_until.pop(r, None)
+        self.offer_until[r] = now + self._lease()
+        self.offers_to[conn] = self.offers_to.get(conn, 0) + 1
+
+    def _free_rank(self, conn: int, pending: set[int], now: float) -> int | None:
         """A member rank nobody is known to hold or to be claiming, offered to ``conn`` alone.
 
         A cursor walks the ranks cyclically, so a world of N costs O(N) per pass in all, not
-        per ask.  "Known": claims read, the last listing, connections, hellos, ranks askers found
-        taken, ranks on offer (until their asker says hello, asks again or goes).  A claim made
-        since the last listing may still collide; the asker's link() settles it.  ``pending``:
-        the ranks of hellos not verified yet.
+        per ask.  "Known": claims read, the last listing, connections, hellos (for their lease,
+        ``_pending_ranks``), ranks askers found taken, ranks on offer (until their asker says
+        hello, asks again or goes, or the lease runs out).  A claim made since the last listing
+        may still collide; the asker's link() settles it.
         """
         p = self.p
-        self._withdraw_offer(conn)
+        self._give_back(self._withdraw_offer(conn))
         for _ in range(p.size - 1):
             r = self.cursor
             self.cursor = self.cursor % (p.size - 1) + 1
-            if r in self.rank_conn or r in p.claims or r in self.listed or r in self.known_taken or r in pending:
+            if not self._offerable(r, pending) or r in self.offered:
                 continue
-            if r in self.offered:
-                continue
-            self.offered[r], self.offer_of[conn] = conn, r
+            self._offer(conn, r, now)
             return r
         return None
 
-    def _withdraw_offer(self, conn: int) -> None:
+    def _withdraw_offer(self, conn: int) -> int | None:
+        """Take back the offer ``conn`` holds, if any; returns its rank."""
         r = self.offer_of.pop(conn, None)
         if r is not None:
             del self.offered[r]
+            self.offer_until.pop(r, None)
+        return r
+
+    def _give_back(self, r: int | None) -> None:
+        """A rank whose offer was withdrawn goes to the askers told to wait (next _answer_asks)."""
+        if r is not None:
+            self.returned.append(r)
 
     def _on_hello(self, conn: int, m: dict, now: float) -> None:
         p = self.p
         if not self._agrees(conn, m):
             return
         self.askers.discard(conn)
+        self.waiting.pop(conn, None)
+        self.offers_to.pop(conn, None)
         self._withdraw_offer(conn)  # its rank is in the hello now
         r = m.get("rank")
         if not isinstance(r, int) or isinstance(r, bool) or not 0 < r < p.size or r in self.rank_conn:

@@ -15,11 +15,19 @@ goes back in the next ``ask``.  If rank 0 knows no free rank, or the connection
 fails before a claim, the member lists the generation instead -- the filesystem
 stays the arbiter of claims; rank 0 only saves the listing.
 
+Every connection starts with rank 0's challenge (``{"t": "challenge", "nonce": ...}``); the
+member answers with its ask or hello carrying an HMAC over it, keyed by the secret in rank 0's
+endpoint record (:func:`fsmingle.channel.auth_mac`), and signs its ack the same way.
+
 Failure rules (**no release on absence of evidence**):
 
 * Connection refused by rank 0's address: the master process is gone -> void.
 * No answer at all (timeout, no route): proves nothing either way; keep trying
   and say so -- this member can never be released without a connection.
+* Connection lost (or silent) before rank 0 answered the first signed message on it -- the
+  challenge never came, or rank 0 dropped it as one of too many unauthenticated connections
+  from this address: proves nothing either (rank 0 may simply have shed it under a flood);
+  connect again, as for an unreachable master, never void.
 * Connection lost, or rank 0 silent for ``stale_after`` seconds: void the
   generation.  If this member had acknowledged the release, a release naming
   it may already exist: when the void loses the race, read the decision until
@@ -31,7 +39,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 
-from .channel import MAX_LINE, WIRE_VERSION, Outcome, decode_parts, hostport
+from .channel import MAX_LINE, WIRE_VERSION, Outcome, auth_mac, decode_parts, hostport
 from .decision import Placement
 from .errors import ConfigError, WorldSizeMismatchError
 from .layout import BEACON_RE, claimed_ranks, gen_name, master_dir, master_name
@@ -73,6 +81,9 @@ class Member:
         self.taken: list[int] = []  # offered ranks found claimed, reported in the next ask
         self.ask_again: float | None = None  # when to repeat an ask rank 0 told us to repeat
         self.parts: list | None = None  # the member list's parts so far (``members`` messages)
+        self.nonce: str | None = None  # rank 0's challenge on this connection (None: not yet)
+        self.heard = False  # rank 0 answered a signed message on this connection
+        self.connected_at = now
 
     # -------------------------------------------------------------- loop plumbing
     def delay(self) -> float:
@@ -111,6 +122,10 @@ class Member:
         # Connected: the channel first (a failing filesystem must not starve it),
         # then the beacon heartbeat, which is only for status and cleaners.
         msgs, self.inbox = self.inbox + self.link.poll(0), []
+        if not self.heard:
+            msgs = self._before_heard(msgs, now)
+            if self.link is None:
+                return None  # connecting again (_reconnect)
         if self.asking and self.ask_again is not None and now >= self.ask_again:
             self.ask_again = None
             self.link.send(self._ask())
@@ -128,6 +143,49 @@ class Member:
         if quiet >= p.timing.stale_after:
             return self._lost(f"rank 0 was silent on the connection for {quiet:.0f} s")
         return None
+
+    def _before_heard(self, msgs: list[dict], now: float) -> list[dict]:
+        """Until rank 0 answers a signed message: wait for its challenge and answer it (the ask or
+        the hello); a connection lost or silent before that proves nothing (module doc)."""
+        p = self.p
+        if self.nonce is None:
+            for i, m in enumerate(msgs):
+                nonce = m.get("nonce")
+                if m.get("t") == "challenge" and isinstance(nonce, str) and 0 < len(nonce) <= 256:
+                    self.nonce = nonce
+                    self.link.send(self._ask() if self.asking else self._hello())
+                    msgs = msgs[i + 1 :]
+                    break
+            else:
+                msgs = []  # nothing before the challenge is meant for us
+        if msgs:
+            self.heard = True
+            return msgs
+        if self.link.lost:
+            self._reconnect(f"the master dropped the connection before answering ({self.link.why})", now)
+        elif now - self.connected_at >= p.timing.stale_after and self.link.silent_for() >= p.timing.stale_after / 2:
+            self._reconnect(f"no answer from the master within {p.timing.stale_after:g} s", now)
+        return []
+
+    def _reconnect(self, why: str, now: float) -> None:
+        """Close this connection and look for rank 0's endpoint again (re-read: a fresh secret)."""
+        p = self.p
+        log.debug("job %s: %s; connecting again", p.job_id, why)
+        if self.link is not None:
+            self.link.close()
+            self.link = None
+        self.master, self.nonce, self.heard, self.ask_again = None, None, False, None
+        self.look_delay = min(p.timing.poll_max, max(p.timing.poll_min, self.look_delay) * p.timing.backoff)
+        # Spread: members shed together (a burst from one host over the per-source cap) must not
+        # all come back in the same instant.
+        self.next_look = now + self.look_delay * p.rng.uniform(0.5, 1.5)
+
+    def _sign(self, msg: dict) -> dict:
+        """``msg`` with its ``mac``: over this connection's challenge and who sends it for what."""
+        p = self.p
+        rank = None if msg["t"] == "ask" else p.rank
+        msg["mac"] = auth_mac(self.master.secret, self.nonce, msg["t"], p.job_id, p.gen, p.instance, rank)
+        return msg
 
     def _beacon_period(self) -> float:
         """Seconds between this member's own beacon heartbeats while connected (see ``step``).
@@ -212,10 +270,17 @@ class Member:
             p.rejoin()
             return
         where = f"{hostport(b.addr, b.master_port)} (rank 0 on {b.host.hostname})"
+        if not b.secret:
+            raise ConfigError(
+                f"rank 0 on {b.host.hostname} ({b.addr}) runs fsmingle {b.version or '(an older version)'}, "
+                f"which does not speak wire protocol {WIRE_VERSION} (an authenticated channel); "
+                "run the same fsmingle version on every node"
+            )
         outcome, link, why = p.transport.connect(b.addr, b.master_port, p.timing.probe_timeout)
         if outcome is Outcome.CONNECTED:
             self.link, self.master = link, b
-            link.send(self._ask() if self.asking else self._hello())
+            self.nonce, self.heard, self.connected_at = None, False, now
+            # The ask or hello goes out once rank 0's challenge is here (_before_heard).
             # Rank 0 holds us by the connection from now on (see _beacon_period); rank 0's next
             # beacon after our welcome vouches for us, within stale_after / 2.
             p.next_hb = max(p.next_hb, now + self._beacon_period())
@@ -250,21 +315,23 @@ class Member:
 
     def _hello(self) -> dict:
         p = self.p
-        return {
-            "t": "hello",
-            **self._who(),
-            "rank": p.rank,
-            "addr": p.addr,
-            "explicit": p.want_rank is not None,
-            "key": p.topology_key,
-            "order": p.rank_order,
-            "members": p.want_members,
-            "probe_port": self.probe.port if self.probe else None,
-            "host": dataclasses.asdict(p.me),
-        }
+        return self._sign(
+            {
+                "t": "hello",
+                **self._who(),
+                "rank": p.rank,
+                "addr": p.addr,
+                "explicit": p.want_rank is not None,
+                "key": p.topology_key,
+                "order": p.rank_order,
+                "members": p.want_members,
+                "probe_port": self.probe.port if self.probe else None,
+                "host": dataclasses.asdict(p.me),
+            }
+        )
 
     def _ask(self) -> dict:
-        return {"t": "ask", **self._who(), "taken": self.taken[-64:]}
+        return self._sign({"t": "ask", **self._who(), "taken": self.taken[-64:]})
 
     def _on_offer(self, m: dict) -> Placement | None:
         """Claim one of the ranks rank 0 offers (``link()`` decides), then say hello on this connection."""
@@ -339,7 +406,7 @@ class Member:
                         ack["port"] = p.hub.port
                     except ConfigError as e:
                         ack["error"] = str(e)
-                self.link.send(ack)
+                self.link.send(self._sign(ack))
                 self.acked = "error" not in ack and "mesh_fail" not in ack
         elif t == "members":
             self._on_members_part(m)

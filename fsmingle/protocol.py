@@ -192,9 +192,12 @@ class Participant(Joining, Leaving, GenerationReader, OutsideWorld):
 
     def beacon(self, endpoint: bool = False) -> Beacon:
         """This participant's beacon as of now (rank 0's carries the master port, and in the
-        generation directory -- not the ``endpoint`` copy every joiner reads -- its vouch)."""
+        generation directory -- not the ``endpoint`` copy every joiner reads -- its vouch; only
+        the ``endpoint`` copy carries the channel secret)."""
         port = self.hub.port if (self.hub is not None and self.rank == 0) else None
         vouch = getattr(self.role, "vouch", None) if self.rank == 0 and not endpoint else None
+        # The channel secret goes in the endpoint record only (master/): see fsmingle.channel.
+        secret = getattr(self.role, "secret", "") if self.rank == 0 and endpoint else ""
         return Beacon(
             job_id=self.job_id,
             generation=self.gen or 0,
@@ -211,6 +214,7 @@ class Participant(Joining, Leaving, GenerationReader, OutsideWorld):
             version=self.version,
             slurm_job_id=self.slurm_job_id,
             vouch=vouch() if vouch else "",
+            secret=secret,
         )
 
     def publish_beacon(self) -> None:

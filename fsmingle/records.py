@@ -34,6 +34,7 @@ from .errors import RecordError
 SCHEMA_VERSION = 2  # 2: protocol v2 (direct channel); a v1 node must not join a v2 world
 MODES = ("node", "rank")
 _INSTANCE_RE = re.compile(r"^[0-9a-f]{8,64}$")
+_SECRET_RE = re.compile(r"^[0-9a-f]{64}$")
 _MAX_RECORD_BYTES = 1 << 20  # the guard against hostile files; big releases are chunked below it
 MEMBERS_PER_CHUNK = 4096  # ~200 bytes per member: a chunk stays well below 1 MiB
 _DIGEST_RE = re.compile(r"^[0-9a-f]{64}$")
@@ -127,6 +128,11 @@ class Beacon:
             ``r // 8``; :func:`encode_vouch`).  A connected member heartbeats its
             own beacon rarely in a big world; judges of its liveness take rank
             0's live beacon instead (``GenerationReader.judge_rank``).
+        secret (str): rank 0's endpoint record only (``master/``): the generation's channel
+            secret (64 hex digits) that keys the HMAC of every hello, ask and ack
+            (:func:`fsmingle.channel.auth_mac`).  Only the job's uid can read it (0600 file,
+            0700 directory); never in the generation directory's copy, never printed (repr),
+            left out of the JSON when empty, so older readers see the same record.
     """
 
     job_id: str
@@ -144,6 +150,7 @@ class Beacon:
     version: str = ""
     slurm_job_id: str = ""
     vouch: str = ""
+    secret: str = field(default="", repr=False)
     kind: str = field(default="beacon", init=False)
 
     @functools.cached_property
@@ -219,6 +226,8 @@ class Release:
 def encode(record: Beacon | Claim | Release) -> bytes:
     """Serialise a record to UTF-8 JSON bytes with the schema version."""
     d = dataclasses.asdict(record)
+    if isinstance(record, Beacon) and not record.secret:
+        del d["secret"]  # only rank 0's endpoint record carries one
     d["schema"] = SCHEMA_VERSION
     return (json.dumps(d, sort_keys=True, separators=(",", ":")) + "\n").encode()
 
@@ -307,6 +316,14 @@ def _vouch(v: Any, size: int) -> str:
     return v
 
 
+def _secret(v: Any) -> str:
+    if v == "":
+        return ""
+    if not isinstance(v, str) or not _SECRET_RE.match(v):
+        raise RecordError("secret is not 64 lowercase hex digits")
+    return v
+
+
 def _nonneg(v: int, what: str) -> int:
     if v < 0:
         raise RecordError(f"{what} {v} is negative")
@@ -387,6 +404,7 @@ def decode(data: bytes, expect: type) -> Any:
             version=str(d.get("version", ""))[:64],
             slurm_job_id=str(d.get("slurm_job_id", ""))[:64],
             vouch=_vouch(d.get("vouch", ""), size),
+            secret=_secret(d.get("secret", "")),
             **common,
         )
     state = _req(d, "state", str)

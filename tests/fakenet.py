@@ -30,6 +30,8 @@ What the model says about TCP (each a kernel behaviour the real channel meets):
   them, and delivered in order when the partition heals -- so ``silent_for``
   grows on both ends.  An address no host owns never answers either.
 * **Connect to a port nothing listens on**: ``REFUSED`` at once (RST).
+* **An accepted connection** is reported to the hub as an ``ACCEPTED`` event (with the
+  connecting host's first address as ``peer``) before anything sent on it, as the real Hub does.
 * **A dropped connection** (:meth:`FakeNet.reset`, a RST from a middlebox or
   a crashing NIC): both ends see it lost at once; data in flight is lost, and
   with ``lose_unread`` so is data received but not yet read (Linux discards
@@ -300,6 +302,10 @@ class FakeTransport(Transport):
         )
         link.pipe = pipe
         hub.conns[pipe.cid] = pipe
+        # The real Hub reports each accepted connection with its source address (rank 0
+        # challenges it at once): the first address of the connecting host.
+        peer = next((a for a, h in net.addr_host.items() if h == self.host), str(self.host))
+        hub.events.append(HubEvent(EventKind.ACCEPTED, pipe.cid, peer=peer))
         net.pipes.append(pipe)
         net.endpoints.setdefault(self.owner, []).append(link)
         net.wake(hub.owner)

@@ -96,7 +96,7 @@ def test_pings_keep_both_ends_fresh_and_are_never_delivered(pair):
         pair.pump_hub()
         pair.pump_link()
     assert pair.hub.silent_for(pair.conn) < 0.3 and pair.link.silent_for() < 0.3
-    assert not pair.msgs and all(e.kind is EventKind.MESSAGE and e.msg["t"] == "hello" for e in pair.events)
+    assert not pair.msgs and [e.msg["t"] for e in pair.events if e.kind is EventKind.MESSAGE] == ["hello"]
 
 
 def test_a_peer_that_stops_polling_goes_silent(pair):
@@ -327,7 +327,8 @@ def _fake_pair():
     outcome, link, why = w.net.transport("B", "rank1", ping_interval=1.0).connect("10.0.0.1", hub.port, 2.0)
     assert outcome is Outcome.CONNECTED, why
     link.send({"t": "hello"})
-    (ev,) = hub.poll(0)
+    accepted, ev = hub.poll(0)
+    assert accepted.kind is EventKind.ACCEPTED and accepted.peer == "10.0.0.2" and accepted.conn == ev.conn
     return w, hub, link, ev.conn
 
 
@@ -366,3 +367,18 @@ def test_fake_network_reset_and_busy_port():
         w.net.transport("A", "again").listen("10.0.0.1", hub.port, 1)
     w.net.kill("rank0")
     w.net.transport("A", "again").listen("10.0.0.1", hub.port, 1)  # the dead process's port is free
+
+
+def test_deeply_nested_json_from_anyone_loses_only_that_connection():
+    # One line of 30,000 "[" is under MAX_LINE but beyond the JSON decoder's recursion limit:
+    # it must cost the sender its connection, never rank 0 an exception (it would withdraw).
+    hub = Hub("127.0.0.1", 0, ping_interval=PING)
+    try:
+        with socket.create_connection(("127.0.0.1", hub.port), timeout=2) as s:
+            s.sendall(b'{"t":"ask","job":' + b"[" * 30000 + b"]" * 30000 + b"}\n")
+            events: list = []
+            until(lambda: [e for e in events if e.kind is EventKind.LOST], poll=lambda: events.extend(hub.poll(0.01)))
+        assert [e.kind for e in events] == [EventKind.ACCEPTED, EventKind.LOST], events
+        assert "not fsmingle's protocol" in events[-1].why
+    finally:
+        hub.close()

@@ -1,7 +1,9 @@
 """In-memory network with the interface of :mod:`fsmingle.channel` (Transport, Hub, Link).
 
 A message sent at the sender's local time ``t`` arrives at ``t + latency`` and wakes the
-receiver (the engine's ``wake``).  Connecting costs one round trip.  Pings are not simulated:
+receiver (the engine's ``wake``).  Connecting costs one round trip; the hub learns of the
+connection (an ``ACCEPTED`` event) one latency after ``connect`` returns and answers with its
+challenge, so a member's first message leaves one round trip later, as on the real channel.  Pings are not simulated:
 nothing fails in the simulated scenario, so ``silent_for`` is 0 on an open connection (the real
 channel pings every ``ping_interval`` of quiet; :func:`ping_messages` counts them analytically).
 """
@@ -140,6 +142,11 @@ class SimTransport(Transport):
         conn = self.net.next_conn()
         link = SimLink(self.net, self.owner, hub, conn)
         hub.links[conn] = link
+        # Rank 0 learns of the connection when the handshake's last ACK reaches it (the real Hub's
+        # ACCEPTED event, which it answers with its challenge): one latency after connect returns.
+        t = c.t + self.net.latency
+        hub.inbox.append((t, HubEvent(EventKind.ACCEPTED, conn, peer=f"sim-{self.owner}")))
+        self.net.wake(hub.owner, t)
         self.net.counts[self.owner]["connects"] += 1
         return Outcome.CONNECTED, link, ""
 

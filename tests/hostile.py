@@ -1,0 +1,193 @@
+"""Hostile clients on rank 0's port, as a separate process (``python tests/hostile.py MODE DIR JOB``).
+
+Rank 0's port is found the way a member finds it: its endpoint record in
+``DIR/JOB/gen-00000001/master/``.  Modes:
+
+* ``reasker``: one connection that asks for a rank of the right job and generation every 0.5 s
+  (and pings), never saying hello; reconnects whenever it is dropped.  With ``--secret`` it
+  reads the channel secret from the endpoint record (a buggy peer of the same uid: it answers
+  the challenge) -- the lease rules, not the authentication, must then keep the rank free.
+* ``flood``: 200 connections at once -- 50 asks for the right job and generation, 50
+  well-formed hellos with invented identities for the last rank, 50 silent, 50 random bytes --
+  and every second each one that was closed is opened again.
+
+Prints one line per event worth knowing to stdout (``dropped``, ``offer``...) for the test.
+Works against fsmingle's older wire versions too (no challenge: it does not wait for one).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import secrets
+import socket
+import sys
+import time
+from pathlib import Path
+
+
+def endpoint(d: str, job: str, gen: int = 1) -> dict:
+    master = Path(d) / job / f"gen-{gen:08d}" / "master"
+    while True:
+        for f in sorted(master.glob("beacon-*.json")) if master.is_dir() else []:
+            try:
+                b = json.loads(f.read_bytes())
+            except (OSError, ValueError):
+                continue
+            if b.get("rank") == 0 and b.get("master_port"):
+                return b
+        time.sleep(0.05)
+
+
+V = 3  # the wire version rank 0 speaks (detect_version): the intruder speaks it too
+
+
+def detect_version(b: dict) -> None:
+    """Wire 3 (and later) challenge every connection at once; an older rank 0 says nothing."""
+    global V
+    with socket.create_connection((b["addr"], b["master_port"]), timeout=5) as s:
+        s.settimeout(0.5)
+        try:
+            V = 3 if b'"challenge"' in s.recv(4096) else 2
+        except OSError:
+            V = 2
+    print("wire version", V, flush=True)
+
+
+def who(b: dict, t: str) -> dict:
+    return {
+        "t": t,
+        "v": V,
+        "job": b["job_id"],
+        "gen": b["generation"],
+        "inst": secrets.token_hex(8),
+        "mode": b["mode"],
+        "size": b["size"],
+        "restart_count": 0,
+        "slurm_job_id": "",
+    }
+
+
+def hello(b: dict, rank: int) -> dict:
+    host = {"hostname": "intruder", "boot_id": "x", "pidns": "x", "pid": 4242, "pid_start": 1.0}
+    return {**who(b, "hello"), "rank": rank, "addr": "127.0.0.1", "explicit": False, "key": "", "host": host}
+
+
+def line(m: dict) -> bytes:
+    return json.dumps(m, separators=(",", ":")).encode() + b"\n"
+
+
+def mac(secret: str, nonce: str, m: dict) -> str:
+    rank = m.get("rank") if m["t"] == "hello" else None
+    body = json.dumps([V, nonce, m["t"], m["job"], m["gen"], m["inst"], rank], separators=(",", ":"), sort_keys=True)
+    return hmac.new(secret.encode(), body.encode(), hashlib.sha256).hexdigest()
+
+
+def read_lines(s: socket.socket, buf: bytearray) -> list[dict] | None:
+    """Whatever complete lines are there (non-blocking); None once the peer closed."""
+    try:
+        data = s.recv(65536)
+    except (BlockingIOError, InterruptedError):
+        return []
+    except OSError:
+        return None
+    if not data:
+        return None
+    buf += data
+    out = []
+    while b"\n" in buf:
+        i = buf.index(b"\n")
+        try:
+            out.append(json.loads(bytes(buf[:i])))
+        except ValueError:
+            pass
+        del buf[: i + 1]
+    return out
+
+
+def reasker(d: str, job: str, with_secret: bool) -> None:
+    b = endpoint(d, job)
+    detect_version(b)
+    inst = secrets.token_hex(8)
+    while True:
+        s = socket.create_connection((b["addr"], b["master_port"]), timeout=5)
+        s.setblocking(False)
+        buf = bytearray()
+        nonce = None
+        if with_secret:  # wait for a challenge briefly (an older rank 0 sends none)
+            end = time.monotonic() + 1.0
+            while nonce is None and time.monotonic() < end:
+                for m in read_lines(s, buf) or []:
+                    if m.get("t") == "challenge":
+                        nonce = m["nonce"]
+                time.sleep(0.01)
+        print("connected", flush=True)
+        while True:
+            m = {**who(b, "ask"), "inst": inst, "taken": []}
+            if nonce is not None:
+                m["mac"] = mac(b["secret"], nonce, m)
+            try:
+                s.sendall(line(m) + line({"t": "ping"}))
+            except OSError:
+                break
+            time.sleep(0.5)
+            got = read_lines(s, buf)
+            if got is None:
+                break
+            for m in got:
+                if m.get("t") in ("offer", "reject"):
+                    print(m["t"], json.dumps(m), flush=True)
+        print("dropped", flush=True)
+        s.close()
+        time.sleep(0.1)
+
+
+def flood(d: str, job: str) -> None:
+    b = endpoint(d, job)
+    detect_version(b)
+    last = b["size"] - 1
+    kinds = ["ask"] * 50 + ["hello"] * 50 + ["silent"] * 50 + ["random"] * 50
+    socks: list[socket.socket | None] = [None] * len(kinds)
+    opened = 0
+    while True:
+        for i, kind in enumerate(kinds):
+            s = socks[i]
+            if s is not None:
+                try:
+                    if s.recv(65536, socket.MSG_DONTWAIT) == b"":
+                        s.close()
+                        s = socks[i] = None
+                except (BlockingIOError, InterruptedError):
+                    pass
+                except OSError:
+                    s.close()
+                    s = socks[i] = None
+            if s is not None:
+                continue
+            try:
+                s = socket.create_connection((b["addr"], b["master_port"]), timeout=2)
+            except OSError:
+                continue
+            opened += 1
+            try:
+                if kind == "random":
+                    s.sendall(os.urandom(200) + b"\n")
+                elif kind == "hello":
+                    s.sendall(line(hello(b, last)))
+                elif kind == "ask":
+                    s.sendall(line({**who(b, "ask"), "taken": []}))
+            except OSError:
+                pass
+            socks[i] = s
+        print("opened", opened, flush=True)
+        time.sleep(1.0)
+
+
+if __name__ == "__main__":
+    mode, d, job = sys.argv[1:4]
+    if mode == "reasker":
+        reasker(d, job, "--secret" in sys.argv)
+    else:
+        flood(d, job)
