@@ -70,7 +70,7 @@ def load_impl(impl: str, before_rev: str):
     exec(compile(src, f"{before_rev}:fsmingle/torchrun_backend.py", "exec"), mod.__dict__)
     # It had its own copy of the schema version, since bumped in records.py
     # (the duplication the package removed): write what this tree reads.
-    from fsmingle.records import SCHEMA_VERSION
+    from fsmingle.fs.records import SCHEMA_VERSION
 
     mod.SCHEMA_VERSION = SCHEMA_VERSION
     return mod.create_rdzv_handler, mod.FsRendezvousBackend
@@ -214,7 +214,7 @@ def run(a) -> dict:
         _RendezvousState,
     )
 
-    from fsmingle.store import open_job_dir
+    from fsmingle.fs.jobdir import open_job_dir
     from fsmingle.torchrun.backend import FsRendezvousBackend as Reader
 
     base = Path(tempfile.mkdtemp(prefix="bench-keepalive-", dir=a.dir))
@@ -329,7 +329,7 @@ def ceiling(a) -> dict:
         _RendezvousState,
     )
 
-    from fsmingle.store import open_job_dir
+    from fsmingle.fs.jobdir import open_job_dir
 
     _, backend_cls = load_impl(a.impl, a.before_rev)
     base = Path(tempfile.mkdtemp(prefix="bench-keepalive-", dir=a.dir))

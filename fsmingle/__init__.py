@@ -9,8 +9,7 @@ Public API: :func:`rendezvous`, :class:`Rendezvous`, :func:`init_process_group`,
 and the :class:`FsmingleError` family in :mod:`fsmingle.errors`.
 """
 
-__version__ = "0.1.0"
-
+from ._version import __version__
 from .api import Rendezvous, rendezvous
 from .errors import (
     ConfigError,
@@ -22,7 +21,7 @@ from .errors import (
     StorageError,
     UnsafeDirectoryError,
 )
-from .protocol import Progress, Timing
+from .rendezvous.participant import Progress, Timing
 
 __all__ = [
     "__version__",

@@ -12,15 +12,16 @@ import os
 import secrets
 from dataclasses import dataclass, replace
 
-from . import __version__, options
-from .channel import TcpTransport
-from .cleanup import locked_cleaner
+from . import options
+from ._version import __version__
 from .config import resolve
-from .decision import Placement, expand_nodelist
-from .hostinfo import local_process_alive, this_process
-from .netaddr import choose_address, interface_of, socket_ifname_env
-from .protocol import Participant, SystemClock, Timing
-from .store import open_job_dir
+from .fs.jobdir import open_job_dir
+from .net.channel import TcpTransport
+from .net.hostinfo import local_process_alive, this_process
+from .net.netaddr import choose_address, interface_of, socket_ifname_env
+from .rendezvous.cleanup import locked_cleaner
+from .rendezvous.decision import Placement, expand_nodelist
+from .rendezvous.participant import Participant, SystemClock, Timing
 
 log = logging.getLogger("fsmingle")
 
@@ -214,9 +215,9 @@ def rendezvous(dir: str | None = None, job_id: str | None = None, **kwargs) -> R
             RendezvousTimeoutError: incomplete after ``timeout`` seconds (names the missing ranks).
             CorruptStateError: the release record stayed unusable.
             GpuPreflightError: ``gpus_per_node`` set and this node has fewer usable GPUs
-                (raised before the directory is touched; see :mod:`fsmingle.gpu`).
+                (raised before the directory is touched; see :mod:`fsmingle.preflight.gpu`).
             UnsupportedFilesystemError: link() does not work in the directory (s3fs and other
-                object-store mounts): no claim could be exclusive (see :mod:`fsmingle.fscheck`).
+                object-store mounts): no claim could be exclusive (see :mod:`fsmingle.fs.fscheck`).
     """
     timing: Timing | None = kwargs.pop("timing", None)
     want_members: bool = bool(kwargs.pop("want_members", False))
@@ -255,7 +256,7 @@ def rendezvous(dir: str | None = None, job_id: str | None = None, **kwargs) -> R
     if gpus is None and environ.get("FSMINGLE_GPUS_PER_NODE"):
         gpus = options.get("gpus_per_node").parse(environ["FSMINGLE_GPUS_PER_NODE"], source="FSMINGLE_GPUS_PER_NODE")
     if gpus:
-        from .gpu import require_gpus
+        from .preflight.gpu import require_gpus
 
         require_gpus(gpus, env=dict(environ))  # before the job directory is touched: a node short of GPUs never joins
     port, timeout = v.port, v.timeout

@@ -31,37 +31,11 @@ Per-rank mode is chosen by ``--world-size``/``--rank`` (or by
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass
 
 from .errors import ConfigError
+from .fs.layout import validate_job_id
 from .options import get as _option
-
-MAX_JOB_ID_LEN = 128
-_JOB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+@=-]*$")
-
-
-def validate_job_id(job_id: str) -> str:
-    """Return ``job_id`` if it is safe as one directory name.
-
-    Allowed: letters, digits and ``. _ + @ = -`` (Slurm array ids like
-    ``123_4`` and Kubernetes names fit), starting with a letter or digit, at
-    most 128 characters.
-
-    Raises:
-        ConfigError: empty, too long, ``.``/``..``, or containing ``/``, NUL,
-            whitespace, control or other characters.
-    """
-    if not job_id:
-        raise ConfigError("no job id: pass --job-id or set FSMINGLE_JOB_ID (the same on every node)")
-    if len(job_id) > MAX_JOB_ID_LEN:
-        raise ConfigError(f"job id is {len(job_id)} characters long; at most {MAX_JOB_ID_LEN} are allowed")
-    if job_id in (".", "..") or not _JOB_ID_RE.match(job_id):
-        raise ConfigError(
-            f"job id {job_id!r} is not allowed: use letters, digits and . _ + @ = - only, starting with a "
-            "letter or digit (no '/', '..', spaces or control characters)"
-        )
-    return job_id
 
 
 def _int_env(env: dict, name: str) -> int | None:

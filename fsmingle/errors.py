@@ -114,7 +114,7 @@ class RecordError(FsmingleError, ValueError):
 
     Readers of the shared directory treat this as "not there yet" (a torn or
     foreign write must never crash a waiting node); it is raised to callers
-    only by :func:`fsmingle.records.decode`.
+    only by :func:`fsmingle.fs.records.decode`.
     """
 
     exit_code = 9
@@ -124,7 +124,7 @@ class RecordError(FsmingleError, ValueError):
 class UnsupportedFilesystemError(StorageError):
     """The rendezvous directory is on a filesystem where no claim can be exclusive.
 
-    Raised by the first rank claim (:meth:`fsmingle.store.PosixStore.create`)
+    Raised by the first rank claim (:meth:`fsmingle.fs.store.PosixStore.create`)
     when its ``link()`` fails with EPERM, EOPNOTSUPP, ENOSYS or EXDEV, or the first
     one succeeds without a link count of 2 (object stores seen as files: s3fs,
     gcsfuse, blobfuse, goofys, rclone mounts).  No claim stands then.  fsmingle
@@ -166,7 +166,7 @@ class InterruptedInCommitWindow(KeyboardInterrupt):
     """An interrupt (SIGINT, or SIGTERM in ``fsmingle run``) inside the commit window whose decision
     could not be read back: a release naming this participant may stand, so it did not withdraw.
 
-    Raised by :meth:`fsmingle.protocol.Participant.run` (``fsmingle.rendezvous()``) from the
+    Raised by :meth:`fsmingle.rendezvous.participant.Participant.run` (``fsmingle.rendezvous()``) from the
     original interrupt; the CLI exits 143.  A ``KeyboardInterrupt``, so code that stops on Ctrl-C
     still stops.  Attributes: ``job_id`` (str), ``generation`` (int), ``rank`` (int | None).
     """
@@ -224,7 +224,7 @@ class WorldSizeMismatchError(ConfigError):
 
 
 class GpuPreflightError(FsmingleError, RuntimeError):
-    """``--gpus-per-node N``: this node has fewer than N usable GPUs (see :mod:`fsmingle.gpu`).
+    """``--gpus-per-node N``: this node has fewer than N usable GPUs (see :mod:`fsmingle.preflight.gpu`).
 
     Raised before anything is written to the shared directory, so the node never joins.
     The message says how many GPUs are usable, which ones were seen, how they were

@@ -3,7 +3,7 @@
 :class:`FakeFS` holds the truth: every file's full history of versions (with
 the fake time each became current) and every directory's.  Each simulated node
 gets its own :class:`FakeStore` (``fs.view(node)``), an implementation of
-:class:`fsmingle.store.Store` that answers the way an NFS client with attribute,
+:class:`fsmingle.fs.store.Store` that answers the way an NFS client with attribute,
 lookup and directory caches may:
 
 * **Reads may be stale, within a bound.**  A view has a ``lag`` (0 ..
@@ -31,7 +31,7 @@ lookup and directory caches may:
 * ``create`` (exclusive, ``link()``) and ``mkdir`` are **linearisable on the
   truth**, as ``link()`` and ``mkdir`` are on NFSv3+; ``publish`` is an atomic
   replace; ``retire`` removes a whole directory at once.  There is no
-  ``O_EXCL`` variant any more: :class:`~fsmingle.store.PosixStore` refuses
+  ``O_EXCL`` variant any more: :class:`~fsmingle.fs.store.PosixStore` refuses
   filesystems without hard links.
 * **Lost replies** (:meth:`FakeStore.arm_lost_reply`): a ``create`` takes
   effect but returns False, as a ``link()`` whose reply was lost and whose
@@ -54,7 +54,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from fsmingle.store import Store
+from fsmingle.fs.store import Store
 
 __all__ = ["Crash", "FakeClock", "FakeFS", "FakeStore"]
 
@@ -318,7 +318,7 @@ class FakeStore(Store):
     ) -> None:
         """The ``after_ops``-th next ``create`` (``link()``) or ``publish`` (``rename()``) of a name
         ``match`` accepts fails with EIO -- after taking effect on the server (``after_effect``: a
-        soft NFS mount's timeout, a reply lost for good) or before.  :class:`~fsmingle.store.PosixStore`
+        soft NFS mount's timeout, a reply lost for good) or before.  :class:`~fsmingle.fs.store.PosixStore`
         turns such an ``OSError`` into :class:`~fsmingle.errors.StorageError` (after ``create``'s link
         count could not prove the link), so that is what is raised unless ``exc`` says otherwise.
         ``blind_for``: the name then reads as absent on this node for that many seconds (the

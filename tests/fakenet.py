@@ -1,19 +1,19 @@
-"""An in-memory network with the interface of :mod:`fsmingle.channel`, for model-checking protocol v2.
+"""An in-memory network with the interface of :mod:`fsmingle.net.channel`, for model-checking protocol v2.
 
 :class:`FakeNet` is the truth of every host, listening port and connection on
 the fake time of a :class:`fakefs.FakeFS` (``fs.now``); each process gets a
 :class:`FakeTransport` (``net.transport(host, owner)``) that implements
-:class:`fsmingle.channel.Transport`: ``listen`` returns a :class:`FakeHub`
-(rank 0's end, the API of :class:`fsmingle.channel.Hub`), ``connect`` a
-:class:`FakeLink` (a member's end, the API of :class:`fsmingle.channel.Link`).
+:class:`fsmingle.net.channel.Transport`: ``listen`` returns a :class:`FakeHub`
+(rank 0's end, the API of :class:`fsmingle.net.channel.Hub`), ``connect`` a
+:class:`FakeLink` (a member's end, the API of :class:`fsmingle.net.channel.Link`).
 
 What the model says about TCP (each a kernel behaviour the real channel meets):
 
 * **Delivery is immediate and in order** between hosts that can reach each
   other, and always within one host (loopback does not cross the link).
-  Messages round-trip through :func:`fsmingle.channel.encode_msg` /
-  :func:`~fsmingle.channel.decode_msg`, so only JSON data passes, and a line
-  over :data:`~fsmingle.channel.MAX_LINE` bytes loses the connection.
+  Messages round-trip through :func:`fsmingle.net.wire.encode_msg` /
+  :func:`~fsmingle.net.wire.decode_msg`, so only JSON data passes, and a line
+  over :data:`~fsmingle.net.wire.MAX_LINE` bytes loses the connection.
 * **Pings** are sent by an endpoint's ``poll`` when it has sent nothing for
   ``ping_interval`` seconds, as the real I/O layer does; they are consumed on
   arrival and only move ``silent_for`` back to 0.  A process that does not
@@ -54,17 +54,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from fsmingle.channel import (
-    MAX_LINE,
-    EventKind,
-    HubEvent,
-    Outcome,
-    Transport,
-    decode_msg,
-    encode_msg,
-    hostport,
-)
 from fsmingle.errors import ConfigError
+from fsmingle.net.channel import EventKind, HubEvent, Outcome, Transport, hostport
+from fsmingle.net.wire import MAX_LINE, decode_msg, encode_msg
 
 __all__ = ["FakeHub", "FakeLink", "FakeNet", "FakeTransport", "Pipe"]
 
@@ -109,7 +101,7 @@ class Pipe:
 
 
 class FakeHub:
-    """Rank 0's end on the fake network (the interface of :class:`fsmingle.channel.Hub`)."""
+    """Rank 0's end on the fake network (the interface of :class:`fsmingle.net.channel.Hub`)."""
 
     def __init__(self, net: FakeNet, host, port: int, owner, ping_interval: float):
         self.net, self.host, self.port, self.owner, self.ping_interval = net, host, port, owner, ping_interval
@@ -184,7 +176,7 @@ class FakeHub:
 
 
 class FakeLink:
-    """A member's end on the fake network (the interface of :class:`fsmingle.channel.Link`)."""
+    """A member's end on the fake network (the interface of :class:`fsmingle.net.channel.Link`)."""
 
     def __init__(self, net: FakeNet, host, owner, ping_interval: float):
         self.net, self.host, self.owner, self.ping_interval = net, host, owner, ping_interval
@@ -272,7 +264,7 @@ class FakeTransport(Transport):
         return hub
 
     def port_holder(self, port: int) -> str:
-        """What holds ``port`` on this host, as :func:`fsmingle.hostinfo.port_holder` says it."""
+        """What holds ``port`` on this host, as :func:`fsmingle.net.hostinfo.port_holder` says it."""
         hub = self.net.hubs.get((self.host, port))
         return "nothing (it was freed since)" if hub is None else f"fake process {hub.owner[:4]} (fsmingle)"
 

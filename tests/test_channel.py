@@ -1,4 +1,4 @@
-"""The real direct channel (fsmingle.channel: Hub, Link, TcpTransport) on loopback sockets.
+"""The real direct channel (fsmingle.net.channel: Hub, Link, TcpTransport) on loopback sockets.
 
 Every test opens real TCP sockets on 127.0.0.1 (or ::1): a hello and its
 answer, pings that keep ``silent_for`` low, silence when a peer stops polling,
@@ -19,14 +19,9 @@ import time
 
 import pytest
 
-from fsmingle.channel import (
-    MAX_LINE,
-    EventKind,
-    Hub,
-    Outcome,
-    TcpTransport,
-)
 from fsmingle.errors import ConfigError
+from fsmingle.net.channel import EventKind, Hub, Outcome, TcpTransport
+from fsmingle.net.wire import MAX_LINE
 
 try:
     import fakenet
@@ -263,7 +258,7 @@ def test_drain_returns_once_members_closed(pair):
 
 FD_SCRIPT = """
 import resource, sys
-from fsmingle.channel import ensure_fd_capacity
+from fsmingle.net.channel import ensure_fd_capacity
 from fsmingle.errors import ConfigError
 soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
 resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))

@@ -23,8 +23,8 @@ try:
 except ImportError:  # tests/ imported as a package
     from tests.test_model import GLUSTER_NEG, World
 
-from fsmingle.layout import RELEASE
-from fsmingle.protocol import State
+from fsmingle.fs.layout import RELEASE
+from fsmingle.rendezvous.participant import State
 
 
 def _is_release(name: str) -> bool:

@@ -1,4 +1,4 @@
-"""Direct tests of rank 0's pure release decision (fsmingle.decision.decide) and of placements.
+"""Direct tests of rank 0's pure release decision (fsmingle.rendezvous.decision.decide) and of placements.
 
 ``decide`` is the one place that says "release" or "void"; every rule of
 issue 11's "no release on absence of evidence" is checked here on hand-made
@@ -14,8 +14,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fsmingle.channel import decode_msg, encode_msg
-from fsmingle.decision import (
+from fsmingle.fs.records import HostId, Member
+from fsmingle.net.wire import decode_msg, encode_msg
+from fsmingle.rendezvous.decision import (
     Action,
     CoordinatorView,
     Placement,
@@ -23,7 +24,6 @@ from fsmingle.decision import (
     order_members,
     placements,
 )
-from fsmingle.records import HostId, Member
 
 
 def view(size=3, connected=(1, 2), **kw) -> CoordinatorView:
@@ -218,7 +218,7 @@ def test_bug_preparing_with_a_member_gone_from_connected_voids():
 
 @given(size=st.integers(1, 300), data=st.data())
 def test_rankset_is_the_sorted_complement_of_missing(size, data):
-    from fsmingle.states import RankSet
+    from fsmingle.rendezvous.states import RankSet
 
     missing = data.draw(st.sets(st.integers(-3, size + 3), max_size=20))
     s = RankSet(size, missing)

@@ -31,8 +31,8 @@ except ImportError:  # tests/ imported as a package
 
 from fsmingle import fscheck
 from fsmingle.errors import StorageError, UnsupportedFilesystemError
-from fsmingle.fscheck import doctor, families
-from fsmingle.store import PosixStore
+from fsmingle.fs.fscheck import doctor, families
+from fsmingle.fs.store import PosixStore
 
 make_cluster = cl.make_cluster
 

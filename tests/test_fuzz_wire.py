@@ -1,21 +1,21 @@
 """Fuzzing the edges (issue 21): hostile bytes on rank 0's port, from a fake rank 0, and on disk.
 
-* **Rank 0** (the real :class:`fsmingle.channel.Hub` and :class:`fsmingle.coordinator.Coordinator`:
+* **Rank 0** (the real :class:`fsmingle.net.channel.Hub` and :class:`fsmingle.rendezvous.rank0.coordinator.Coordinator`:
   a ``Participant`` holding rank 0 of a world of 2 on a temporary directory with ``PosixStore``,
   TCP on loopback) receives, on fresh connections, whatever :func:`wire_payloads` draws: any JSON
   value, messages with the right ``t`` and wrong types, huge numbers, NaN and infinities, nested
-  junk, truncated lines, bytes that are not UTF-8, lines over :data:`fsmingle.channel.MAX_LINE`.
+  junk, truncated lines, bytes that are not UTF-8, lines over :data:`fsmingle.net.wire.MAX_LINE`.
   Property: no exception escapes rank 0's ``step``; nothing unverified becomes a member
   (``rank_conn`` and ``members`` stay empty, no ``release.json``); rank 0 keeps generation 1 (a
   peer that proved nothing cannot void it); and afterwards the legitimate member is released
   with rank 0, in generation 1.
-* **A member** (the real :class:`fsmingle.member.Member`, explicit rank 1) connects to a fake rank 0
+* **A member** (the real :class:`fsmingle.rendezvous.member.Member`, explicit rank 1) connects to a fake rank 0
   whose endpoint record is in ``master/``; the fake answers its hello with a welcome, then with
   the drawn lines.  Property: nothing escapes the member's ``step`` but the documented failure of a
   fatal reject (``WorldSizeMismatchError``/``ConfigError``, ``member.py``), and a member released by
   the fake is released into generation 1 only after it acknowledged.
-* **Records** (:func:`fsmingle.records.decode` of beacons, claims and releases,
-  :func:`~fsmingle.records.attach_members`): arbitrary bytes, arbitrary JSON and valid records with
+* **Records** (:func:`fsmingle.fs.records.decode` of beacons, claims and releases,
+  :func:`~fsmingle.fs.chunks.attach_members`): arbitrary bytes, arbitrary JSON and valid records with
   one field replaced raise nothing but :class:`~fsmingle.errors.RecordError`.
 
 Every message is built in :class:`Wire` (one place: the HMAC "challenge"/"mac" fields of the
@@ -37,18 +37,20 @@ import pytest
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
-from fsmingle.channel import MAX_LINE, WIRE_VERSION, TcpTransport, auth_mac, new_nonce, new_secret
-from fsmingle.coordinator import Coordinator
-from fsmingle.decision import Placement
 from fsmingle.errors import ConfigError, FsmingleError, RecordError, WorldSizeMismatchError
-from fsmingle.hostinfo import this_process
-from fsmingle.layout import claim_name, gen_name, master_dir, master_name, release_name
-from fsmingle.member import Member
-from fsmingle.protocol import Participant, State
-from fsmingle.records import Beacon, Claim, HostId, Release, attach_members, decode, encode
-from fsmingle.records import Member as RecMember
-from fsmingle.store import PosixStore
-from fsmingle.timing import Timing
+from fsmingle.fs.chunks import attach_members
+from fsmingle.fs.layout import claim_name, gen_name, master_dir, master_name, release_name
+from fsmingle.fs.records import Beacon, Claim, HostId, Release, decode, encode
+from fsmingle.fs.records import Member as RecMember
+from fsmingle.fs.store import PosixStore
+from fsmingle.net.channel import TcpTransport
+from fsmingle.net.hostinfo import this_process
+from fsmingle.net.wire import MAX_LINE, WIRE_VERSION, auth_mac, new_nonce, new_secret
+from fsmingle.rendezvous.decision import Placement
+from fsmingle.rendezvous.member import Member
+from fsmingle.rendezvous.participant import Participant, State
+from fsmingle.rendezvous.rank0.coordinator import Coordinator
+from fsmingle.rendezvous.timing import Timing
 
 JOB = "job-fuzz"
 ADDR = "127.0.0.1"
@@ -67,7 +69,7 @@ FUZZ = settings(
 
 
 class Wire:
-    """Legitimate messages of wire protocol v2 (``fsmingle.member``, ``fsmingle.coordinator``), as
+    """Legitimate messages of wire protocol v2 (``fsmingle.rendezvous.member``, ``fsmingle.rendezvous.rank0.coordinator``), as
     templates the strategies mutate.  ``job``/``gen``: the world under test."""
 
     def __init__(self, job: str = JOB, gen: int = 1, size: int = 2, mode: str = "node"):

@@ -146,7 +146,7 @@ def test_nvml_is_preferred_and_a_lost_gpu_is_not_usable(node):
 
 
 def test_module_entry_point_for_a_real_node(node):
-    cp, _ = node("2", smi=SMI_2, module="fsmingle.gpu")
+    cp, _ = node("2", smi=SMI_2, module="fsmingle.preflight.gpu")
     assert cp.returncode == 0, cp.stderr
     assert cp.stdout.splitlines()[0].split("\t") == [
         "0",
@@ -154,7 +154,7 @@ def test_module_entry_point_for_a_real_node(node):
         "NVIDIA H100 80GB HBM3",
         "ok",
     ]
-    cp, _ = node("3", smi=SMI_2, module="fsmingle.gpu")
+    cp, _ = node("3", smi=SMI_2, module="fsmingle.preflight.gpu")
     assert cp.returncode == 12 and "2 usable GPUs" in cp.stderr
 
 

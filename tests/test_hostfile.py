@@ -14,7 +14,7 @@ import time
 import pytest
 from helpers import run_cli
 
-from fsmingle.gpu import visible
+from fsmingle.preflight.gpu import visible
 
 NAMES = ["node10", "node2", "gpu7"]
 

@@ -78,10 +78,10 @@ class Rank0:
     """Rank 0 of a world of ``size`` on 127.0.0.1, stepped by :meth:`pump`."""
 
     def __init__(self, tmp_path, size: int = 2):
-        from fsmingle.channel import TcpTransport
-        from fsmingle.hostinfo import this_process
-        from fsmingle.protocol import Participant, Timing
-        from fsmingle.store import open_job_dir
+        from fsmingle.fs.jobdir import open_job_dir
+        from fsmingle.net.channel import TcpTransport
+        from fsmingle.net.hostinfo import this_process
+        from fsmingle.rendezvous.participant import Participant, Timing
 
         self.base = tmp_path / "rdv"
         self.base.mkdir(mode=0o700)
@@ -183,12 +183,12 @@ class Raw:
         self.s.sendall(json.dumps(m).encode() + b"\n")
 
     def msg(self, t: str, *, rank=None, sign: bool = True, secret: str | None = None, nonce: str | None = None):
-        from fsmingle import channel
+        from fsmingle.net import wire
 
         b = self.r0.endpoint
         m = {
             "t": t,
-            "v": channel.WIRE_VERSION,
+            "v": wire.WIRE_VERSION,
             "job": "auth",
             "gen": 1,
             "inst": self.inst,
@@ -200,7 +200,7 @@ class Raw:
             host = {"hostname": "h", "boot_id": "b", "pidns": "p", "pid": 1, "pid_start": 1.0}
             m.update(rank=rank, addr="127.0.0.1", host=host)
         if sign and self.r0.secret is not None:
-            m["mac"] = channel.auth_mac(
+            m["mac"] = wire.auth_mac(
                 secret or self.r0.secret, nonce or self.nonce, t, "auth", 1, self.inst, rank if t == "hello" else None
             )
         return m
@@ -254,7 +254,7 @@ def test_an_older_wire_version_is_told_which_versions_meet(rank0):
 
 
 def test_unauthenticated_connections_are_capped_per_source_oldest_first(rank0):
-    from fsmingle.coordinator import UNAUTH_PER_SOURCE
+    from fsmingle.rendezvous.rank0.door import UNAUTH_PER_SOURCE
 
     silent = [Raw(rank0) for _ in range(UNAUTH_PER_SOURCE + 4)]
     late = Raw(rank0)  # a member arriving behind a flood from its own address
@@ -282,7 +282,7 @@ def test_the_secret_is_in_the_endpoint_record_only(rank0, tmp_path):
 
 
 def test_a_record_without_a_secret_still_decodes():
-    from fsmingle.records import Beacon, decode, encode
+    from fsmingle.fs.records import Beacon, decode, encode
 
     from_old = json.loads(encode(Beacon(**BEACON)))
     assert "secret" not in from_old  # an empty secret is left out: older readers see the same record
@@ -307,7 +307,7 @@ BEACON = dict(
 
 @pytest.fixture(autouse=True)
 def _beacon_host():
-    from fsmingle.hostinfo import this_process
+    from fsmingle.net.hostinfo import this_process
 
     BEACON["host"] = this_process()
 
@@ -340,7 +340,7 @@ def test_an_asker_that_asks_again_cannot_keep_a_rank_from_who_waits(rank0):
 
 
 def test_a_connection_that_keeps_asking_without_a_hello_is_dropped(rank0):
-    from fsmingle import coordinator
+    from fsmingle.rendezvous.rank0 import coordinator
 
     MAX_OFFERS_PER_CONN = getattr(coordinator, "MAX_OFFERS_PER_CONN", 8)  # (to run it on older code too)
     a = Raw(rank0)
@@ -372,8 +372,8 @@ def test_an_unverified_hello_blocks_offers_only_for_the_lease(rank0):
 def test_a_member_meeting_an_older_rank0_says_so(procs, d):
     # An older rank 0 publishes no secret and sends no challenge: waiting for one would last until
     # the timeout, so the member fails at once naming the versions (exit 3, ConfigError).
-    from fsmingle.hostinfo import this_process
-    from fsmingle.records import Beacon, encode
+    from fsmingle.fs.records import Beacon, encode
+    from fsmingle.net.hostinfo import this_process
 
     gen = make_gen_dir(d, "old", 1)
     (gen / "master").mkdir(mode=0o700)

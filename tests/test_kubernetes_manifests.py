@@ -18,7 +18,8 @@ import pytest
 
 yaml = pytest.importorskip("yaml")
 
-from fsmingle import config, netaddr
+from fsmingle import config
+from fsmingle.net import netaddr
 
 K8S = Path(__file__).resolve().parents[1] / "examples" / "kubernetes"
 VAR_REF = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")

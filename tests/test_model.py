@@ -1,7 +1,7 @@
-"""Model-checking protocol v2 (fsmingle.protocol.Participant) on a stale in-memory filesystem and a fake network.
+"""Model-checking protocol v2 (fsmingle.rendezvous.participant.Participant) on a stale in-memory filesystem and a fake network.
 
-The real policy code -- :mod:`fsmingle.protocol`, :mod:`fsmingle.coordinator`,
-:mod:`fsmingle.member`, :mod:`fsmingle.decision` -- runs unchanged against
+The real policy code -- :mod:`fsmingle.rendezvous.participant`, :mod:`fsmingle.rendezvous.rank0.coordinator`,
+:mod:`fsmingle.rendezvous.member`, :mod:`fsmingle.rendezvous.decision` -- runs unchanged against
 :mod:`fakefs` (bounded stale reads, negative caches of any length, spurious
 ``ENOENT``, lagging listings, linearisable exclusive create with lost replies,
 crashes in the middle of store operations, corrupt files), :mod:`fakenet`
@@ -18,7 +18,7 @@ staleness, caches, partitions, resets and corruption, and checks (issue 11):
 * no release of a world containing a participant that had left the generation
   (rejoined another, or exited);
 * everyone released agrees on (master address, port, generation), and each
-  placement is what :func:`fsmingle.decision.placements` gives for that
+  placement is what :func:`fsmingle.rendezvous.decision.placements` gives for that
   generation's authentic decision;
 * exceptions are the documented ones, in their documented situations:
   RankConflictError only when the other holder is (recently) alive or was
@@ -50,8 +50,6 @@ from hypothesis import HealthCheck, event, note, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from fsmingle.cleanup import retire_decided_below
-from fsmingle.decision import Placement, placements
 from fsmingle.errors import (
     ConfigError,
     CorruptStateError,
@@ -60,8 +58,7 @@ from fsmingle.errors import (
     StorageError,
     WorldSizeMismatchError,
 )
-from fsmingle.joining import RETIRED_NUMBER
-from fsmingle.layout import (
+from fsmingle.fs.layout import (
     GEN_RE,
     RELEASE,
     claim_name,
@@ -69,9 +66,12 @@ from fsmingle.layout import (
     master_dir,
     release_name,
 )
-from fsmingle.protocol import Participant, State, Timing
-from fsmingle.records import Claim, HostId, Release, decode, encode
-from fsmingle.store import PosixStore, Store
+from fsmingle.fs.records import Claim, HostId, Release, decode, encode
+from fsmingle.fs.store import PosixStore, Store
+from fsmingle.rendezvous.cleanup import retire_decided_below
+from fsmingle.rendezvous.decision import Placement, placements
+from fsmingle.rendezvous.joining import RETIRED_NUMBER
+from fsmingle.rendezvous.participant import Participant, State, Timing
 
 try:
     import fakefs
@@ -297,7 +297,7 @@ class World:
         return q is not None and q.alive and q.hid.pid_start == other.pid_start
 
     def _cleaner_for(self, store: Store):
-        # fsmingle.cleanup.locked_cleaner without the lease (one process acts at a time here)
+        # fsmingle.rendezvous.cleanup.locked_cleaner without the lease (one process acts at a time here)
         def cleaner(g: int) -> None:
             retire_decided_below(store, g)
 
@@ -1578,7 +1578,7 @@ def test_bug_old_heartbeat_change_is_not_proof_of_life():
 
 # ---------------------------------------------------------------------------------------------
 # The paths only big worlds take: first-come joiners whose blind guesses collide ask rank 0 for
-# a free rank (fsmingle.member, "asking"), and connected members heartbeat their own beacons
+# a free rank (fsmingle.rendezvous.member, "asking"), and connected members heartbeat their own beacons
 # rarely, so judges rely on rank 0's vouch (GenerationReader.judge_rank).  Small worlds never
 # take them, so the machine above is run again with both forced: every first-come joiner makes
 # one guess and then asks, and a connected member never heartbeats again.
@@ -1587,7 +1587,7 @@ def test_bug_old_heartbeat_change_is_not_proof_of_life():
 def test_model_with_the_paths_of_big_worlds(monkeypatch):
     from hypothesis.stateful import run_state_machine_as_test
 
-    from fsmingle import joining, member
+    from fsmingle.rendezvous import joining, member
 
     monkeypatch.setattr(joining, "SPREAD_ABOVE", 1)
     monkeypatch.setattr(joining, "BLIND_GUESSES", 1)
@@ -1609,7 +1609,7 @@ def test_an_asker_tries_rank0_again_after_port_busy(monkeypatch):
     "port busy" (a peer on its host still held the port as rank 0 of the generation before);
     it never tried again, the peer then claimed rank 3, and ranks 1-3 waited for a rank 0
     that nobody would take.  The machine's own steps, replayed; teardown asserts the release."""
-    from fsmingle import joining, member
+    from fsmingle.rendezvous import joining, member
 
     monkeypatch.setattr(joining, "SPREAD_ABOVE", 1)
     monkeypatch.setattr(joining, "BLIND_GUESSES", 1)
@@ -1664,7 +1664,8 @@ def _count_calls(monkeypatch, cls, name: str) -> list:
 def test_big_first_come_world_asks_rank0_instead_of_listing(monkeypatch, arrivals):
     """48 first-come nodes (above SPREAD_ABOVE): joiners whose 3 guesses collide ask rank 0 and
     claim what it offers; the generation directory is listed by rank 0's scans, not by joiners."""
-    from fsmingle import coordinator, joining
+    from fsmingle.rendezvous import joining
+    from fsmingle.rendezvous.rank0 import coordinator
 
     asks = _count_calls(monkeypatch, coordinator.Coordinator, "_on_ask")
     listings = _count_calls(monkeypatch, joining.Joining, "claim_by_listing")
@@ -1689,7 +1690,7 @@ def test_connected_members_with_rare_heartbeats_live_by_rank0s_vouch(monkeypatch
     rank 0's beacon vouches for it.  A contester for its rank must not judge it dead and void the
     generation -- long after the member's own beacon went stale -- and learns of the conflict when
     the world is released."""
-    from fsmingle import member
+    from fsmingle.rendezvous import member
 
     monkeypatch.setattr(member, "MEMBER_BEACONS_PER_S", 1e-6)  # a member's own beacon: never again
     w = World(4, ranks=[0, 1, 2, 3], staleness=1.0, pidns="pod")

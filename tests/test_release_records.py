@@ -8,16 +8,8 @@ import json
 import pytest
 
 from fsmingle.errors import RecordError
-from fsmingle.records import (
-    MEMBERS_PER_CHUNK,
-    HostId,
-    Member,
-    Release,
-    attach_members,
-    decode,
-    encode,
-    encode_release,
-)
+from fsmingle.fs.chunks import attach_members, encode_release
+from fsmingle.fs.records import MEMBERS_PER_CHUNK, HostId, Member, Release, decode, encode
 
 HOST = HostId(hostname="node0001", boot_id="b" * 36, pidns="pid:[4026531836]", pid=4242, pid_start=1.7e9)
 
@@ -77,7 +69,7 @@ def test_the_one_mebibyte_guard_stays_for_hostile_files():
 def test_rank0_vouch_round_trips_and_bad_vouches_are_named():
     """Rank 0's beacon carries a bitmap of its verified members (``Beacon.vouch``): 131,072 ranks fit
     in 22 KiB; a vouch that is not base64, or holds more ranks than the world, is a named RecordError."""
-    from fsmingle.records import Beacon, HostId, decode, encode, encode_vouch
+    from fsmingle.fs.records import Beacon, HostId, decode, encode, encode_vouch
 
     host = HostId(hostname="h0", boot_id="b", pidns="p", pid=1, pid_start=1.0)
     n = 131_072

@@ -1,6 +1,6 @@
 """The simulator (benchmarks/sim) runs the real policy and counts what the real store would do.
 
-A real run -- four real :class:`fsmingle.protocol.Participant` threads on a real directory,
+A real run -- four real :class:`fsmingle.rendezvous.participant.Participant` threads on a real directory,
 talking TCP on loopback, their filesystem calls counted by the benchmark's counting ``os``
 wrapper -- is compared with the simulator at the same N and arrival pattern.  The calls that
 do not depend on timing (directories made, claims linked, records renamed into place, temp
@@ -22,11 +22,12 @@ sys.path.insert(0, ROOT)
 
 from benchmarks.rdzv.fsops import KINDS, OpCounter, fs_ops
 from benchmarks.sim.engine import Config, run
-from fsmingle import store as store_mod
-from fsmingle.channel import TcpTransport
-from fsmingle.hostinfo import this_process
-from fsmingle.protocol import Participant, Timing
-from fsmingle.store import open_job_dir
+from fsmingle.fs import jobdir as jobdir_mod
+from fsmingle.fs import store as store_mod
+from fsmingle.fs.jobdir import open_job_dir
+from fsmingle.net.channel import TcpTransport
+from fsmingle.net.hostinfo import this_process
+from fsmingle.rendezvous.participant import Participant, Timing
 
 N = 4
 EXACT = ("mkdir", "link", "rename", "create", "unlink")
@@ -37,7 +38,7 @@ def _real_run(base: str) -> tuple[list[dict], list[float]]:
     real_os = store_mod.os
     from benchmarks.rdzv.fsops import _CountingOs
 
-    store_mod.os = _CountingOs(real_os, counter)
+    store_mod.os = jobdir_mod.os = _CountingOs(real_os, counter)  # the store and opening the job directory
     timing = Timing()
     parts, results, errors = [], {}, []
 
@@ -80,7 +81,7 @@ def _real_run(base: str) -> tuple[list[dict], list[float]]:
         for t in threads:
             t.join(60)
     finally:
-        store_mod.os = real_os
+        store_mod.os = jobdir_mod.os = real_os
     assert not errors, errors
     assert sorted(r.rank for r, _ in results.values()) == list(range(N))
     return [counter.counts[i] for i in range(N)], [results[i][1] - t_last for i in range(N)]

@@ -104,14 +104,9 @@ def test_plot_errors_are_one_clear_line(released, tmp_path):
 
 def test_a_big_world_is_read_from_its_member_chunks(tmp_path):
     """Over MEMBERS_PER_CHUNK members, release.json names chunk files; status reads the members from them."""
-    from fsmingle.layout import gen_name, member_chunk_name, release_name
-    from fsmingle.records import (
-        MEMBERS_PER_CHUNK,
-        HostId,
-        Member,
-        Release,
-        encode_release,
-    )
+    from fsmingle.fs.chunks import encode_release
+    from fsmingle.fs.layout import gen_name, member_chunk_name, release_name
+    from fsmingle.fs.records import MEMBERS_PER_CHUNK, HostId, Member, Release
 
     n = MEMBERS_PER_CHUNK + 5
     writer = "ab" * 8

@@ -43,7 +43,7 @@ from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
 )
 
 from fsmingle.errors import ConfigError
-from fsmingle.store import open_job_dir
+from fsmingle.fs.jobdir import open_job_dir
 from fsmingle.torchrun import (
     _torch_private,
     backend,

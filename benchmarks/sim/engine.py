@@ -7,23 +7,23 @@ import random
 import time
 from dataclasses import dataclass, field
 
-from fsmingle.records import HostId
+from fsmingle.fs.records import HostId
 
 from ..opkinds import KINDS, fs_ops
 from .mds import MDS, CostModel, SimFS, SimStore
 from .net import SimNet, SimTransport, ping_messages
 
-try:  # protocol v2 keeps Timing in fsmingle.protocol; later versions may move it
-    from fsmingle.protocol import Participant, Timing
+try:  # protocol v2 keeps Timing in fsmingle.rendezvous.participant; later versions may move it
+    from fsmingle.rendezvous.participant import Participant, Timing
 except ImportError:  # pragma: no cover
-    from fsmingle.protocol import Participant
-    from fsmingle.timing import Timing
+    from fsmingle.rendezvous.participant import Participant
+    from fsmingle.rendezvous.timing import Timing
 
 EPOCH = 1.7e9
 
 
 class SimClock:
-    """A participant's local clock (``monotonic``/``time``/``sleep`` of :class:`fsmingle.protocol.Clock`)."""
+    """A participant's local clock (``monotonic``/``time``/``sleep`` of :class:`fsmingle.rendezvous.participant.Clock`)."""
 
     __slots__ = ("t",)
 
@@ -71,7 +71,7 @@ class Config:
     horizon: float = 3600.0
     seed: int = 1
     want_members: int = 0  # every k-th participant asks for the member list (env --format hostfile); 0: none
-    check_lines: bool = False  # a message over channel.MAX_LINE loses its connection, as on the real channel
+    check_lines: bool = False  # a message over wire.MAX_LINE loses its connection, as on the real channel
 
 
 def run(cfg: Config) -> dict:

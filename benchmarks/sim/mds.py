@@ -1,10 +1,10 @@
-"""In-memory shared filesystem with a metadata-server (MDS) cost model, as a :class:`fsmingle.store.Store`."""
+"""In-memory shared filesystem with a metadata-server (MDS) cost model, as a :class:`fsmingle.fs.store.Store`."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from fsmingle.store import Store
+from fsmingle.fs.store import Store
 
 from ..opkinds import SERVER_KINDS
 
@@ -105,7 +105,7 @@ class SimFS:
 class SimStore(Store):
     """One participant's view of :class:`SimFS` (coherent: no client caches), charging the MDS.
 
-    Each call counts the system calls :class:`fsmingle.store.PosixStore` would make for it
+    Each call counts the system calls :class:`fsmingle.fs.store.PosixStore` would make for it
     (``open``+``fstat``+2 ``read``+``close`` for a read, temp-file ``create``+``write``+``fsync``+
     ``close`` then ``rename`` for a publish or ``link``+``unlink`` for an exclusive create...).
     """

@@ -1,4 +1,4 @@
-"""In-memory network with the interface of :mod:`fsmingle.channel` (Transport, Hub, Link).
+"""In-memory network with the interface of :mod:`fsmingle.net.channel` (Transport, Hub, Link).
 
 A message sent at the sender's local time ``t`` arrives at ``t + latency`` and wakes the
 receiver (the engine's ``wake``).  Connecting costs one round trip; the hub learns of the
@@ -10,7 +10,8 @@ channel pings every ``ping_interval`` of quiet; :func:`ping_messages` counts the
 
 from __future__ import annotations
 
-from fsmingle.channel import MAX_LINE, EventKind, HubEvent, Outcome, Transport, encode_msg
+from fsmingle.net.channel import EventKind, HubEvent, Outcome, Transport
+from fsmingle.net.wire import MAX_LINE, encode_msg
 
 
 class SimHub:

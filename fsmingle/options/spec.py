@@ -27,7 +27,7 @@ class Option:
         default (Any): value when neither the flag nor a fallback is set (None: unset).
         unit (str): ``"s"`` for seconds, else "".
         env (tuple[str, ...]): environment variables it falls back to, first set wins
-            (read by :func:`fsmingle.config.resolve` / :mod:`fsmingle.netaddr`).
+            (read by :func:`fsmingle.config.resolve` / :mod:`fsmingle.net.netaddr`).
         envvar (str | None): the one variable click itself reads for the flag (shown in ``--help``).
         check (Callable | None): ``check(value) -> str | None``: what is wrong with a value.
         conf_key (str | None): the torchrun ``--rdzv-conf`` key with the same meaning.

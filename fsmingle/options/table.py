@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ipaddress
 
+from ..fs.layout import validate_job_id
 from .spec import Option
 
 # ---------------------------------------------------------------- checks (return what is wrong, or None)
@@ -39,7 +40,7 @@ def _count(v: int) -> str | None:
 
 
 def _rank_order(v: str) -> str | None:
-    from ..decision import RANK_ORDERS
+    from ..rendezvous.decision import RANK_ORDERS
 
     return None if v in RANK_ORDERS else f"{v!r} is not one of {', '.join(RANK_ORDERS)}"
 
@@ -47,10 +48,6 @@ def _rank_order(v: str) -> str | None:
 def _job_id(v: str) -> str | None:
     if not v:
         return None  # empty: fall back to the environment (config.resolve says what is missing)
-    from ..config import (
-        validate_job_id,  # config imports this module; import here to avoid a cycle
-    )
-
     validate_job_id(v)  # raises ConfigError with its own complete message
     return None
 

@@ -6,7 +6,7 @@ torch's ``DynamicRendezvousHandler`` keeps the rendezvous state through a
 keeps it as immutable JSON files ``<endpoint>/<run_id>/state-<N>.json``:
 ``set_state(s, N)`` creates ``state-<N+1>.json`` with ``link()`` (exclusive
 on every NFS version, unlike ``O_EXCL`` before NFSv3; see
-:meth:`fsmingle.store.PosixStore.create`), so exactly one writer per version
+:meth:`fsmingle.fs.store.PosixStore.create`), so exactly one writer per version
 wins, without ``flock`` and without a server.
 
 Keep-alives are not in this state: every state torch reads has its
@@ -31,7 +31,7 @@ from torch.distributed.elastic.rendezvous.api import (
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import RendezvousBackend
 
 from ..errors import RecordError, StorageError
-from ..store import Store
+from ..fs.store import Store
 from ._torch_private import NodeDesc, RendezvousState
 from .codec import (
     STATE_RE,
@@ -81,7 +81,7 @@ class FsRendezvousBackend(RunFiles, RendezvousBackend):
 
     Args:
         store (Store): the run directory (``<endpoint>/<run_id>``), see
-            :func:`fsmingle.store.open_job_dir`.
+            :func:`fsmingle.fs.jobdir.open_job_dir`.
         run_id (str): torch's run id, written into and checked in every file.
         liveness_s (float): seconds without a new heartbeat after which a
             member counts as dead (torch's ``keep_alive_interval *
@@ -125,7 +125,7 @@ class FsRendezvousBackend(RunFiles, RendezvousBackend):
 
     @property
     def store(self) -> Store:
-        """The run directory's :class:`~fsmingle.store.Store`."""
+        """The run directory's :class:`~fsmingle.fs.store.Store`."""
         return self._store
 
     @property

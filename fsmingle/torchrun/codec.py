@@ -1,8 +1,8 @@
 """JSON files of the torchrun backend: state versions, store addresses, heartbeats, scans.
 
 Every file is one JSON object with the fsmingle ``schema`` and a ``kind``,
-parsed by :func:`fsmingle.records.load_object` (one schema version for the
-whole project, :data:`fsmingle.records.SCHEMA_VERSION`) and then validated
+parsed by :func:`fsmingle.fs.records.load_object` (one schema version for the
+whole project, :data:`fsmingle.fs.records.SCHEMA_VERSION`) and then validated
 field by field here.  Nothing on disk is pickled: torch hands its state to
 the backend pickled, :func:`unpickle_state` decodes it with an unpickler that
 admits only torch's state classes, and readers rebuild it from JSON.
@@ -34,7 +34,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from ..errors import RecordError
-from ..records import SCHEMA_VERSION, load_object, validate_port
+from ..fs.records import SCHEMA_VERSION, load_object, validate_port
 from ._torch_private import DR_MODULE, NodeDesc, RendezvousState, RendezvousStateError
 
 STATE_KIND = "torch-rdzv-state"

@@ -22,7 +22,7 @@ from typing import Any
 
 from .. import options
 from ..errors import ConfigError
-from ..netaddr import choose_address
+from ..net.netaddr import choose_address
 from .codec import ADDR_RE
 
 
@@ -115,7 +115,7 @@ def parse(params: Any) -> RdzvConf:
 
 def _local_addr(params: Any) -> str:
     # Order: addr, torchrun's --local-addr, iface / NCCL_SOCKET_IFNAME /
-    # GLOO_SOCKET_IFNAME, default route (fsmingle.netaddr.choose_address).
+    # GLOO_SOCKET_IFNAME, default route (fsmingle.net.netaddr.choose_address).
     opts = options.from_rdzv_conf(params.config)
     if opts.get("addr"):
         return choose_address(addr=opts["addr"])

@@ -29,10 +29,10 @@ from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
     RendezvousTimeout,
 )
 
-from ..config import validate_job_id
 from ..errors import ConfigError
-from ..netaddr import interface_of, socket_ifname_env
-from ..store import open_job_dir
+from ..fs.jobdir import open_job_dir
+from ..fs.layout import validate_job_id
+from ..net.netaddr import interface_of, socket_ifname_env
 from . import conf
 from ._torch_private import Action, RendezvousContext
 from .backend import FsRendezvousBackend, sleep_jitter
@@ -223,7 +223,7 @@ class FsRendezvousHandler(DynamicRendezvousHandler):
         ``distributed/elastic/multiprocessing/subprocess_handler/subprocess_handler.py``),
         so setting ``NCCL_SOCKET_IFNAME``/``GLOO_SOCKET_IFNAME`` here reaches every worker of
         this and later rounds -- the same rule as ``fsmingle run``
-        (:func:`fsmingle.netaddr.socket_ifname_env`): never over a value the user set.
+        (:func:`fsmingle.net.netaddr.socket_ifname_env`): never over a value the user set.
         """
         exports = socket_ifname_env(interface_of(self._this_node.addr) or "")
         for var, value in exports.items():

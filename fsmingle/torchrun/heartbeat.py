@@ -45,7 +45,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from ..errors import RecordError, StorageError
-from ..store import Store
+from ..fs.store import Store
 from . import codec
 from ._torch_private import NodeDesc
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
 
-from ..store import Store
+from ..fs.store import Store
 
 
 class RunFiles:
-    """Mixin: ``_read``/``_where`` over ``self._store`` (a :class:`fsmingle.store.Store`) and
+    """Mixin: ``_read``/``_where`` over ``self._store`` (a :class:`fsmingle.fs.store.Store`) and
     ``self._run_id`` (str), which the class using it sets."""
 
     _store: Store

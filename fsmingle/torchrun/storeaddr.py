@@ -17,7 +17,7 @@ from torch.distributed.elastic.rendezvous.api import (
 )
 
 from ..errors import RecordError, StorageError
-from ..store import Store
+from ..fs.store import Store
 from ._torch_private import NodeDesc
 from .backend import sleep_jitter
 from .codec import (

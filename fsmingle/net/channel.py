@@ -1,0 +1,451 @@
+"""The direct channel: rank 0 and every member prove to each other, over TCP, that they are alive and reachable.
+
+Protocol v2 keeps the shared filesystem for what only it can do -- discovery
+without a known endpoint, exclusive rank claims and the durable decision record
+-- and moves liveness and the release itself onto a TCP connection from each
+member to rank 0, on the master address and port that NCCL/gloo use a second
+later.  A connection that exists proves both ends are reachable on exactly that
+path; a silent connection proves nothing, so silence is judged as failure.
+
+Wire format: newline-terminated UTF-8 JSON objects, each at most
+:data:`MAX_LINE` bytes, with a type field ``t``.  ``ping`` messages are sent
+by the I/O layer whenever a connection has been quiet for ``ping_interval``
+seconds and are consumed there: the policy only sees :meth:`silent_for`, the
+seconds since the peer last sent anything.
+
+Both ends are event-driven (:mod:`selectors`, non-blocking sockets), never a
+thread per connection, so rank 0 can hold thousands of members; the open-file
+soft limit is raised to the hard limit when more are needed
+(:func:`ensure_fd_capacity`).
+
+The classes here are the real implementation of :class:`Transport`; the model
+tests swap in an in-memory network with the same interface.
+"""
+
+from __future__ import annotations
+
+import abc
+import enum
+import errno
+import ipaddress
+import logging
+import resource
+import selectors
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..errors import ConfigError, StorageError
+from .wire import MAX_LINE, decode_msg, encode_msg, peer_host
+
+log = logging.getLogger("fsmingle.channel")
+
+
+class Outcome(enum.Enum):
+    """How an attempt to connect to rank 0 ended."""
+
+    CONNECTED = "connected"
+    REFUSED = "refused"  # nothing listens there: the master process is gone (RST)
+    UNREACHABLE = "unreachable"  # no answer at all (timeout, no route): proves nothing
+
+
+class EventKind(enum.Enum):
+    ACCEPTED = "accepted"  # a new connection (``peer``: its source address); rank 0 challenges it
+    MESSAGE = "message"
+    LOST = "lost"
+
+
+@dataclass(frozen=True)
+class HubEvent:
+    """Something that happened on one of rank 0's member connections."""
+
+    kind: EventKind
+    conn: int
+    msg: dict | None = None
+    why: str = ""
+    peer: str = ""  # ACCEPTED: the source address (an IPv4-mapped IPv6 address as IPv4)
+
+
+# ---------------------------------------------------------------- authentication
+# Rank 0 makes a secret per generation and publishes it only in its endpoint record
+# (``master/beacon-<inst>.json``: mode 0600 in a 0700 directory), so only processes that can
+# read the job directory -- the job's own uid -- know it.  On accept rank 0 sends
+# ``{"t": "challenge", "nonce": ...}``; a member answers with its hello or ask carrying
+# ``mac`` = HMAC-SHA256(secret, the nonce and the message's identifying fields).  A fresh
+# nonce per connection makes a recorded message useless on any other connection.  Nothing is
+# encrypted: someone who can read the traffic (root, the network path) sees the messages.
+
+
+def ensure_fd_capacity(needed: int) -> None:
+    """Raise the soft ``RLIMIT_NOFILE`` towards the hard limit so ``needed`` more descriptors fit.
+
+    Many Linux systems default the soft limit to 1,024 while the hard limit is
+    far higher; rank 0 holds one socket per member.
+
+    Raises:
+        ConfigError: even the hard limit is too low; says what to do.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = needed + 64  # the process's own files, the store, the listener
+    if want <= soft:
+        return
+    if hard != resource.RLIM_INFINITY and want > hard:
+        raise ConfigError(
+            f"rank 0 must hold {needed} member connections but the open-file limit is {hard} (hard); "
+            "raise it (`ulimit -Hn`, limits.conf, or LimitNOFILE= in the unit) or use node mode "
+            "(one participant per node, --nnodes) so that fewer processes rendezvous"
+        )
+    target = want if hard == resource.RLIM_INFINITY else max(want, min(hard, 1 << 20))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+
+
+def _family(addr: str) -> int:
+    return socket.AF_INET6 if ipaddress.ip_address(addr.split("%")[0]).version == 6 else socket.AF_INET
+
+
+class _Conn:
+    __slots__ = ("sock", "rbuf", "wbuf", "last_rx", "last_tx", "lost", "why")
+
+    def __init__(self, sock: socket.socket, now: float):
+        self.sock = sock
+        self.rbuf = b""
+        self.wbuf = b""
+        self.last_rx = now
+        self.last_tx = now
+        self.lost = False
+        self.why = ""
+
+
+class _Endpoint:
+    """Shared buffering, framing and pinging of both ends."""
+
+    def __init__(self, clock: Callable[[], float], ping_interval: float):
+        self.clock = clock
+        self.ping_interval = ping_interval
+        self.sel = selectors.DefaultSelector()
+
+    def _read(self, c: _Conn) -> list[dict]:
+        out: list[dict] = []
+        try:
+            data = c.sock.recv(1 << 16)
+        except (BlockingIOError, InterruptedError):
+            return out
+        except OSError as e:
+            self._lose(c, f"connection error: {e.strerror or e}")
+            return out
+        if not data:
+            self._lose(c, "the peer closed the connection")
+            return out
+        c.last_rx = self.clock()
+        c.rbuf += data
+        while b"\n" in c.rbuf:
+            line, c.rbuf = c.rbuf.split(b"\n", 1)
+            msg = decode_msg(line)
+            if msg is None:
+                self._lose(c, "the peer sent something that is not fsmingle's protocol")
+                return out
+            if msg["t"] != "ping":
+                out.append(msg)
+        if len(c.rbuf) > MAX_LINE:
+            self._lose(c, f"the peer sent a line over {MAX_LINE} bytes")
+        return out
+
+    def _queue(self, c: _Conn, msg: dict) -> None:
+        if c.lost:
+            return
+        c.wbuf += encode_msg(msg)
+        c.last_tx = self.clock()
+        self._flush(c)
+
+    def _flush(self, c: _Conn) -> None:
+        while c.wbuf and not c.lost:
+            try:
+                n = c.sock.send(c.wbuf)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError as e:
+                self._lose(c, f"connection error: {e.strerror or e}")
+                return
+            c.wbuf = c.wbuf[n:]
+        if not c.lost:
+            try:
+                self.sel.modify(c.sock, selectors.EVENT_READ | (selectors.EVENT_WRITE if c.wbuf else 0), c)
+            except (KeyError, ValueError):
+                pass
+
+    def _ping_quiet(self, conns) -> None:
+        now = self.clock()
+        for c in conns:
+            if not c.lost and now - c.last_tx >= self.ping_interval:
+                self._queue(c, {"t": "ping"})
+
+    def _lose(self, c: _Conn, why: str) -> None:
+        if c.lost:
+            return
+        c.lost, c.why = True, why
+        try:
+            self.sel.unregister(c.sock)
+        except (KeyError, ValueError):
+            pass
+        c.sock.close()
+
+
+class Hub(_Endpoint):
+    """Rank 0's end: the master port, held from the rank-0 claim until exec, accepting members.
+
+    The listening socket is bound on all interfaces of the announced address's
+    family (as torch's TCPStore binds), with ``SO_REUSEADDR``; Python sockets
+    are close-on-exec, so the port is free exactly when the exec'd torch binds it.
+
+    Args:
+        addr (str): the announced IP literal (its family -- IPv4 or IPv6 -- is the socket's).
+        port (int): the port to hold; 0 picks a free one.
+        clock (Callable[[], float]): monotonic seconds.
+        ping_interval (float): seconds of quiet after which a ping is sent.
+        backlog (int): listen backlog (members expected; at least 128).
+
+    Raises:
+        ConfigError: the port is in use on this host, or cannot be bound.
+    """
+
+    def __init__(
+        self,
+        addr: str,
+        port: int,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        ping_interval: float = 1.0,
+        backlog: int = 128,
+    ):
+        super().__init__(clock, ping_interval)
+        fam = _family(addr)
+        self._lsock = socket.socket(fam, socket.SOCK_STREAM)
+        self._lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if fam == socket.AF_INET6:
+            # Dual-stack where the kernel allows: an IPv6 master still answers v4-mapped peers.
+            try:
+                self._lsock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+            except OSError:
+                pass
+        try:
+            self._lsock.bind(("::" if fam == socket.AF_INET6 else "", port))
+        except OSError as e:
+            self._lsock.close()
+            if e.errno == errno.EADDRINUSE:
+                raise ConfigError(
+                    f"--port {port} is already in use on this host; choose another --port or omit it"
+                ) from None
+            raise ConfigError(
+                f"cannot bind port {port} ({'IPv6' if fam == socket.AF_INET6 else 'IPv4'}): {e.strerror}"
+            ) from None
+        # At least 128 pending: a burst of connections from others (rank 0 drops them within a
+        # step) must not fill the queue a member's connect() waits in.
+        self._lsock.listen(min(max(backlog, 128), socket.SOMAXCONN))
+        self._lsock.setblocking(False)
+        self.port: int = self._lsock.getsockname()[1]
+        self.sel.register(self._lsock, selectors.EVENT_READ, None)
+        self._conns: dict[int, _Conn] = {}
+        self._ids: dict[int, int] = {}  # id(_Conn) -> conn id
+        self._next = 1
+        self._closed = False
+
+    def poll(self, timeout: float = 0.0) -> list[HubEvent]:
+        """Accept, read and write whatever is ready, waiting up to ``timeout`` seconds for something.
+
+        Returns:
+            list[HubEvent]: new connections (``ACCEPTED``, with the peer's address), messages from
+            members (pings excluded) and lost connections, in order.
+        """
+        events: list[HubEvent] = []
+        if self._closed:
+            return events
+        for key, mask in self.sel.select(max(0.0, timeout)):
+            if key.data is None:
+                events.extend(self._accept())
+                continue
+            c: _Conn = key.data
+            cid = self._ids[id(c)]
+            if mask & selectors.EVENT_WRITE:
+                self._flush(c)
+            if mask & selectors.EVENT_READ and not c.lost:
+                for m in self._read(c):
+                    events.append(HubEvent(EventKind.MESSAGE, cid, m))
+            if c.lost:
+                events.append(HubEvent(EventKind.LOST, cid, why=c.why))
+                self._forget(cid)
+        self._ping_quiet(self._conns.values())
+        for cid, c in list(self._conns.items()):
+            if c.lost:  # lost while writing a ping
+                events.append(HubEvent(EventKind.LOST, cid, why=c.why))
+                self._forget(cid)
+        return events
+
+    def _forget(self, cid: int) -> None:
+        c = self._conns.pop(cid, None)
+        if c is not None:
+            self._ids.pop(id(c), None)  # a flood of short connections must not grow this map
+
+    def _accept(self) -> list[HubEvent]:
+        out: list[HubEvent] = []
+        while True:
+            try:
+                s, addr = self._lsock.accept()
+            except (BlockingIOError, InterruptedError):
+                return out
+            except OSError as e:
+                if e.errno in (errno.EMFILE, errno.ENFILE):
+                    log.error("cannot accept a member connection: %s; raise the open-file limit", e.strerror)
+                return out
+            s.setblocking(False)
+            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            c = _Conn(s, self.clock())
+            cid, self._next = self._next, self._next + 1
+            self._conns[cid] = c
+            self._ids[id(c)] = cid
+            self.sel.register(s, selectors.EVENT_READ, c)
+            out.append(HubEvent(EventKind.ACCEPTED, cid, peer=peer_host(addr[0] if addr else "")))
+
+    def send(self, conn: int, msg: dict) -> None:
+        """Queue ``msg`` to one member (dropped silently if that connection is gone: its LOST event says so)."""
+        c = self._conns.get(conn)
+        if c is not None:
+            self._queue(c, msg)
+
+    def silent_for(self, conn: int) -> float:
+        """Seconds since member ``conn`` last sent anything (pings included); inf if it is gone."""
+        c = self._conns.get(conn)
+        return float("inf") if c is None else self.clock() - c.last_rx
+
+    def drop(self, conn: int) -> None:
+        """Close one member connection (after a reject)."""
+        c = self._conns.pop(conn, None)
+        if c is not None:
+            self._ids.pop(id(c), None)
+            self._flush(c)
+            self._lose(c, "dropped")
+
+    def open_connections(self) -> int:
+        return len(self._conns)
+
+    def drain(self, timeout: float) -> None:
+        """Flush every queued message and wait up to ``timeout`` seconds for members to close first.
+
+        Members close as soon as they read the release, so the TIME_WAIT state
+        lands on their side, not on the master port torch binds next.
+        """
+        end = self.clock() + timeout
+        while self._conns and self.clock() < end:
+            self.poll(min(0.05, max(0.0, end - self.clock())))
+
+    def close(self) -> None:
+        """Close every connection and free the port."""
+        if self._closed:
+            return
+        self._closed = True
+        for c in list(self._conns.values()):
+            self._lose(c, "closed")
+        self._conns.clear()
+        try:
+            self.sel.unregister(self._lsock)
+        except (KeyError, ValueError):
+            pass
+        self._lsock.close()
+        self.sel.close()
+
+
+class Link(_Endpoint):
+    """A member's connection to rank 0.  Create with :meth:`TcpTransport.connect`."""
+
+    def __init__(self, sock: socket.socket, *, clock: Callable[[], float], ping_interval: float):
+        super().__init__(clock, ping_interval)
+        sock.setblocking(False)
+        self._c = _Conn(sock, clock())
+        self.sel.register(sock, selectors.EVENT_READ, self._c)
+
+    @property
+    def lost(self) -> bool:
+        """True once the connection is gone (EOF, reset, protocol error)."""
+        return self._c.lost
+
+    @property
+    def why(self) -> str:
+        return self._c.why
+
+    def poll(self, timeout: float = 0.0) -> list[dict]:
+        """Read what rank 0 sent, waiting up to ``timeout`` seconds for something; pings are consumed."""
+        out: list[dict] = []
+        if not self._c.lost:
+            for _key, mask in self.sel.select(max(0.0, timeout)):
+                if mask & selectors.EVENT_WRITE:
+                    self._flush(self._c)
+                if mask & selectors.EVENT_READ and not self._c.lost:
+                    out.extend(self._read(self._c))
+            self._ping_quiet([self._c])
+        return out
+
+    def send(self, msg: dict) -> None:
+        self._queue(self._c, msg)
+
+    def silent_for(self) -> float:
+        """Seconds since rank 0 last sent anything; inf once the connection is lost."""
+        return float("inf") if self._c.lost else self.clock() - self._c.last_rx
+
+    def close(self) -> None:
+        if not self._c.lost:
+            self._flush(self._c)
+            self._lose(self._c, "closed")
+        self.sel.close()
+
+
+class Transport(abc.ABC):
+    """How a participant listens (rank 0) and connects (members); tests swap in a fake network."""
+
+    @abc.abstractmethod
+    def listen(self, addr: str, port: int, size: int) -> Hub:
+        """Hold ``port`` (0: any) for a world of ``size``.
+
+        Raises:
+            ConfigError: the port is busy, or the open-file limit cannot fit ``size`` members.
+        """
+
+    @abc.abstractmethod
+    def connect(self, addr: str, port: int, timeout: float) -> tuple[Outcome, Link | None, str]:
+        """Connect to rank 0; returns the outcome, the link when connected, and a reason for humans."""
+
+
+class TcpTransport(Transport):
+    """The real transport (TCP, IPv4 or IPv6 following the address).
+
+    Args:
+        clock (Callable[[], float]): monotonic seconds, shared with the policy.
+        ping_interval (float): seconds of quiet after which either end pings.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic, ping_interval: float = 1.0):
+        self.clock, self.ping_interval = clock, ping_interval
+
+    def listen(self, addr: str, port: int, size: int) -> Hub:
+        ensure_fd_capacity(size)
+        return Hub(addr, port, clock=self.clock, ping_interval=self.ping_interval, backlog=size)
+
+    def connect(self, addr: str, port: int, timeout: float) -> tuple[Outcome, Link | None, str]:
+        try:
+            s = socket.create_connection((addr, port), timeout=timeout)
+        except ConnectionRefusedError:
+            return Outcome.REFUSED, None, f"{_hostport(addr, port)} refused the connection (nothing listens there)"
+        except TimeoutError:
+            return Outcome.UNREACHABLE, None, f"no answer from {_hostport(addr, port)} within {timeout:g} s"
+        except OSError as e:
+            if e.errno in (errno.EMFILE, errno.ENFILE):
+                raise StorageError(f"cannot open a socket: {e.strerror}; raise the open-file limit") from None
+            return Outcome.UNREACHABLE, None, f"cannot reach {_hostport(addr, port)}: {e.strerror or e}"
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return Outcome.CONNECTED, Link(s, clock=self.clock, ping_interval=self.ping_interval), ""
+
+
+def _hostport(addr: str, port: int) -> str:
+    return f"[{addr}]:{port}" if ":" in addr else f"{addr}:{port}"
+
+
+hostport = _hostport

@@ -1,0 +1,272 @@
+"""Joining: choosing the generation to join and claiming a rank in it (mixed into ``Participant``).
+
+Rules (``docs/protocol.md``): a decided generation is never joined; directories are made with
+``mkdir`` before anyone looks their names up (a name looked up too early stays "absent" in a
+negative lookup cache: GlusterFS nl-cache 61 s); a claim is a ``link()`` of a complete file,
+read back after EEXIST (a lost reply to a retransmitted LINK, nfs(5)); first-come joiners never
+list the generation: they ask rank 0 for a free rank (or, before it exists, try rank 0 in small
+worlds and an instance-hash guess in big ones), so nobody herds on the lowest free rank.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+
+from ..errors import ConfigError, CorruptStateError
+from ..fs.layout import BEACON_RE, GEN_RE, MAX_GENERATION, claim_name, claimed_ranks, gen_name, master_dir, release_name
+from ..fs.records import Claim, Release, encode
+from ..net.hostinfo import port_holder
+from .decision import Placement
+from .states import State
+
+log = logging.getLogger("fsmingle")
+
+SPREAD_ABOVE = 32  # world size above which a joiner with no rank 0 yet guesses by hash, not rank 0 (and free ranks above which a listing claimer spreads by hash)
+# The reason a retired generation number re-created from a stale listing is marked decided with.
+RETIRED_NUMBER = "retired generation number re-created from a stale listing"
+BLIND_GUESSES = 1  # hash-drawn claims a joiner of a big world tries before rank 0 exists (small worlds: rank 0, once)
+
+
+class Joining:
+    """JOIN: pick the generation, publish the beacon, claim a rank (see the module doc)."""
+
+    _busy_since: float | None = None  # when this joiner first met --port busy (claim_one, _port_busy)
+    _busy_gen: int | None = None  # in which generation
+
+    def _step_join(self) -> Placement | None:
+        names = self.store.listdir("")
+        gens = [int(m.group(1)) for m in map(GEN_RE.match, names) if m]
+        g = max([*gens, self.left + 1, 1])
+        created = False
+        if g - 1 in gens and g - 1 > self.left:
+            # The newest generation was made ahead by the decider of the one before it:
+            # say so if that one was released (a late participant, or a re-run).
+            self._note_released(g - 1, self.read_release(g - 1))
+        while True:
+            if g > MAX_GENERATION:
+                raise CorruptStateError(f"job {self.job_id} exhausted generation numbers; run `fsmingle clean`")
+            # mkdir before any lookup of the name: a name looked up before it
+            # exists can stay "absent" in a negative cache (GlusterFS nl-cache:
+            # 61 s measured).  mkdir goes to the server and is exclusive.
+            created = self.store.mkdir(gen_name(g))
+            self.store.mkdir(master_dir(g))
+            rel = self.read_release(g)
+            if rel is None and created:
+                newer = self._newer_than(g)
+                if newer is not None:
+                    # Our listing was stale and g had been retired: its name was free, and
+                    # we just made an empty old generation while the world waits in a newer
+                    # one.  Mark it retired (nobody can join it) and go to the newest.
+                    self._mark_retired_number(g, newer)
+                    self.left = max(self.left, g)
+                    gens.append(newer)
+                    g = newer
+                    continue
+            if rel is None:
+                break
+            self._note_released(g, rel)
+            g += 1
+        self.gen = g
+        # The one whose mkdir made the generation tries rank 0 first; the others ask it for a
+        # rank rather than race for rank 0 (each loser of that race costs the metadata server
+        # four operations: 60 when 16 nodes start in the same instant).  A generation that was
+        # in our listing (made ahead by a decider, or by an earlier joiner) has no such creator.
+        self.rank0_by_creator = not created and g not in gens
+        self._reset_gen_state()
+        self.rank = None
+        # No beacon yet: the first one is written once the rank is known (hold()), so a
+        # joiner writes it once, not twice (4 metadata operations per participant).  Until
+        # then nobody judges us: a claim whose holder's beacon is not visible yet counts as
+        # unreadable, which proves nothing for stale_after (fsmingle.rendezvous.liveness).
+        self._enoent_since = None
+        return self._claim(created)  # which reports progress (hold(), or a note): after the first write
+
+    def _newer_than(self, g: int) -> int | None:
+        """The newest generation above ``g`` in a fresh listing of the job directory, or None.
+
+        Asked only by the joiner whose ``mkdir`` just created ``g`` (one per generation, so one
+        listing of a few names per generation, whatever N).  That listing is fresh: a client's
+        own create in a directory changes the directory, and the Linux NFS client drops its
+        cached listing when it sees its own change (the post-operation attributes of the
+        directory, "weak cache consistency", carry the new change attribute; ``nfs(5)``:
+        "the client drops all cached LOOKUP results" on a directory change; in the kernel,
+        ``nfs_wcc_update_inode`` marks a directory's data invalid); FUSE does the same for its
+        kernel cache (``fuse_dir_changed``).  Should a cache still answer stale, rank 0 of the
+        re-created generation leaves it later (``Coordinator._leave_if_superseded``).
+        """
+        gens = [int(m.group(1)) for m in map(GEN_RE.match, self.store.listdir("")) if m]
+        newest = max(gens, default=0)
+        return newest if newest > g else None
+
+    def _mark_retired_number(self, g: int, newer: int) -> None:
+        """Mark generation ``g``, re-created from a stale listing, as decided: nobody joins it again.
+
+        Not a void: nobody holds a rank in ``g`` (we made it a moment ago, and no release of it
+        can still be wanted: its old decision was retired), so this is no rank holder's
+        decision.  An exclusive create, as every decision: should a stale joiner have claimed
+        rank 0 in it meanwhile, it reads this record in its next scan and moves on too.
+        """
+        rel = Release(
+            job_id=self.job_id,
+            generation=g,
+            state="restart",
+            mode=self.mode,
+            size=self.size,
+            master_addr=None,
+            master_port=None,
+            members=(),
+            writer=self.instance,
+            reason=f"{RETIRED_NUMBER}; generation {newer} exists",
+            wall_time=self.clock.time(),
+        )
+        made = self.store.create(release_name(g), encode(rel))
+        log.info(
+            "job %s: generation %d had been retired and this node's stale listing re-created it; %s; "
+            "joining generation %d",
+            self.job_id,
+            g,
+            "marked it retired" if made else "someone else decided it already",
+            newer,
+        )
+
+    def _note_released(self, g: int, rel) -> None:
+        if isinstance(rel, Release) and rel.state == "released":
+            self.set_note(
+                f"generation {g} was already released to {rel.size} participant(s) before this one "
+                f"arrived; waiting in generation {g + 1} (a late participant, or a re-run)"
+            )
+
+    def _ensure_hub(self) -> None:
+        if self.hub is None:
+            try:
+                self.hub = self.transport.listen(self.addr, self.master_port_wanted or 0, self.size)
+            except ConfigError as e:
+                if not self.master_port_wanted or "already in use" not in str(e):
+                    raise
+                # Name what holds the port (a previous run's torch master, most often).
+                raise ConfigError(f"{e} (held by {self._port_holder(self.master_port_wanted)})") from None
+
+    def _port_holder(self, port: int) -> str:
+        """Who holds ``port`` on this host (psutil; the model's transport answers for its fake hosts)."""
+        ask = getattr(self.transport, "port_holder", None) or port_holder
+        return ask(port)
+
+    def _claim(self, created: bool) -> Placement | None:
+        if self.want_rank is not None:
+            r = self.want_rank
+            if r == 0:
+                self._ensure_hub()  # fail on a busy --port before claiming anything
+            if self.try_claim(r):
+                return self.hold(r)
+            self.state = State.CONTEST
+            self.contest_holder = self.read_claim(r)
+            self.set_note(f"rank {r} is already claimed in generation {self.gen}; checking whether its holder is alive")
+            return self._step_contesting()
+        # First-come joiners never list the generation to claim (a listing is O(N) entries
+        # for every joiner, O(N^2) in all, and simultaneous joiners herd on the lowest free
+        # rank).  Rank 0, once its endpoint is published, hands out free ranks in the order
+        # joiners ask (fsmingle.rendezvous.member, "asking") on the connection every member opens
+        # anyway: one listing of master/ (a name or two) tells.  Before that: the joiner
+        # whose mkdir made the generation tries rank 0; a small world's joiner tries rank 0
+        # too (ranks then follow arrival order at rank 0), unless the generation's maker is
+        # taking it just now; a big world's joiner claims a rank drawn from its instance
+        # hash.  If that collides, it asks.
+        self.master_names = self.store.listdir(master_dir(self.gen))
+        if not any(BEACON_RE.match(n) for n in self.master_names):
+            big = self.size > SPREAD_ABOVE
+            guesses = [
+                int(hashlib.sha1(f"{self.instance}:{i}".encode()).hexdigest(), 16) % self.size
+                for i in range(BLIND_GUESSES if big else 0)
+            ]
+            rank0 = [0] if created or not (big or self.rank0_by_creator) else []
+            for r in dict.fromkeys(rank0 + guesses):
+                if self.claim_one(r):
+                    return self.hold(r)
+            self.master_names = None  # stale by now: the member lists master/ itself
+        return self.hold(None)
+
+    def claim_by_listing(self) -> Placement | None:
+        """List the generation and claim a free rank: rank 0 could not say which (module doc)."""
+        taken = set(claimed_ranks(self.store.listdir(gen_name(self.gen))))
+        free = [r for r in range(self.size) if r not in taken]
+        rest = [r for r in free if r != 0]
+        # Rank 0 first if free: the master is what everyone waits for.  Small
+        # worlds fill ranks in order (what users expect to see).  In big ones
+        # each joiner starts at a place given by its instance hash, so N
+        # simultaneous joiners spread over the free ranks instead of all racing
+        # for the lowest one (O(N) link() attempts in all, not O(N^2)).
+        k = int(hashlib.sha1(self.instance.encode()).hexdigest(), 16) % len(rest) if len(rest) > SPREAD_ABOVE else 0
+        order = ([0] if 0 in free else []) + rest[k:] + rest[:k]
+        for r in order:
+            if self.claim_one(r):
+                return self.hold(r)
+        self.state = State.WORLD_FULL
+        self.set_note(f"all {self.size} ranks of generation {self.gen} are claimed; watching their holders")
+        return None
+
+    def claim_one(self, r: int) -> bool:
+        """Try to claim rank ``r`` first-come; rank 0 opens the master port first.
+
+        Raises:
+            ConfigError: ``--port`` has been busy on this host for ``stale_after`` seconds and no
+                rank 0 appeared in that time (``_port_busy``).
+        """
+        if r == 0:
+            try:
+                self._ensure_hub()
+            except ConfigError as e:
+                # --port busy on this host: a first-come peer on this node may be about to
+                # take rank 0 with it, or another host with a free port may; try another rank.
+                if self.size == 1:
+                    raise
+                self._port_busy(e)
+                return False
+        if self.try_claim(r):
+            return True
+        if r == 0 and self.hub is not None:
+            self.hub.close()
+            self.hub = None
+        return False
+
+    def _port_busy(self, e: ConfigError) -> None:
+        """``--port`` is busy here: say so at once; fail once no rank 0 appeared for ``stale_after``.
+
+        A first-come world needs somebody whose port is free.  If nobody took rank 0 within
+        ``stale_after`` of our first meeting the busy port (a bounded grace: a peer of this host
+        or another host may take rank 0 meanwhile; then this joiner is asked no more), the port
+        is what keeps the world from forming: exit 3 naming the port and its holder, rather
+        than a timeout that blames a master that "never published its endpoint".  A joiner
+        that fails here holds no rank: it just exits.
+        """
+        now = self.clock.monotonic()
+        if self._busy_since is None or self._busy_gen != self.gen:
+            self._busy_since, self._busy_gen = now, self.gen
+            # A warning at once -- unless the holder is an fsmingle peer of this host, which
+            # is taking rank 0 with it (rank mode: several processes per host share --port).
+            peer = "fsmingle" in str(e).rsplit("(held by", 1)[-1]
+            self.set_note(
+                f"{e}; this node cannot be rank 0 (the master) of generation {self.gen}: waiting up to "
+                f"{self.timing.stale_after:g} s (--stale-after) for another node to take rank 0",
+                logging.INFO if peer else logging.WARNING,
+            )
+            return
+        if now - self._busy_since < self.timing.stale_after:
+            return
+        # Before failing, one direct read: has somebody claimed rank 0 whose endpoint we have
+        # not seen yet (a lagging listing of master/)?  Then wait for it after all.
+        if self.read_claim(0) is not None:
+            return
+        raise ConfigError(
+            f"{e}; no other node took rank 0 (the master) of generation {self.gen} within "
+            f"{self.timing.stale_after:g} s (--stale-after), so the job cannot start: free port "
+            f"{self.master_port_wanted} on the hosts (a previous run's master?) or pass another --port"
+        )
+
+    def try_claim(self, r: int) -> bool:
+        if self.store.create(claim_name(self.gen, r), encode(Claim(r, self.instance))):
+            self.claims[r] = self.instance
+            return True
+        # EEXIST: maybe ours -- link() can report failure after succeeding (a
+        # retransmitted NFS request whose first reply was lost).  Read it back.
+        return self.read_claim(r) == self.instance

@@ -1,0 +1,203 @@
+"""Ending a wait: reading a decision after losing rank 0, timing out, withdrawing (mixed into ``Participant``).
+
+A participant never walks away from a generation in which it holds a claim without voiding it;
+if its void loses the race to a release that names it (it had acknowledged), the release stands.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from ..errors import CorruptStateError, FsmingleError, RecordError, RendezvousTimeoutError
+from ..fs.layout import beacon_name, gen_name, ranges, release_name
+from ..fs.records import Release
+from .decision import Placement
+from .states import State
+
+log = logging.getLogger("fsmingle")
+
+
+class Leaving:
+    """DECIDING, timeouts and withdrawal (see the module doc)."""
+
+    def decision_for_me(self, rel: Release) -> Placement | None:
+        """My placement in a released record, or None if it does not name this instance at this rank."""
+        from .decision import placements
+
+        if rel.state != "released":
+            return None
+        mine = [k for k, m in enumerate(rel.members) if m.instance == self.instance]
+        if not mine:
+            return None
+        self.released_members = tuple([m.host.hostname, m.addr, m.arrival] for m in rel.members)
+        return placements(list(rel.members), rel.mode, rel.master_port, rel.generation)[mine[0]]
+
+    def enter_deciding(self, why: str) -> None:
+        """Inside the commit window with the decision unknown (a member lost rank 0 after its ack,
+        rank 0's create of release.json failed): read the decision until it shows."""
+        self.state = State.DECIDING
+        self.set_note(f"{why}; reading generation {self.gen}'s decision")
+        if self.role is not None:
+            self.role.close()
+            self.role = None
+
+    def _step_deciding(self) -> Placement | None:
+        rel = self.read_release(self.gen)
+        now = self.clock.monotonic()
+        if isinstance(rel, RecordError):
+            self._bad_release(now)
+            return None
+        if isinstance(rel, Release):
+            rel = self.with_members(rel)
+        if isinstance(rel, RecordError):
+            self._bad_release(now)
+            return None
+        if rel is None:
+            return None  # exists (our void lost the race) but not visible here yet: read again
+        self.release_bad_since = None
+        mine = self.decision_for_me(rel)
+        if mine is not None:
+            return self._done(mine)
+        self.set_note(f"generation {self.gen} voided: {rel.reason or 'released without this participant'}")
+        self.rejoin()
+        return None
+
+    def _bad_release(self, now: float) -> None:
+        if self.release_bad_since is None:
+            self.release_bad_since = now
+        elif now - self.release_bad_since >= self.timing.stale_after:
+            raise CorruptStateError(
+                f"{self.store_path(release_name(self.gen))} has stayed unusable for "
+                f"{self.timing.stale_after:.0f} s (see the warning above); remove it or run "
+                f"`fsmingle clean --dir ... {self.job_id}` and start again"
+            )
+
+    def _on_timeout(self) -> Placement | None:
+        if self.state is State.DECIDING and not self._grace:
+            # A decision exists that our (cached) view cannot show yet: it may
+            # name us.  Keep reading it for stale_after more seconds instead of
+            # leaving a world that is about to start with us in it.
+            self._grace = True
+            self.deadline = self.clock.monotonic() + self.timing.stale_after
+            log.info(
+                "deadline passed, but generation %d has a decision this node cannot read yet; "
+                "waiting up to %g s for it",
+                self.gen,
+                self.timing.stale_after,
+            )
+            return None
+        why = self.role.missing_description() if self.role is not None else None
+        placement = self.withdraw(f"rank {self.rank} timed out after {self.timeout:g} s")
+        if placement is not None:
+            return placement
+        if self.state is State.DECIDING or why is None:
+            missing = self.missing_hint
+            who = "node ranks" if self.mode == "node" else "ranks"
+            if self.state is State.DECIDING:
+                why = (
+                    f"generation {self.gen} has a decision this node could not read within "
+                    f"{self.timing.stale_after:g} s (filesystem caches?)"
+                )
+            elif missing:
+                missing = self.never_seen(missing)
+                why = (
+                    f"missing {who} {ranges(missing)} ({len(missing)} of {self.size})"
+                    if len(missing) <= 64
+                    else f"{len(missing)} of {self.size} {who} missing"
+                )
+            else:
+                why = f"no complete world of {self.size} formed"
+        note = f"; {self.note}" if self.note else ""
+        raise RendezvousTimeoutError(
+            f"rendezvous for job {self.job_id} timed out after {self.timeout:g} s in generation {self.gen}: "
+            f"{why}{note}. Directory: {self.store_path(gen_name(self.gen) if self.gen else '')}. "
+            "Start the missing participants with the same --dir and --job-id (or raise --timeout); "
+            "the directory is left ready for a retry",
+            missing=list(self.missing_hint or []),
+            present=len(self.present or ()),
+        )
+
+    def withdraw(self, reason: str) -> Placement | None:
+        """Leave the rendezvous (timeout, interrupt, error): void our generation so others regroup.
+
+        The commit window (``docs/protocol.md``): once this participant acknowledged a release
+        (a member) or attempted the create of ``release.json`` (rank 0), a release naming it may
+        exist.  It then never says void unless it created or read a restart record: its void is
+        an exclusive create that races only with the release; if it loses, the decision is read
+        back (:meth:`_read_decision_in_doubt`), and a release that names it stands -- rank 0
+        sends the members their go and returns its placement.  A decision that cannot be read
+        leaves this participant *in doubt* (``self.in_doubt``): it says nothing to anyone, and
+        every member that acknowledged reads ``release.json`` itself.
+
+        Returns:
+            Placement | None: this participant's placement if the release stands with it in it.
+        """
+        acked = self.state is State.DECIDING or (self.role is not None and getattr(self.role, "acked", False))
+        active = self.gen is not None and self.state not in (State.DONE, State.FAILED)
+        self.in_doubt = False
+        decided: Release | None = None  # the decision read back (or our own void)
+        voided = False
+        if active and self.rank is not None:
+            # Void first, then close: the decision record then says why we left (not
+            # "lost its connection", which rank 0 would write on seeing it drop).
+            try:
+                voided = self.void(f"{reason}; it left")
+            except (OSError, FsmingleError) as e:
+                log.warning("could not withdraw cleanly: %s", e)
+            if not voided and acked:
+                decided = self._read_decision_in_doubt()
+                self.in_doubt = decided is None
+        mine = self.decision_for_me(decided) if decided is not None else None
+        if self.role is not None:
+            if mine is not None:
+                self.role.leaving("", released=decided)
+            else:
+                # "void" on the wire only where no release can exist: nothing acknowledged, or
+                # a restart record created by us or read back.
+                self.role.leaving(f"{reason}; it left", voided=voided or not acked or decided is not None)
+            self.role.close()  # rank 0 sees the connection drop at once
+            self.role = None
+        if self.hub is not None:
+            self.hub.close()  # released: torch binds the master port next
+            self.hub = None
+        if mine is not None:
+            self.result, self.state = mine, State.DONE
+            return mine
+        if not active:
+            return self.result
+        if self.in_doubt:
+            log.warning(
+                "job %s: could not read generation %d's decision after acknowledging its release; a release "
+                "naming this participant (rank %s) may stand, and the others then start without it",
+                self.job_id,
+                self.gen,
+                self.rank,
+            )
+        else:
+            try:
+                self.store.remove(beacon_name(self.gen, self.instance))
+            except (OSError, FsmingleError) as e:
+                log.warning("could not remove this participant's beacon: %s", e)
+        self.state = State.FAILED
+        return None
+
+    def _read_decision_in_doubt(self, attempts: int = 8) -> Release | None:
+        """Read this generation's decision after our void lost the race: the record (members
+        loaded), or None if it stayed unreadable or invisible for ``attempts`` reads spread over
+        up to ``stale_after`` seconds (a negative lookup cache hides a name that long at most)."""
+        end = self.clock.monotonic() + self.timing.stale_after
+        delay = self.timing.poll_min
+        for k in range(attempts):
+            try:
+                rel = self.read_release(self.gen)
+                rel = self.with_members(rel) if isinstance(rel, Release) else rel
+            except (OSError, FsmingleError) as e:
+                log.debug("reading generation %d's decision: %s", self.gen, e)
+                rel = None
+            if isinstance(rel, Release):
+                return rel
+            if k + 1 == attempts or self.clock.monotonic() + delay > end:
+                return None
+            self.clock.sleep(delay)
+            delay = min(2 * delay * self.timing.backoff, max(0.0, end - self.clock.monotonic()))
+        return None

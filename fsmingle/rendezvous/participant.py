@@ -1,0 +1,471 @@
+"""The rendezvous driver (protocol v2): join a generation, claim a rank, then wait as rank 0 or as a member.
+
+This module drives; :mod:`fsmingle.fs.store` touches the filesystem,
+:mod:`fsmingle.net.channel` the network, :mod:`fsmingle.rendezvous.decision` decides the
+release and :mod:`fsmingle.rendezvous.liveness` judges peers from their heartbeats.  The
+store, clock, transport and liveness oracle are arguments, so the same code
+runs on a real shared directory with TCP and on the stale in-memory filesystem
+and fake network of the model tests.
+
+The rules (``docs/protocol.md`` gives the reason for each):
+
+1. **Join** the newest generation that has no decision; if the newest is
+   decided, create the next one.  A decided generation is never joined, so a
+   re-run or requeue with the same job id never reads a previous run's state.
+   Directories are created (``mkdir``) before anyone looks their names up, so
+   a negative lookup cache cannot hide them.
+2. **Claim** a rank by exclusive creation (``link()``): the given rank, or
+   first-come rank 0 if free, else a free rank chosen by this instance's hash
+   (no thundering herd on the lowest free rank).  After ``EEXIST`` the claim is
+   read back: a lost ``link()`` reply must not make one process hold two ranks.
+3. **Rank 0** holds the master port (listening, close-on-exec) from before its
+   claim until exec, and publishes its endpoint in the generation's
+   ``master/`` directory.
+4. **Members** find that endpoint by listing ``master/``, connect to it and
+   identify themselves; rank 0 checks each identity against the claim on the
+   filesystem.  While connected a member makes (almost) no filesystem
+   operations: liveness travels over the connection (pings both ways).
+5. **Release** (:mod:`fsmingle.rendezvous.rank0.coordinator`): when every rank holds a verified
+   connection, rank 0 asks each member to acknowledge, creates ``release.json``
+   (exclusive: it races only with voids), sends each member its placement and
+   waits for them to close.  A lost, silent or unacknowledging member voids the
+   generation instead: **no release on absence of evidence**.
+6. **Void** by exclusively creating ``release.json`` with state ``restart``;
+   everyone regroups in the next generation.  A participant never leaves a
+   generation in which it holds a claim without voiding it; an ``ENOENT`` on a
+   directory that was there is confirmed by listing its parent before anything
+   acts on it.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Callable
+
+from ..errors import (
+    FsmingleError,
+    InterruptedInCommitWindow,
+    RendezvousTimeoutError,
+)
+from ..fs.layout import (
+    beacon_name,
+    gen_name,
+    master_dir,
+    release_name,
+)
+from ..fs.records import Beacon, HostId, Release, encode
+from ..fs.store import Store
+from .decision import Placement
+from .genreader import GenerationReader
+from .joining import Joining
+from .leaving import Leaving
+from .liveness import Judge
+from .outside import OutsideWorld
+from .states import Progress, RankSet, State
+from .timing import Clock, SystemClock, Timing
+
+log = logging.getLogger("fsmingle")
+
+
+# Re-exported for callers of v1 (cleanup, status, tests).
+from ..fs.layout import CLAIM_RE, RELEASE  # noqa: E402,F401
+
+__all__ = ["Participant", "Progress", "State", "SystemClock", "Timing", "Clock"]
+
+
+class Participant(Joining, Leaving, GenerationReader, OutsideWorld):
+    """One participant's side of the protocol, driven by :meth:`step` (or :meth:`run`).
+
+    Args:
+        store (Store): the job directory.
+        job_id (str): the job id (for records and messages).
+        mode (str): ``"node"`` or ``"rank"``.
+        size (int): nnodes or world size.
+        rank (int | None): requested rank, None for first-come.
+        addr (str): IP address this participant announces (rank 0: the master address).
+        instance (str): unique hex id of this process.
+        me (HostId): this process's identity.
+        timeout (float): seconds until :class:`RendezvousTimeoutError`.
+        timing (Timing): polling and liveness settings.
+        master_port (int | None): port rank 0 should hold (None: any free one).
+        restart_count (int), slurm_job_id (str): ``SLURM_RESTART_COUNT`` and ``SLURM_JOB_ID``.
+        clock (Clock): time source.
+        local_alive (Callable[[HostId, HostId], bool | None]): direct liveness
+            check of a process in our pid space (see :mod:`fsmingle.net.hostinfo`).
+        transport (fsmingle.net.channel.Transport): listens (rank 0) and connects (members).
+        on_progress (Callable[[Progress], None] | None): progress callback.
+        cleaner (Callable[[int], None] | None): called with a new generation
+            number after this participant created it (removes old ones).
+        rng (random.Random | None): for jitter.
+        rank_order (str): how rank 0 orders first-come ranks at release: ``arrival``, ``host``,
+            ``nodelist`` or ``key`` (see :func:`fsmingle.rendezvous.decision.order_members`); rank 0's setting rules.
+        topology_key (str): this node's key for ``rank_order="key"`` (rack, switch, NVLink domain).
+        nodelist (tuple[str, ...]): expanded ``SLURM_JOB_NODELIST`` for ``rank_order="nodelist"``.
+        want_members (bool): ask rank 0 for the whole member list at release (hostfiles).
+        check_mesh (bool): before the release every node proves it reaches its ring
+            neighbours (see :mod:`fsmingle.net.mesh`); rank 0's setting rules.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        job_id: str,
+        mode: str,
+        size: int,
+        rank: int | None,
+        addr: str,
+        instance: str,
+        me: HostId,
+        timeout: float,
+        transport,
+        timing: Timing = Timing(),
+        master_port: int | None = None,
+        restart_count: int = 0,
+        slurm_job_id: str = "",
+        clock: Clock = SystemClock(),
+        local_alive: Callable[[HostId, HostId], bool | None] = lambda a, b: None,
+        on_progress: Callable[[Progress], None] | None = None,
+        cleaner: Callable[[int], None] | None = None,
+        version: str = "",
+        rng: random.Random | None = None,
+        rank_order: str = "arrival",
+        topology_key: str = "",
+        nodelist: tuple[str, ...] = (),
+        want_members: bool = False,
+        check_mesh: bool = False,
+    ):
+        self.store, self.job_id, self.mode, self.size = store, job_id, mode, size
+        self.want_rank, self.addr, self.instance, self.me = rank, addr, instance, me
+        self.timing, self.master_port_wanted, self.restart_count = timing, master_port, restart_count
+        self.slurm_job_id, self.clock, self.local_alive = slurm_job_id, clock, local_alive
+        self.transport, self.on_progress, self.cleaner, self.version = transport, on_progress, cleaner, version
+        self.rng = rng or random.Random()
+        self.rank_order, self.topology_key, self.nodelist = rank_order, topology_key, tuple(nodelist)
+        self.want_members, self.check_mesh = want_members, check_mesh
+        self.released_members: tuple = ()  # the world in rank order, when asked for (want_members) or rank 0
+        self.started = clock.monotonic()
+        self.deadline = self.started + timeout
+        self.timeout = timeout
+        self.state = State.JOIN
+        self.gen: int | None = None  # the generation we are in (joined)
+        self.left: int = 0  # the highest generation we left; never joined again
+        self.rank: int | None = None
+        self.heartbeat = 0
+        self.hub = None  # rank 0's listening endpoint (the master port), held until exec
+        self.role = None  # Coordinator or Member while holding a rank
+        self.result: Placement | None = None
+        self.delay = timing.poll_min
+        self.note = ""
+        self.present: RankSet | None = None
+        self.master_names: list[str] | None = None  # Joining's listing of master/, for Member._look
+        # Another joiner made this generation's directory just now (it was not in our listing,
+        # and our mkdir found it): that joiner is taking rank 0, so do not race it for
+        # rank 0 (Joining._claim, Member._look).
+        self.rank0_by_creator = False
+        self.missing_hint: list[int] | None = None
+        # Ranks never seen present in any generation of this attempt (None: nothing known yet):
+        # at a timeout, ranks that never showed up are the news; ranks that came and left (a
+        # voided generation) are not.  Kept as the never-seen ones, which is small once a world
+        # is nearly complete, where the seen ones are O(N) on every member.
+        self.never_present: frozenset[int] | None = None
+        self._last_progress: tuple | None = None
+        self._warned: dict[str, int] = {}
+        self._grace = False
+        self._enoent_since: float | None = None
+        self.in_doubt = False  # withdrew in the commit window without reading the decision (Leaving.withdraw)
+        self._reset_gen_state()
+
+    # ------------------------------------------------------------------ small helpers
+    def _reset_gen_state(self) -> None:
+        self.claims: dict[int, str] = {}  # rank -> instance; claims are immutable within a generation
+        self.judge = Judge(self.me, self.timing.stale_after, self.local_alive, self.restart_count, self.slurm_job_id)
+        self._vouch_seen = None  # (when, rank 0's beacon, its verdict): GenerationReader.judge_rank
+        self.contest_holder: str | None = None
+        self.release_bad_since: float | None = None
+        self.present = None
+        now = self.clock.monotonic()
+        self.next_hb = now + self.timing.heartbeat_period
+        self.next_check = now + self.timing.heartbeat_period
+        self.delay = self.timing.poll_min
+
+    def beacon(self, endpoint: bool = False) -> Beacon:
+        """This participant's beacon as of now (rank 0's carries the master port, and in the
+        generation directory -- not the ``endpoint`` copy every joiner reads -- its vouch; only
+        the ``endpoint`` copy carries the channel secret)."""
+        port = self.hub.port if (self.hub is not None and self.rank == 0) else None
+        vouch = getattr(self.role, "vouch", None) if self.rank == 0 and not endpoint else None
+        # The channel secret goes in the endpoint record only (master/): see fsmingle.net.channel.
+        secret = getattr(self.role, "secret", "") if self.rank == 0 and endpoint else ""
+        return Beacon(
+            job_id=self.job_id,
+            generation=self.gen or 0,
+            instance=self.instance,
+            mode=self.mode,
+            size=self.size,
+            rank=self.rank,
+            addr=self.addr,
+            master_port=port,
+            heartbeat=self.heartbeat,
+            restart_count=self.restart_count,
+            host=self.me,
+            wall_time=self.clock.time(),
+            version=self.version,
+            slurm_job_id=self.slurm_job_id,
+            vouch=vouch() if vouch else "",
+            secret=secret,
+        )
+
+    def publish_beacon(self) -> None:
+        self.store.publish(beacon_name(self.gen, self.instance), encode(self.beacon()))
+
+    def heartbeat_if_due(self, now: float, period: float | None = None) -> None:
+        if now >= self.next_hb:
+            # Due time first: a failing write (ENOENT from a lying cache) must
+            # not be retried at every step against the metadata server.
+            self.next_hb = now + (period or self.timing.heartbeat_period)
+            self.heartbeat += 1
+            self.publish_beacon()
+
+    def prepare_next(self) -> None:
+        """Create the next generation's directories *before* deciding this one.
+
+        Whoever learns of the decision then finds the next generation already
+        there, so nobody's first lookup of its name can precede its creation --
+        on GlusterFS with ``nl-cache`` a lookup that raced a creation keeps the
+        name "absent" on that client for 60 s even after ``mkdir`` said EEXIST
+        (measured in ``tests/test_realfs.py``).  A courtesy: failures are ignored.
+        """
+        try:
+            self.store.mkdir(gen_name(self.gen + 1))
+            self.store.mkdir(master_dir(self.gen + 1))
+        except (OSError, FsmingleError) as e:
+            log.debug("could not prepare generation %d: %s", self.gen + 1, e)
+
+    def void(self, reason: str) -> bool:
+        """Create this generation's restart decision; False if a decision already existed."""
+        rel = Release(
+            job_id=self.job_id,
+            generation=self.gen,
+            state="restart",
+            mode=self.mode,
+            size=self.size,
+            master_addr=None,
+            master_port=None,
+            members=(),
+            writer=self.instance,
+            reason=reason[:1000],
+            wall_time=self.clock.time(),
+        )
+        self.prepare_next()
+        created = self.store.create(release_name(self.gen), encode(rel))
+        if created:
+            log.warning("job %s generation %d voided: %s", self.job_id, self.gen, reason)
+        self.delay = self.timing.poll_min
+        return created
+
+    def emit(self) -> None:
+        if self.on_progress is None:
+            return
+        now = self.clock.monotonic()
+        missing = None if self.present is None else self.present.missing
+        self.on_progress(
+            Progress(
+                self.job_id,
+                self.gen or 0,
+                self.mode,
+                self.size,
+                self.present,
+                missing,
+                self.rank,
+                now - self.started,
+                max(0.0, self.deadline - now),
+                self.state.value,
+                self.note,
+            )
+        )
+
+    def set_present(self, present: RankSet) -> None:
+        """Record who is present now (rank 0's connections, or its last status message)."""
+        gone = frozenset(present.missing)
+        self.never_present = gone if self.never_present is None else self.never_present & gone
+        if present != self.present:
+            self.present = present
+            self.missing_hint = list(present.missing)
+            self.emit()
+
+    def never_seen(self, missing: list[int]) -> list[int]:
+        """The ranks of ``missing`` never present in this attempt (all of them if none qualifies)."""
+        never = self.never_present
+        return [r for r in missing if never is None or r in never] or missing
+
+    def set_note(self, note: str, level: int = logging.INFO) -> None:
+        if note != self.note:
+            self.note = note
+            log.log(level, "job %s: %s", self.job_id, note)
+            self.emit()
+
+    # ------------------------------------------------------------------ driver
+    def step(self) -> Placement | None:
+        """Do one unit of work; return this participant's placement once it is released.
+
+        Returns:
+            Placement | None: None means call again after :meth:`wait` (:meth:`next_delay` seconds).
+
+        Raises:
+            RankConflictError: the requested rank is held by a live process.
+            WorldSizeMismatchError: rank 0 expects another world size or mode.
+            CorruptStateError: a decision record stayed unusable for ``stale_after`` seconds.
+            StorageError, UnsafeDirectoryError, UnsupportedFilesystemError: from the store.
+            RendezvousTimeoutError: the deadline passed (the generation is voided first).
+        """
+        try:
+            if self.clock.monotonic() >= self.deadline:
+                return self._on_timeout()
+            if self.state is State.JOIN:
+                return self._step_join()
+            if self.state is State.WAIT:
+                return self._step_role()
+            if self.state is State.DECIDING:
+                return self._step_deciding()
+            if self.state is State.CONTEST:
+                return self._step_contesting()
+            if self.state is State.WORLD_FULL:
+                return self._step_world_full()
+            raise RuntimeError(f"step() called in state {self.state.value}")
+        except FileNotFoundError:
+            return self._on_enoent()
+
+    def _on_enoent(self) -> None:
+        # ENOENT on our generation directory: either it was retired (cleaned as
+        # stale) or a negative lookup cache lies about it.  A listing of the
+        # parent is answered from the server (GlusterFS nl-cache and NFS
+        # lookupcache hide a looked-up-too-early name for up to their timeout,
+        # while readdir shows it at once), so only a listing may confirm it.
+        g = self.gen
+        if g is not None and gen_name(g) in self.store.listdir(""):
+            now = self.clock.monotonic()
+            if self._enoent_since is None:
+                self._enoent_since = now
+            self.set_note(
+                f"generation {g} exists but this node's filesystem cache says it does not; retrying "
+                f"(for {now - self._enoent_since:.0f} s so far)"
+            )
+            self.delay = min(self.timing.poll_max, max(self.delay, self.timing.poll_min) * self.timing.backoff)
+            return None
+        self._enoent_since = None
+        if self.state is State.WAIT and self.rank is not None:
+            log.info("job %s: generation %s was removed while this node waited in it; joining again", self.job_id, g)
+        self.rejoin()
+        return None
+
+    def next_delay(self) -> float:
+        """Seconds to wait before the next :meth:`step` (backoff with jitter)."""
+        base = self.role.delay() if (self.state is State.WAIT and self.role is not None) else self.delay
+        if self._enoent_since is not None:
+            base = max(base, self.delay)  # retrying after a (cached) ENOENT: back off, never spin
+        d = base * (1 + self.timing.jitter * (2 * self.rng.random() - 1))
+        self.delay = min(self.timing.poll_max, self.delay * self.timing.backoff)
+        return max(0.0, min(d, self.deadline - self.clock.monotonic()))
+
+    def wait(self, seconds: float) -> None:
+        """Block up to ``seconds``; returns early when a message arrives on the channel."""
+        if self.state is State.WAIT and self.role is not None:
+            self.role.wait(seconds)
+        else:
+            self.clock.sleep(seconds)
+
+    def rejoin(self) -> None:
+        """Leave the current generation (already decided or voided by us) for the next one."""
+        if self.role is not None:
+            self.role.close()
+            self.role = None
+        if self.hub is not None and not (self.want_rank == 0 and self.master_port_wanted):
+            self.hub.close()
+            self.hub = None
+        if self.gen is not None:
+            self.left = max(self.left, self.gen)
+        self.rank = None
+        self.state = State.JOIN
+        self.delay = self.timing.poll_min
+        self._enoent_since = None
+
+    def hold(self, r: int | None) -> Placement | None:
+        """Take rank ``r`` (claimed) and its role; ``None``: a member that asks rank 0 for a free rank."""
+        from .member import Member
+        from .rank0.coordinator import Coordinator
+
+        self.rank = r
+        if r != 0 and self.hub is not None:
+            self.hub.close()  # only rank 0 holds a port
+            self.hub = None
+        if r is not None:
+            self.publish_beacon()
+        self.state = State.WAIT
+        self.delay = self.timing.poll_min
+        self.role = Coordinator(self) if r == 0 else Member(self)
+        self.emit()
+        return self.role.step()
+
+    def _step_role(self) -> Placement | None:
+        placement = self.role.step()
+        if placement is not None:
+            return self._done(placement)
+        return None
+
+    def _done(self, placement: Placement) -> Placement:
+        self.result = placement
+        self.rank = placement.rank  # the final rank (--rank-order may renumber first-come ranks)
+        self.state = State.DONE
+        if self.role is not None:
+            self.role.close()
+            self.role = None
+        if self.hub is not None:
+            self.hub.close()  # torch binds this port next
+            self.hub = None
+        return placement
+
+    def run(self) -> Placement:
+        """Step until released; the blocking form of :meth:`step`.
+
+        Any exception or interrupt (``KeyboardInterrupt``, e.g. from SIGTERM) withdraws
+        (:meth:`Leaving.withdraw`).  Inside the commit window -- rank 0 attempted the create of
+        ``release.json``, or this member acknowledged the release -- the decision is read back
+        first: if it released this participant, the release stands and is returned, whatever
+        the exception was (the others are starting with us; a storage error after a create
+        that took effect must not split the world).
+
+        Raises:
+            As :meth:`step` (when the release does not stand).
+            KeyboardInterrupt: after a clean withdrawal.
+            InterruptedInCommitWindow: interrupted in the commit window and the decision could
+                not be read back: a release naming this participant may stand.
+        """
+        try:
+            while True:
+                placement = self.step()
+                if placement is not None:
+                    return placement
+                self.wait(self.next_delay())
+        except BaseException as e:
+            if self.state not in (State.DONE, State.FAILED) and not isinstance(e, RendezvousTimeoutError):
+                placement = self.withdraw(f"rank {self.rank} stopped ({e.__class__.__name__})")
+                if placement is not None:
+                    log.warning(
+                        "%s, but generation %d had already been released with this participant as rank %d; "
+                        "the release stands",
+                        "interrupted" if isinstance(e, KeyboardInterrupt) else f"{e.__class__.__name__}: {e}",
+                        placement.generation,
+                        placement.rank,
+                    )
+                    return placement
+                if self.in_doubt and isinstance(e, KeyboardInterrupt):
+                    raise InterruptedInCommitWindow(
+                        f"interrupted in the commit window of job {self.job_id} generation {self.gen}: its "
+                        "decision could not be read back, so a release naming this participant may stand",
+                        self.job_id,
+                        self.gen,
+                        self.rank,
+                    ) from e
+            raise

@@ -1,0 +1,159 @@
+"""The package's shape, checked from its imports (issue 22): layers never import upwards, and no
+module imports itself round a circle.
+
+Layers, bottom to top (each package's ``__init__`` docstring says the same in words):
+
+==========  =====================================================================
+0           ``fsmingle.errors`` (the error family every layer raises)
+1           ``fsmingle.fs`` (layout, records, mounts, refusal, store; fscheck on top)
+2           ``fsmingle.net`` (channel, netaddr, hostinfo, mesh)
+3           ``fsmingle.rendezvous`` (the engine) and ``fsmingle.preflight`` (beside it)
+4           the faces: ``options``, ``config``, ``api``, ``cli``, ``torchrun``, the package root
+==========  =====================================================================
+
+Every import counts, including those inside functions (a deferred import is still a
+dependency).  The standard library's :mod:`ast` reads them; nothing is imported.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PKG = Path(__file__).resolve().parent.parent / "fsmingle"
+
+LAYERS = {
+    "fsmingle.errors": 0,
+    "fsmingle.fs": 1,
+    "fsmingle.net": 2,
+    "fsmingle.rendezvous": 3,
+    "fsmingle.preflight": 3,
+    "fsmingle.options": 4,
+    "fsmingle.config": 4,
+    "fsmingle.api": 4,
+    "fsmingle.cli": 4,
+    "fsmingle.torchrun": 4,
+    "fsmingle": 4,  # the package root (re-exports the public API) and __main__
+}
+# Inside a layer's package, an order too: the store never imports the doctor that probes it.
+WITHIN = {"fsmingle.fs.fscheck": ("fsmingle.fs.store",)}  # (what it sits above)
+MAX_LINES = 500
+
+
+def _module(path: Path) -> str:
+    rel = path.relative_to(PKG.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {_module(p): p for p in sorted(PKG.rglob("*.py"))}
+
+
+def _imports(mod: str, path: Path, known: set[str]) -> set[str]:
+    """The fsmingle modules ``mod`` imports (a name imported from a package counts as its module
+    if it is one, else as the package)."""
+    is_pkg = path.name == "__init__.py"
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = mod.split(".") if is_pkg else mod.split(".")[:-1]
+                base = base[: len(base) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if not target.startswith("fsmingle"):
+                continue
+            for a in node.names:
+                sub = f"{target}.{a.name}"
+                out.add(sub if sub in known else target)
+        elif isinstance(node, ast.Import):
+            out.update(a.name for a in node.names if a.name.startswith("fsmingle") and a.name in known)
+    out.discard(mod)
+    return out
+
+
+def _layer(mod: str) -> tuple[str, int]:
+    best = max((k for k in LAYERS if mod == k or mod.startswith(k + ".")), key=len)
+    return best, LAYERS[best]
+
+
+def _graph() -> dict[str, set[str]]:
+    mods = _modules()
+    return {m: _imports(m, p, set(mods)) for m, p in mods.items()}
+
+
+def test_no_layer_imports_a_higher_one():
+    bad = []
+    for mod, deps in _graph().items():
+        where, level = _layer(mod)
+        for d in deps:
+            dwhere, dlevel = _layer(d)
+            if dlevel > level:
+                bad.append(f"{mod} (layer {level}, {where}) imports {d} (layer {dlevel}, {dwhere})")
+            for upper, lower in WITHIN.items():
+                if (d == upper or d.startswith(upper + ".")) and any(
+                    mod == x or mod.startswith(x + ".") for x in lower
+                ):
+                    bad.append(f"{mod} imports {d}, which sits above it")
+    assert not bad, "imports against the layering:\n" + "\n".join(sorted(bad))
+
+
+def test_no_import_circle():
+    g = _graph()
+    # Tarjan's strongly connected components: any component of more than one module is a circle.
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    circles: list[list[str]] = []
+    counter = [0]
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in g.get(v, ()):
+            if w not in g:
+                continue
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                circles.append(sorted(comp))
+
+    for v in sorted(g):
+        if v not in index:
+            visit(v)
+    assert not circles, f"import circles: {circles}"
+
+
+@pytest.mark.parametrize("mod", sorted(_modules()))
+def test_no_module_over_500_lines(mod):
+    n = len(_modules()[mod].read_text().splitlines())
+    assert n <= MAX_LINES, f"{mod} has {n} lines (at most {MAX_LINES}): split it by concern"
+
+
+def test_the_checker_sees_an_upward_import(tmp_path):
+    # The checker itself can fail: a store importing the rendezvous engine is caught.
+    src = "from ..rendezvous.participant import Participant\n"
+    (tmp_path / "x.py").write_text(src)
+    deps = _imports("fsmingle.fs.x", tmp_path / "x.py", {"fsmingle.rendezvous.participant"})
+    assert deps == {"fsmingle.rendezvous.participant"}
+    assert _layer("fsmingle.rendezvous.participant")[1] > _layer("fsmingle.fs.x")[1]
