@@ -49,7 +49,7 @@ pytestmark = [pytest.mark.root, pytest.mark.realfs]
 
 REPO = Path(__file__).resolve().parents[1]
 FSM = [sys.executable, "-m", "fsmingle"]
-FILESYSTEMS = ["glusterfs-tuned", "glusterfs-nfs60", "moosefs"]
+FILESYSTEMS = ["glusterfs-tuned", "glusterfs-nfs60", "moosefs", "cephfs"]
 STALE = "8"  # --stale-after: small, so that dead nodes are noticed within a test's time
 SLACK = 15.0  # seconds a failing participant may take beyond its --timeout (interpreter start, loaded CI)
 
@@ -394,7 +394,7 @@ def test_create_race_loser_finds_the_winners_name(fresh):
 
 def test_harness_hosts_have_own_clients_and_pid_namespaces(fresh):
     c = fresh
-    fuse = {"glusterfs-tuned": "fuse.glusterfs", "glusterfs-nfs60": "fuse.glusterfs", "moosefs": "fuse"}[c.fs]
+    fuse = c.fs_backend.fuse_type
     devs = set()
     for h in c:
         r = h.sh(

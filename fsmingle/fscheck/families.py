@@ -8,8 +8,8 @@
 * :func:`_cache_seconds` -- the longest attribute/lookup cache a mount's options promise.
 
 Sources: nfs(5) (``actimeo``, ``ac*``, ``noac``, ``lookupcache``, ``local_lock``), Lustre's mount
-options (``flock``, ``localflock``), glusterfs(8), mfsmount(8), bindfs(1), and the measurements
-in ``docs/filesystems/``.
+options (``flock``, ``localflock``), glusterfs(8), mfsmount(8), mount.ceph(8), bindfs(1), and the
+measurements in ``docs/filesystems/``.
 """
 
 from __future__ import annotations
@@ -66,6 +66,22 @@ _RELEVANT_OPTIONS = {
         "mfsnobsdlocks",
         "mfsnoposixlocks",
         "mfstimeout",
+    ),
+    # mount.ceph(8), the kernel client (type ``ceph``).  ceph-fuse (type ``fuse.ceph-fuse``) shows
+    # none of its settings in mountinfo: they live in ceph.conf's [client] section.
+    "cephfs": (
+        "wsync",
+        "nowsync",
+        "recover_session",
+        "dcache",
+        "nodcache",
+        "caps_wanted_delay_min",
+        "caps_wanted_delay_max",
+        "mount_timeout",
+        "fs",
+        "mds_namespace",
+        "noshare",
+        "ms_mode",
     ),
     "fuse": ("attr_timeout", "entry_timeout", "negative_timeout", "allow_other", "default_permissions"),
 }
@@ -137,6 +153,11 @@ def _cache_seconds(fam: str, opts: dict) -> float | None:
     if fam == "moosefs":
         vals = [v for v in (num("mfsattrcacheto"), num("mfsentrycacheto"), num("mfsnegentrycacheto")) if v is not None]
         return max(vals) if vals else None
+    if fam == "cephfs":
+        # No time-based cache: the MDS grants capabilities and revokes them before another client
+        # changes what they cover (a name looked up, then created elsewhere: visible in 5-7 ms,
+        # measured; docs/filesystems/cephfs.md).
+        return 0.0
     vals = [
         v
         for v in (
