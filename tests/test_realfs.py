@@ -328,11 +328,12 @@ def test_late_node_after_the_release(fresh):
 
 
 _RACE = """
-import json, sys, time
+import json, logging, sys, time
 from fsmingle.store import open_job_dir
 rdzv, job, host, t0 = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
 while time.time() < t0:  # every host starts its creates at the same instant
     pass
+logging.basicConfig(level=logging.WARNING)  # the start-up probe's warnings, on stderr
 st = open_job_dir(rdzv, job, create_base=False)
 made = won = False
 try:
@@ -350,18 +351,33 @@ def test_create_race_loser_finds_the_winners_name(fresh):
     """Hosts race to create the same generation directory and claim file in a job directory; every
     loser must find the winner's names at once.  On GlusterFS nfs60 a loser's lookup otherwise
     stays ENOENT for 61 s (its pre-create lookup is in nl-cache), which split first generations
-    of fresh jobs (store.stat_existing)."""
+    of fresh jobs (store.stat_existing).
+
+    GlusterFS (both profiles have nl-cache on): the cure (a listing links the names into the
+    client's inode table, which ``nlc_lookup`` consults before its negative entries) has been seen
+    not to hold in about 1 run of this test in 2 (tuned) and 1 in 4 (nfs60) over earlier sessions:
+    nl-cache keeps the loser's pre-create ENOENT until an upcall clears it (never without
+    upcalls; not when the upcall overtakes that ENOENT reply).  So there the configuration must be
+    detected: the client's ``.meta`` shows nl-cache, ``fsmingle check`` and the start-up probe
+    (``store._negative_lookup_cache_warning``) say so with the exact ``gluster volume set`` that
+    turns it off, and a blind loser reads nothing -- never another holder (the protocol retries
+    from listings; its scenarios pass).  Everywhere else every loser reads the winner's claim."""
     c = fresh
-    if c.fs == "glusterfs-tuned":
-        # Open (issue 12 note): on the `tuned` profile a race loser sometimes stays blind even
-        # after the listing (seen in about half of the runs at the end of stop 18); the protocol
-        # recovers there by retrying (its scenarios pass), but this test's "at once" does not hold.
-        pytest.skip("open: on glusterfs-tuned a create-race loser sometimes stays blind after the listing")
+    fix = None
+    if c.fs.startswith("glusterfs"):
+        from fsmingle.fscheck import families
+
+        gc = families.gluster_caches(c.shared)
+        assert gc and gc["nl_cache"] and gc["volume"] == c.fs_backend.volume, gc
+        assert gc["upcalls"] is (c.fs == "glusterfs-tuned"), gc
+        fix = f"gluster volume set {c.fs_backend.volume} performance.nl-cache off"
+        assert fix in (families.gluster_nl_cache_warning(c.shared) or ""), gc
+    blind = 0
     for i in range(6):
         # The job directory exists first: the race under test is the protocol's (the first
         # generation and its claims).  Hosts racing to create the job directory itself are not
         # always cured by one listing (see docs/filesystems/glusterfs.md): open_job_dir retries
-        # for 1.5 s, then fails naming the directory.
+        # for 1.5 s, then fails naming the directory (and the nl-cache fix).
         os.mkdir(os.path.join(c.rdzv, f"race{i}"), 0o700)
         t0 = time.time() + 2.0
         procs = [
@@ -380,16 +396,17 @@ def test_create_race_loser_finds_the_winners_name(fresh):
             out, err = p.communicate(timeout=60)
             assert p.returncode == 0, f"[{c.fs}] round {i}: {h.name} failed:\n{err}"
             outs.append(json.loads(out.strip().splitlines()[-1]))
+            if fix:  # the start-up probe (open_job_dir) warned, with the fix
+                assert fix in err, f"[{c.fs}] {h.name} did not warn about nl-cache:\n{err}"
         assert sum(o["made"] for o in outs) == 1, outs  # mkdir is exclusive
         winners = [h.name for h, o in zip(c, outs) if o["won"]]
         assert len(winners) == 1, outs  # so is link()
-        if c.fs == "glusterfs-nfs60":
-            # Open, like `tuned` above: since stop 20 a loser here sometimes stays blind after
-            # stat_existing's listings too (about 1 run in 4 of this test).  It then reads
-            # nothing, never another holder, and the protocol retries (its nfs60 scenarios pass).
-            assert {o["holder"] for o in outs} <= {*winners, ""}, outs
+        if fix:
+            assert {o["holder"] for o in outs} <= {*winners, ""}, outs  # blind reads nothing, never another
+            blind += sum(o["holder"] == "" for o in outs)
         else:
             assert {o["holder"] for o in outs} == set(winners), outs  # every loser reads the winner's claim
+    print(f"[{c.fs}] create race: {blind} blind losers in 6 rounds of {len(c)} hosts")
 
 
 def test_harness_hosts_have_own_clients_and_pid_namespaces(fresh):

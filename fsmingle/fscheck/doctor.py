@@ -16,7 +16,7 @@ import stat
 from dataclasses import asdict
 
 from ..errors import ConfigError, StorageError
-from .families import _RELEVANT_OPTIONS, _SHARED, _cache_seconds, family
+from .families import _RELEVANT_OPTIONS, _SHARED, _cache_seconds, family, gluster_caches, gluster_nl_cache_warning
 from .mounts import MountInfo, find_mount
 from .peers import _peer_check
 from .probes import LinkProbe, _probe_excl, _probe_rename, probe_link
@@ -199,6 +199,15 @@ def _verdict(r: dict, m: MountInfo, fam: str, link: LinkProbe) -> None:
         reasons.append("MooseFS locks are node-local on this mount; fsmingle does not need them")
     if fam == "cephfs":
         reasons += _ceph_notes(m)
+    if fam == "glusterfs":
+        gc = gluster_caches(m.mount_point)
+        r["gluster"] = gc
+        if gc and not gc["upcalls"]:
+            # without upcalls md-cache and nl-cache answer from their caches until they expire
+            cache_s = max(cache_s or 0.0, gc["md_cache_timeout"] or 0.0, gc["nl_cache_timeout"] or 0.0)
+        warn = gluster_nl_cache_warning(m.mount_point)
+        if warn:
+            reasons.append(warn)
     shared = fam in _SHARED
     if unsafe:
         verdict = "unsafe"

@@ -14,6 +14,8 @@ measurements in ``docs/filesystems/``.
 
 from __future__ import annotations
 
+import os
+
 from .mounts import MountInfo
 
 # Filesystems that expose an object store as files: whole-object PUTs, no hard links, no
@@ -171,3 +173,77 @@ def _cache_seconds(fam: str, opts: dict) -> float | None:
         if v is not None
     ]
     return max(vals) if vals else None
+
+
+def gluster_caches(mount_point: str) -> dict | None:
+    """The caching translators of the GlusterFS client mounted at ``mount_point``, read from its
+    ``.meta`` directory (the meta translator every FUSE client loads: one directory per translator
+    of the active client graph, ``<VOL>-<name>/options/<key>``); None if there is none to read.
+
+    Returns ``{"volume", "nl_cache", "nl_cache_timeout", "md_cache_timeout", "upcalls"}``:
+    ``nl_cache`` is True when the negative-lookup cache (``performance.nl-cache``) is in the graph
+    and not in pass-through; ``upcalls`` is md-cache's ``cache-invalidation`` (the client half of
+    upcall coherence: ``performance.cache-invalidation``; the servers' half,
+    ``features.cache-invalidation``, is not visible to a client).
+
+    Why it matters (GlusterFS ``xlators/performance/nl-cache``): ``nlc_lookup_cbk`` caches every
+    ENOENT a lookup gets, per parent directory, for ``nl-cache-timeout``, and ``nlc_lookup``
+    answers a later lookup of that name from the cache unless the name is linked in the client's
+    inode table.  The kernel looks a name up just before ``mkdir``/``link()``, so the node that
+    loses a create race has cached "missing" for the winner's name.  Only an upcall from the
+    servers clears it (``nlc_invalidate``): never without upcalls, and not when the invalidation
+    overtakes that lookup's own ENOENT reply (the entry is added after the clear).
+    """
+    g = os.path.join(mount_point, ".meta", "graphs", "active")
+    try:
+        names = os.listdir(g)
+    except OSError:
+        return None
+
+    def options(xl: str | None) -> dict:
+        out = {}
+        if xl:
+            d = os.path.join(g, xl, "options")
+            try:
+                for k in os.listdir(d):
+                    with open(os.path.join(d, k)) as f:
+                        out[k] = f.read().strip()
+            except OSError:
+                pass
+        return out
+
+    def seconds(v: str | None, default: float) -> float:
+        try:
+            return float(v) if v is not None else default
+        except ValueError:
+            return default
+
+    nl = next((n for n in names if n.endswith("-nl-cache")), None)
+    md = next((n for n in names if n.endswith("-md-cache")), None)
+    nlo, mdo = options(nl), options(md)
+    on = ("on", "true", "yes", "enable", "1")
+    nl_on = nl is not None and nlo.get("pass-through", "off").lower() not in on
+    vol = nl[: -len("-nl-cache")] if nl else md[: -len("-md-cache")] if md else None
+    return {
+        "volume": vol,
+        "nl_cache": nl_on,
+        # defaults: glusterfs's nl-cache-timeout 60 and md-cache-timeout 1 (gluster volume set help)
+        "nl_cache_timeout": seconds(nlo.get("nl-cache-timeout"), 60.0) if nl_on else None,
+        "md_cache_timeout": seconds(mdo.get("md-cache-timeout"), 1.0) if md else None,
+        "upcalls": mdo.get("cache-invalidation", "off").lower() in on,
+    }
+
+
+def gluster_nl_cache_warning(mount_point: str, volume_hint: str = "VOL") -> str | None:
+    """One line saying a GlusterFS client caches negative lookups and how to turn it off, or None."""
+    gc = gluster_caches(mount_point)
+    if not gc or not gc["nl_cache"]:
+        return None
+    vol = gc["volume"] or volume_hint
+    coherence = "with upcall invalidation" if gc["upcalls"] else "without upcall invalidation"
+    return (
+        f"GlusterFS nl-cache is on ({coherence}, nl-cache-timeout {gc['nl_cache_timeout']:g} s): a node "
+        f"that loses a race to create a name can find it missing by name for up to that long "
+        f"(fsmingle retries from directory listings; a job directory created by racing nodes can fail). "
+        f"Fix: gluster volume set {vol} performance.nl-cache off"
+    )
