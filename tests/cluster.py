@@ -774,6 +774,11 @@ class _CephFS(_FsBackend):
         self.c.track_pid(d.pid)
         self.c._daemons.append(d)
 
+    def mount(self, mnt: str, netns: str | None) -> list[int]:
+        # ceph-fuse daemonizes: of the processes that appeared in the netns keep the daemon (its
+        # command line names our conf), not its parent or helpers that have exited since
+        return [p for p in super().mount(mnt, netns) if p in _pids_with_arg(str(self.conf))]
+
     def client_argv(self, mnt: str) -> list[str]:
         # Its own client name per mount (trap above): the mount point's last two parts, unique here.
         name = re.sub(r"[^A-Za-z0-9]", "", "".join(Path(mnt).parts[-2:]))

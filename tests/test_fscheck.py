@@ -152,6 +152,36 @@ def test_cephfs_mounts_kernel_and_fuse(tmp_path):
     assert any("ceph.conf" in n for n in fn) and not any("ceph.conf" in n for n in kn)
 
 
+@pytest.mark.parametrize("upcalls", ["on", "off"])
+def test_gluster_nl_cache_is_read_from_the_client_graph(tmp_path, upcalls):
+    """A GlusterFS client's .meta shows its translators and their options: nl-cache on means a
+    warning with the exact `gluster volume set`; without upcalls its timeouts count as caches."""
+    g = tmp_path / ".meta" / "graphs" / "active"
+    for xl, opts in (
+        ("vol7-nl-cache", {"nl-cache-timeout": "60", "nl-cache-limit": "10MB"}),
+        ("vol7-md-cache", {"md-cache-timeout": "45", "cache-invalidation": upcalls}),
+        ("vol7-dht", {}),
+    ):
+        (g / xl / "options").mkdir(parents=True)
+        for k, v in opts.items():
+            (g / xl / "options" / k).write_text(v + "\n")
+    gc = families.gluster_caches(str(tmp_path))
+    assert gc == {
+        "volume": "vol7",
+        "nl_cache": True,
+        "nl_cache_timeout": 60.0,
+        "md_cache_timeout": 45.0,
+        "upcalls": upcalls == "on",
+    }
+    warn = families.gluster_nl_cache_warning(str(tmp_path))
+    assert warn.endswith("Fix: gluster volume set vol7 performance.nl-cache off")
+    assert ("without upcall" in warn) is (upcalls == "off")
+    (g / "vol7-nl-cache" / "options" / "pass-through").write_text("on\n")
+    assert families.gluster_caches(str(tmp_path))["nl_cache"] is False
+    assert families.gluster_nl_cache_warning(str(tmp_path)) is None
+    assert families.gluster_caches(str(tmp_path / "nothing")) is None
+
+
 @pytest.mark.parametrize("err", [errno.EOPNOTSUPP, errno.EPERM, errno.ENOSYS, errno.EXDEV])
 def test_each_no_hardlink_errno_refuses_at_the_first_claim(tmp_path, err):
     # The errno values a real filesystem answers link() with when it has no hard links (s3fs:
@@ -267,6 +297,12 @@ def test_real_filesystem_verdict_and_two_peers(realfs):
     assert all(r["probes"][k]["ok"] for k in ("link", "rename", "o_excl"))
     if fam == "moosefs":
         assert r["options"].get("mfsnegentrycacheto") == "1" or r["mount"]["source"].startswith("mfs#")
+    if fam == "glusterfs":
+        # both profiles run nl-cache: named with the fix; without upcalls its 60 s sets the settings
+        fix = f"gluster volume set {c.fs_backend.volume} performance.nl-cache off"
+        assert r["gluster"]["nl_cache"] and any(fix in why for why in r["reasons"]), r
+        if c.fs == "glusterfs-nfs60":
+            assert r["settings"] == {"stale_after": 190, "poll_max": 1.0}, r
     if fam == "cephfs":
         # coherent through capabilities: no time-based cache, the defaults; what to know is said
         assert r["mount"]["fstype"] == "fuse.ceph-fuse" and r["cache_seconds"] == 0.0, r
