@@ -1,7 +1,7 @@
 """The scenarios users hit, on real distributed filesystems (issue 12, items 1 and 2).
 
-Each filesystem -- GlusterFS with the ``tuned`` and the ``nfs60`` cache profile, and MooseFS
-(tests/cluster.py, ``Cluster(fs=...)``) -- gets one 4-host cluster per module: its servers run
+Each filesystem -- GlusterFS with the ``tuned`` and the ``nfs60`` cache profile, MooseFS and
+CephFS (tests/cluster.py, ``Cluster(fs=...)``) -- gets one 4-host cluster per module: its servers run
 at the bridge address, every host has its OWN FUSE client started in its network namespace,
 and every host's processes live in a pid namespace of the host, so ``Host.kill_node()`` is a
 real ``kill -9`` of a machine and ``Host.link_down()`` makes that host's mount hang like a
@@ -14,7 +14,8 @@ Scenarios, each run through the real ``fsmingle`` command on every host:
 * a node killed (SIGKILL of its pid namespace) while waiting, and a replacement from another host;
 * a host losing its network while waiting (its client hangs; freed with fusectl abort);
 * rank 0 killed while the others wait;
-* a late node after the release.
+* a late node after the release;
+* hosts racing to create one generation directory and claim (the create race).
 
 The oracle for every run (:func:`_oracle`): all released participants agree on (master, port,
 generation); their node ranks are a permutation of 0..nnodes-1 (so no member of the released
