@@ -508,7 +508,7 @@ def _negative_lookup_cache_warning(base: str) -> str | None:
     """
     try:
         m = find_mount(base)
-    except OSError:
+    except (OSError, StorageError):  # no /proc/self/mountinfo: nothing to tell
         return None
     if m.mount_point not in _NL_CACHE_WARNED:
         warn = gluster_nl_cache_warning(m.mount_point) if family(m) == "glusterfs" else None
