@@ -394,13 +394,13 @@ _GLUSTER_COMMON = [("network.ping-timeout", "10")]
 # that the negative cache holds exactly this long.
 MFS_MOUNT_OPTS = "mfsattrcacheto=1,mfsentrycacheto=1,mfsnegentrycacheto=1"
 
-# CephFS file system settings (`ceph fs set cephfs KEY VALUE`).  session_timeout 20 (default 60):
-# the MDS evicts a client that stopped renewing its session after this long, and until then the
-# capabilities it holds block every other client that needs them -- a host whose link goes down
-# stalls the others' reads of its files (measured: released 61-71 s after the link went down with
-# 60).  20 keeps that test short, like GlusterFS's network.ping-timeout 10, while a client stalled
-# on a loaded 2-core CI machine still renews in time (every session_timeout / 3).
-CEPH_FS_SETTINGS = [("session_timeout", "20")]
+# CephFS file system settings (`ceph fs set cephfs KEY VALUE`).  session_timeout 30 (default 60,
+# and the least the monitor accepts: "session_timeout must be at least 30s"): the MDS evicts a
+# client that stopped renewing its session after this long, and until then the capabilities it
+# holds block every other client that needs them -- a host whose link goes down stalls the
+# others' reads of its files (measured: released 61-71 s after the link went down with 60).  30
+# keeps that test shorter, like GlusterFS's network.ping-timeout 10.
+CEPH_FS_SETTINGS = [("session_timeout", "30")]
 
 
 def fs_tools(fs: str) -> list[str]:
