@@ -182,6 +182,21 @@ def test_gluster_nl_cache_is_read_from_the_client_graph(tmp_path, upcalls):
     assert families.gluster_caches(str(tmp_path / "nothing")) is None
 
 
+def test_a_read_whose_close_says_estale_returns_what_it_read(tmp_path):
+    """GlusterFS answered close() of a beacon another client had just replaced with ESTALE (one
+    host rewriting, another reading, in a loop); read() must not raise it."""
+    store = PosixStore(str(tmp_path))
+    store.publish("beacon-a", b"v1")
+    real_close = os.close
+
+    def stale_close(fd):
+        real_close(fd)
+        raise OSError(errno.ESTALE, os.strerror(errno.ESTALE))
+
+    with mock.patch.object(os, "close", stale_close):
+        assert store.read("beacon-a") == b"v1"
+
+
 @pytest.mark.parametrize("err", [errno.EOPNOTSUPP, errno.EPERM, errno.ENOSYS, errno.EXDEV])
 def test_each_no_hardlink_errno_refuses_at_the_first_claim(tmp_path, err):
     # The errno values a real filesystem answers link() with when it has no hard links (s3fs:
