@@ -228,6 +228,20 @@ def _fuse_abort(path: str) -> None:
     _sh(["umount", "-l", path], check=False)
 
 
+def _pids_with_arg(arg: str) -> list[int]:
+    """Pids of the live processes (zombies excluded) with ``arg`` among their arguments."""
+    out = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            with contextlib.suppress(OSError):
+                if arg.encode() in Path(f"/proc/{d}/cmdline").read_bytes().split(b"\0") and _proc_state(int(d)) not in (
+                    None,
+                    "Z",
+                ):
+                    out.append(int(d))
+    return out
+
+
 def _netns_pids(ns: str) -> list[int]:
     p = _sh(["ip", "netns", "pids", ns], check=False, timeout=10)
     return [int(x) for x in p.stdout.split() if x.strip().isdigit()]
@@ -344,7 +358,7 @@ def sweep_stale() -> list[str]:
 
 # --------------------------------------------------------------------------- real filesystems
 
-FILESYSTEMS = ("bindfs", "glusterfs-tuned", "glusterfs-nfs60", "moosefs", "s3fs")
+FILESYSTEMS = ("bindfs", "glusterfs-tuned", "glusterfs-nfs60", "moosefs", "cephfs", "s3fs")
 """Filesystems a :class:`Cluster` can share between its hosts (``Cluster(fs=...)``)."""
 
 MOTO_VENV_ENV = "FSMINGLE_MOTO_VENV"  # a venv with moto[server] (.ci/run makes /opt/moto-venv)
@@ -380,6 +394,14 @@ _GLUSTER_COMMON = [("network.ping-timeout", "10")]
 # that the negative cache holds exactly this long.
 MFS_MOUNT_OPTS = "mfsattrcacheto=1,mfsentrycacheto=1,mfsnegentrycacheto=1"
 
+# CephFS file system settings (`ceph fs set cephfs KEY VALUE`).  session_timeout 30 (default 60,
+# and the least the monitor accepts: "session_timeout must be at least 30s"): the MDS evicts a
+# client that stopped renewing its session after this long, and until then the capabilities it
+# holds block every other client that needs them -- a host whose link goes down stalls the
+# others' reads of its files (measured: released 61-71 s after the link went down with 60).  30
+# keeps that test shorter, like GlusterFS's network.ping-timeout 10.
+CEPH_FS_SETTINGS = [("session_timeout", "30")]
+
 
 def fs_tools(fs: str) -> list[str]:
     """Executables filesystem ``fs`` needs on this machine (Debian packages in .ci/run)."""
@@ -388,6 +410,7 @@ def fs_tools(fs: str) -> list[str]:
         "glusterfs-tuned": ["glusterd", "gluster", "mount.glusterfs"],
         "glusterfs-nfs60": ["glusterd", "gluster", "mount.glusterfs"],
         "moosefs": ["mfsmaster", "mfschunkserver", "mfsmount"],
+        "cephfs": ["ceph-mon", "ceph-osd", "ceph-mds", "ceph-fuse", "ceph", "monmaptool"],
         "s3fs": ["s3fs"],
     }[fs]
 
@@ -654,6 +677,120 @@ class _MooseFS(_FsBackend):
         )
 
 
+class _CephFS(_FsBackend):
+    """A minimal CephFS from plain daemons (no cephadm, no containers; Ceph 16.2 from Debian): one
+    monitor, one OSD on memstore (RAM, no block device), one MDS, ``auth none``, on ports of its
+    own at the bridge address; one ``ceph-fuse`` per host (this VM's kernel has no ceph client).
+
+    No manager: CephFS creates, mounts and serves without one (measured: mds ``up:active`` and
+    every realfs scenario pass), and ``ceph-mgr`` is 300 MB of the 470 MB the notes measured.
+    Traps (../shared/notes/cephfs.md): each client needs its own ``--id`` (two with one name
+    share an admin socket and pid file, and the second mount silently does not happen); the
+    monitor must be named by the bridge address (a host's netns cannot reach 127.0.0.1); osd and
+    mds ignore SIGTERM for seconds once the monitor is gone, so teardown SIGKILLs every process
+    whose command line names this cluster's ceph.conf (memstore: nothing to save).
+    """
+
+    fs = "cephfs"
+    fuse_type = "fuse.ceph-fuse"
+
+    def ceph(self, *args: str, timeout: float = 60) -> str:
+        """Run the ``ceph`` CLI against this cluster; its stdout."""
+        return _sh(["ceph", "-c", str(self.conf), "--connect-timeout", "20", *args], timeout=timeout).stdout
+
+    def start(self) -> None:
+        import uuid
+
+        c = self.c
+        b = c.workdir / "ceph"
+        for d in ("mon", "osd", "mds", "log", "run"):
+            (b / d).mkdir(parents=True)
+        self.base, self.conf = b, b / "ceph.conf"
+        self.port = _free_port_block(1)  # not 6789: a cluster still exiting (or another run's) holds it
+        ip, fsid = self.server_ip, str(uuid.uuid4())
+        self.conf.write_text(
+            "\n".join(
+                [
+                    "[global]",
+                    f"fsid = {fsid}",
+                    f"mon host = {ip}:{self.port}",
+                    "mon initial members = a",
+                    # daemons advertise an address in the bridge's subnet: the one hosts can reach
+                    f"public network = {c.subnet}.0/24",
+                    "auth cluster required = none",
+                    "auth service required = none",
+                    "auth client required = none",
+                    "osd pool default size = 1",
+                    "osd pool default min size = 1",
+                    "mon allow pool size one = true",
+                    "mon warn on pool no redundancy = false",
+                    "osd objectstore = memstore",
+                    "memstore device bytes = 536870912",
+                    "osd crush chooseleaf type = 0",
+                    f"osd data = {b}/osd",
+                    f"mon data = {b}/mon",
+                    f"mds data = {b}/mds",
+                    f"log file = {b}/log/$name.log",
+                    f"run dir = {b}/run",
+                    f"admin socket = {b}/run/$name.asok",
+                    f"pid file = {b}/run/$name.pid",
+                    "ms bind ipv4 = true",
+                    "ms bind ipv6 = false",
+                ]
+            )
+            + "\n"
+        )
+        # every process of this cluster names this conf: teardown finds them by it (_stop_servers)
+        c._state["ceph_conf"] = str(self.conf)
+        c._save()
+        cf = ["-c", str(self.conf)]
+        _sh(["monmaptool", "--create", "--add", "a", f"{ip}:{self.port}", "--fsid", fsid, str(b / "monmap")])
+        _sh(["ceph-mon", *cf, "--mkfs", "-i", "a", "--monmap", str(b / "monmap")], timeout=60)
+        self._daemon("ceph-mon", *cf, "-i", "a")
+        osd = self.ceph("osd", "create").strip()  # waits for the monitor; "0" on a new cluster
+        _sh(["ceph-osd", *cf, "-i", osd, "--mkfs", "--osd-uuid", str(uuid.uuid4())], timeout=60)
+        self._daemon("ceph-osd", *cf, "-i", osd)
+        self._daemon("ceph-mds", *cf, "-i", "a")
+        self.ceph("osd", "pool", "create", "cephfs_data", "8")
+        self.ceph("osd", "pool", "create", "cephfs_meta", "8")
+        self.ceph("fs", "new", "cephfs", "cephfs_meta", "cephfs_data")
+        for k, v in CEPH_FS_SETTINGS:
+            self.ceph("fs", "set", "cephfs", k, v)
+        deadline = time.monotonic() + 60
+        while "up:active" not in self.ceph("mds", "stat"):
+            if time.monotonic() > deadline:
+                raise RuntimeError("ceph mds not up:active after 60 s" + self.diagnostics())
+            time.sleep(0.2)
+
+    def _daemon(self, name: str, *args: str) -> None:
+        # -f: foreground, so the pid we track is the daemon's (it still logs to its log file)
+        d = subprocess.Popen(
+            [_which(name), "-f", *args],
+            stdin=subprocess.DEVNULL,
+            stdout=open(self.base / "log" / f"{name}.out", "w"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        self.c.track_pid(d.pid)
+        self.c._daemons.append(d)
+
+    def mount(self, mnt: str, netns: str | None) -> list[int]:
+        # ceph-fuse daemonizes: of the processes that appeared in the netns keep the daemon (its
+        # command line names our conf), not its parent or helpers that have exited since
+        return [p for p in super().mount(mnt, netns) if p in _pids_with_arg(str(self.conf))]
+
+    def client_argv(self, mnt: str) -> list[str]:
+        # Its own client name per mount (trap above): the mount point's last two parts, unique here.
+        name = re.sub(r"[^A-Za-z0-9]", "", "".join(Path(mnt).parts[-2:]))
+        self._nclient = getattr(self, "_nclient", 0) + 1
+        return ["ceph-fuse", "-c", str(self.conf), "--id", f"{name}{self._nclient}", mnt]
+
+    def diagnostics(self) -> str:
+        return "".join(
+            f"\n--- {n.name}\n" + n.read_text(errors="replace")[-2000:] for n in sorted((self.base / "log").glob("*"))
+        )
+
+
 class _S3fs(_FsBackend):
     """s3fs-fuse over a local S3 server (moto).  Not a filesystem fsmingle can use: no link(),
     O_EXCL not exclusive across mounts; the refusal tests run on it."""
@@ -710,6 +847,8 @@ def _make_backend(cluster: Cluster, fs: str) -> _FsBackend:
         return _Gluster(cluster, fs.split("-", 1)[1])
     if fs == "moosefs":
         return _MooseFS(cluster)
+    if fs == "cephfs":
+        return _CephFS(cluster)
     return _S3fs(cluster)
 
 
@@ -730,6 +869,11 @@ def _stop_servers(state: dict) -> None:
             while _proc_state(own[0]) not in (None, "Z") and time.monotonic() < deadline:
                 time.sleep(0.1)
             state.pop("glusterd_own", None)
+    conf = state.pop("ceph_conf", None)
+    if conf:
+        # CephFS: osd and mds ignore SIGTERM for seconds once the monitor is gone, and memstore
+        # holds nothing worth saving: SIGKILL every daemon and client naming this cluster's conf.
+        _kill_all(lambda: _pids_with_arg(conf))
     for pid in state.get("pids", []):
         start = state.get("pid_start", {}).get(str(pid))
         if start and _proc_start_time(pid) == start:

@@ -129,6 +129,74 @@ def test_mountinfo_parsing_picks_the_mount_on_top(tmp_path):
     assert fscheck.family(fscheck.find_mount("/home", str(mi))) == "local"
 
 
+def test_cephfs_mounts_kernel_and_fuse(tmp_path):
+    """Both CephFS clients are recognised (mount.ceph(8) for the kernel client's options; ceph-fuse
+    shows none), their caches count as coherent (0 s: capabilities, not timeouts), and the notes
+    name what matters: session_timeout, where ceph-fuse keeps its settings, nowsync, recover_session."""
+    mi = tmp_path / "mountinfo"
+    mi.write_text(
+        "22 1 254:0 / / rw,relatime - ext4 /dev/vda rw\n"
+        "90 22 0:60 / /mnt/k rw,relatime - ceph 10.0.0.1:6789,10.0.0.2:6789:/ rw,name=admin,"
+        "nowsync,recover_session=clean,acl,rasize=8388608\n"
+        "91 22 0:61 / /mnt/f rw,nosuid,nodev,relatime - fuse.ceph-fuse ceph-fuse rw,user_id=0,group_id=0,allow_other\n"
+    )
+    k = fscheck.find_mount("/mnt/k/rdzv", str(mi))
+    f = fscheck.find_mount("/mnt/f/rdzv", str(mi))
+    assert fscheck.family(k) == fscheck.family(f) == "cephfs"
+    assert families._cache_seconds("cephfs", k.options) == 0.0
+    assert doctor._settings(0.0) == {"stale_after": 30, "poll_max": 0.28}
+    assert {"nowsync", "recover_session"} <= set(families._RELEVANT_OPTIONS["cephfs"])
+    kn, fn = doctor._ceph_notes(k), doctor._ceph_notes(f)
+    assert all(any("session_timeout" in n for n in notes) for notes in (kn, fn))
+    assert any("nowsync" in n for n in kn) and any("recover_session=clean" in n for n in kn)
+    assert any("ceph.conf" in n for n in fn) and not any("ceph.conf" in n for n in kn)
+
+
+@pytest.mark.parametrize("upcalls", ["on", "off"])
+def test_gluster_nl_cache_is_read_from_the_client_graph(tmp_path, upcalls):
+    """A GlusterFS client's .meta shows its translators and their options: nl-cache on means a
+    warning with the exact `gluster volume set`; without upcalls its timeouts count as caches."""
+    g = tmp_path / ".meta" / "graphs" / "active"
+    for xl, opts in (
+        ("vol7-nl-cache", {"nl-cache-timeout": "60", "nl-cache-limit": "10MB"}),
+        ("vol7-md-cache", {"md-cache-timeout": "45", "cache-invalidation": upcalls}),
+        ("vol7-dht", {}),
+    ):
+        (g / xl / "options").mkdir(parents=True)
+        for k, v in opts.items():
+            (g / xl / "options" / k).write_text(v + "\n")
+    gc = families.gluster_caches(str(tmp_path))
+    assert gc == {
+        "volume": "vol7",
+        "nl_cache": True,
+        "nl_cache_timeout": 60.0,
+        "md_cache_timeout": 45.0,
+        "upcalls": upcalls == "on",
+    }
+    warn = families.gluster_nl_cache_warning(str(tmp_path))
+    assert warn.endswith("Fix: gluster volume set vol7 performance.nl-cache off")
+    assert ("without upcall" in warn) is (upcalls == "off")
+    (g / "vol7-nl-cache" / "options" / "pass-through").write_text("on\n")
+    assert families.gluster_caches(str(tmp_path))["nl_cache"] is False
+    assert families.gluster_nl_cache_warning(str(tmp_path)) is None
+    assert families.gluster_caches(str(tmp_path / "nothing")) is None
+
+
+def test_a_read_whose_close_says_estale_returns_what_it_read(tmp_path):
+    """GlusterFS answered close() of a beacon another client had just replaced with ESTALE (one
+    host rewriting, another reading, in a loop); read() must not raise it."""
+    store = PosixStore(str(tmp_path))
+    store.publish("beacon-a", b"v1")
+    real_close = os.close
+
+    def stale_close(fd):
+        real_close(fd)
+        raise OSError(errno.ESTALE, os.strerror(errno.ESTALE))
+
+    with mock.patch.object(os, "close", stale_close):
+        assert store.read("beacon-a") == b"v1"
+
+
 @pytest.mark.parametrize("err", [errno.EOPNOTSUPP, errno.EPERM, errno.ENOSYS, errno.EXDEV])
 def test_each_no_hardlink_errno_refuses_at_the_first_claim(tmp_path, err):
     # The errno values a real filesystem answers link() with when it has no hard links (s3fs:
@@ -223,7 +291,7 @@ def test_bindfs_views_two_peers(make_cluster):
     assert not [n for n in os.listdir(c.backing) if n.startswith(".fsmingle")]  # scratch rendezvous removed
 
 
-@pytest.fixture(scope="module", params=["glusterfs-tuned", "glusterfs-nfs60", "moosefs"])
+@pytest.fixture(scope="module", params=["glusterfs-tuned", "glusterfs-nfs60", "moosefs", "cephfs"])
 def realfs(request):
     cl.require_capabilities(fs=request.param)
     with cl.Cluster(2, fs=request.param) as c:
@@ -239,11 +307,23 @@ def test_real_filesystem_verdict_and_two_peers(realfs):
     os.chmod(d, 0o700)
     rc, r, err = _check(d)
     assert rc == 0, err
-    fam = "glusterfs" if c.fs.startswith("glusterfs") else "moosefs"
+    fam = "glusterfs" if c.fs.startswith("glusterfs") else c.fs
     assert r["family"] == fam and r["verdict"] == "ok", r
     assert all(r["probes"][k]["ok"] for k in ("link", "rename", "o_excl"))
     if fam == "moosefs":
         assert r["options"].get("mfsnegentrycacheto") == "1" or r["mount"]["source"].startswith("mfs#")
+    if fam == "glusterfs":
+        # both profiles run nl-cache: named with the fix; without upcalls its 60 s sets the settings
+        fix = f"gluster volume set {c.fs_backend.volume} performance.nl-cache off"
+        assert r["gluster"]["nl_cache"] and any(fix in why for why in r["reasons"]), r
+        if c.fs == "glusterfs-nfs60":
+            assert r["settings"] == {"stale_after": 190, "poll_max": 1.0}, r
+    if fam == "cephfs":
+        # coherent through capabilities: no time-based cache, the defaults; what to know is said
+        assert r["mount"]["fstype"] == "fuse.ceph-fuse" and r["cache_seconds"] == 0.0, r
+        assert r["settings"] == {"stale_after": 30, "poll_max": 0.28}, r
+        assert any("session_timeout" in why for why in r["reasons"]), r["reasons"]
+        assert any("ceph.conf" in why for why in r["reasons"]), r["reasons"]
     reports = _peers_check(c, d, session=c.fs)
     for rc, r in reports:
         assert rc == 0, r
@@ -256,6 +336,10 @@ def test_real_filesystem_verdict_and_two_peers(realfs):
             assert any("invisible by name" in why for why in r["reasons"])
         else:
             assert p["open_delay_max_s"] < 30, p
+        if c.fs == "cephfs":
+            # the MDS revokes a looked-up-and-missing name's cached state before the create: no wait
+            assert p["open_delay_max_s"] < 1 and p["list_delay_max_s"] < 1, p
+            assert r["verdict"] == "ok" and r["settings"] == {"stale_after": 30, "poll_max": 0.28}, r
     assert os.listdir(d) == []
 
 

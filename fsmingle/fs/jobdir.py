@@ -8,11 +8,16 @@ to do (exit 4 or 5).  The result is a :class:`fsmingle.fs.store.PosixStore` root
 
 from __future__ import annotations
 
+import logging
 import os
 import stat
 
 from ..errors import StorageError, UnsafeDirectoryError
+from .fscheck.families import family, gluster_nl_cache_warning
+from .mounts import find_mount
 from .store import PosixStore, stat_existing, storage_error
+
+log = logging.getLogger("fsmingle.store")
 
 
 def open_job_dir(base: str, job_id: str, *, create_base: bool = True) -> PosixStore:
@@ -79,6 +84,7 @@ def open_job_dir(base: str, job_id: str, *, create_base: bool = True) -> PosixSt
             f"members of its group could replace your job directory; `chmod g-w {base}`, `chmod +t {base}`, "
             "or use a directory of your own"
         )
+    nl_cache = _negative_lookup_cache_warning(base)
     jd = os.path.join(base, job_id)
     try:
         os.mkdir(jd, 0o700)  # owner-only: other users of shared scratch cannot plant beacons
@@ -91,6 +97,7 @@ def open_job_dir(base: str, job_id: str, *, create_base: bool = True) -> PosixSt
             raise StorageError(
                 f"job directory {jd} was removed while this node was creating it (a `fsmingle clean` "
                 "at the same moment?); start this node again"
+                + (f"; or this node's cache still hides it: {nl_cache}" if nl_cache else "")
             ) from None
     except OSError as e:
         raise storage_error(e, "create job directory", jd) from None
@@ -98,6 +105,32 @@ def open_job_dir(base: str, job_id: str, *, create_base: bool = True) -> PosixSt
     if not os.access(jd, os.W_OK | os.X_OK):
         raise StorageError(f"cannot write job directory {jd}: permission denied; use a directory you can write")
     return PosixStore(jd)
+
+
+_NL_CACHE_WARNED: dict[str, str | None] = {}
+
+
+def _negative_lookup_cache_warning(base: str) -> str | None:
+    """The start-up probe of a GlusterFS client's negative-lookup cache (nl-cache): once per mount
+    and process, warn with the exact ``gluster volume set`` that turns it off; returns that line.
+
+    nl-cache can hide a name this node lost a create race for (it cached the ENOENT of the
+    kernel's lookup just before the create; ``fscheck.families.gluster_caches`` says why, from
+    GlusterFS's source).  :func:`~fsmingle.fs.store.stat_existing` and the protocol's listings work
+    around it, but a job directory raced into existence by several nodes can still fail on one of
+    them.  Costs one read of /proc/self/mountinfo, and on GlusterFS one listing of the client's
+    ``.meta``.
+    """
+    try:
+        m = find_mount(base)
+    except (OSError, StorageError):  # no /proc/self/mountinfo: nothing to tell
+        return None
+    if m.mount_point not in _NL_CACHE_WARNED:
+        warn = gluster_nl_cache_warning(m.mount_point) if family(m) == "glusterfs" else None
+        _NL_CACHE_WARNED[m.mount_point] = warn
+        if warn:
+            log.warning("%s", warn)
+    return _NL_CACHE_WARNED[m.mount_point]
 
 
 def check_owned_dir(path: str, what: str = "directory") -> None:

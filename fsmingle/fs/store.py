@@ -189,7 +189,15 @@ class PosixStore(Store):
                 return None
             raise
         finally:
-            os.close(fd)
+            try:
+                os.close(fd)
+            except OSError:
+                # GlusterFS answers the FUSE flush of a file another client replaced meanwhile
+                # with ESTALE (seen when one host rewrote a beacon in a loop while another read it:
+                # close() raised, and the exception escaped read()).  Nothing was written through
+                # this read-only descriptor, and Linux releases it even when close() fails
+                # (close(2)); what was read is one whole version (rename() replaces atomically).
+                pass
 
     def _write_tmp(self, name: str, data: bytes) -> str:
         directory = os.path.dirname(self.path(name))

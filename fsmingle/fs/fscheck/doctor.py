@@ -17,7 +17,7 @@ from dataclasses import asdict
 
 from ...errors import ConfigError, StorageError
 from ..mounts import MountInfo, find_mount
-from .families import _RELEVANT_OPTIONS, _SHARED, _cache_seconds, family
+from .families import _RELEVANT_OPTIONS, _SHARED, _cache_seconds, family, gluster_caches, gluster_nl_cache_warning
 from .peers import _peer_check
 from .probes import LinkProbe, _probe_excl, _probe_rename, probe_link
 
@@ -123,6 +123,33 @@ def check(directory: str, peers: int = 1, timeout: float = 120.0, session: str =
     return result
 
 
+def _ceph_notes(m: MountInfo) -> list[str]:
+    """What fsmingle users should know about a CephFS mount (mount.ceph(8), ceph-fuse(8); measured
+    in docs/filesystems/cephfs.md)."""
+    notes = [
+        "CephFS keeps clients coherent through MDS capabilities, not timeouts: names and replaced "
+        "beacons show on other nodes at once; a node cut off from the cluster keeps its capabilities "
+        "until the MDS times its session out (`ceph fs get FS`: session_timeout, default 60 s), and "
+        "other nodes' reads of its files wait meanwhile"
+    ]
+    if m.fstype.lower().startswith("fuse"):
+        notes.append(
+            "ceph-fuse: its cache settings (client_cache_size, client_oc, fuse_*) are in ceph.conf's "
+            "[client] section, not in the mount options; the defaults suit fsmingle"
+        )
+    if "nowsync" in m.options:
+        notes.append(
+            "nowsync: creates and unlinks may return before the MDS confirmed them; fsmingle's claims "
+            "(link) and generations (mkdir) stay synchronous"
+        )
+    if m.options.get("recover_session") == "clean":
+        notes.append(
+            "recover_session=clean: a node the MDS blocklisted reconnects by itself, dropping its dirty "
+            "data; fsmingle's participant on it has already failed or will be judged dead"
+        )
+    return notes
+
+
 def _verdict(r: dict, m: MountInfo, fam: str, link: LinkProbe) -> None:
     reasons, unsafe = [], False
     if not link.ok:
@@ -170,6 +197,17 @@ def _verdict(r: dict, m: MountInfo, fam: str, link: LinkProbe) -> None:
         reasons.append("Lustre localflock: flock() is node-local; fsmingle does not need it")
     if fam == "moosefs" and ("mfsnobsdlocks" in m.options or "mfsnoposixlocks" in m.options):
         reasons.append("MooseFS locks are node-local on this mount; fsmingle does not need them")
+    if fam == "cephfs":
+        reasons += _ceph_notes(m)
+    if fam == "glusterfs":
+        gc = gluster_caches(m.mount_point)
+        r["gluster"] = gc
+        if gc and not gc["upcalls"]:
+            # without upcalls md-cache and nl-cache answer from their caches until they expire
+            cache_s = max(cache_s or 0.0, gc["md_cache_timeout"] or 0.0, gc["nl_cache_timeout"] or 0.0)
+        warn = gluster_nl_cache_warning(m.mount_point)
+        if warn:
+            reasons.append(warn)
     shared = fam in _SHARED
     if unsafe:
         verdict = "unsafe"
