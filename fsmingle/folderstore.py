@@ -1,0 +1,525 @@
+"""FolderStore: a ``torch.distributed.Store`` kept in a shared directory, correct without flock or a server.
+
+Layout of a store directory (``<dir>/<job>/gen-N/store`` when the rendezvous hands it out)::
+
+    store/                          the store: mkdir, owner-only; removed with its generation
+        k-<hex of the key's UTF-8>/ one directory per key (``h-<sha256>`` for keys over 100 bytes)
+            v-000000000001          version 1 of the key: link() of a complete file (exclusive)
+            v-000000000002          version 2: made by whoever read version 1 and won the link()
+            ...
+
+Every key is a **log of immutable versions**.  Each version file is a header line (JSON: the
+key, the operation, a token unique to the writing call, the value's length) and the value's
+bytes.  The rules, each because of a filesystem fact (``docs/folderstore.md``, ``store.py``):
+
+* **Whoever creates version k+1 made the change.**  ``set``, ``add``, ``compare_set``,
+  ``append`` and ``delete_key`` read the newest version k, compute the new value and create
+  ``v-(k+1)`` with :meth:`~fsmingle.store.PosixStore.create` (``link()`` of a complete, fsynced
+  file: exclusive on NFSv3+, Lustre, GPFS, GlusterFS, and a name never shows a partial file).
+  The loser of the ``link()`` re-reads and retries on top of the winner's version.  So every
+  read-modify-write is linearizable across nodes whose caches lie: the log is a chain in which
+  each version was computed from its predecessor, and its linearization point is its ``link()``.
+* **A lost reply is read back.**  ``link()`` may answer EEXIST after it succeeded (a
+  retransmitted NFS request); ``PosixStore.create`` trusts the link count, and the store reads
+  the version back and compares the token it wrote (an ``add`` must never count twice).
+* **Versions are never removed while the store lives** (no compaction).  Exclusive creation
+  only excludes names that exist *now*: a removed version's name could be linked again by a
+  writer whose listing is stale (it read version k, the log moved on to k+5, versions k+1.. were
+  compacted away: its ``link()`` of k+1 succeeds and its ``add`` is lost -- ABA).  Freeing names
+  safely needs a monotone floor that every writer re-reads after each create, and reading it
+  fresh is exactly what these filesystems do not promise.  Immutable, never-removed versions
+  also make every stale read harmless: a version read is the right content, or absent.  The
+  store is scoped by its directory and removed as a whole with its generation
+  (``fsmingle clean``); it is meant for start-up and control traffic (a few versions per key),
+  not per-step traffic.
+* **Readers find the newest version by listing** the key's directory (readdir is answered by the
+  server when the directory changed), never by looking up a name that may not exist yet (a
+  negative lookup cache would answer "absent" for up to a minute).  A key's directory is made
+  (``mkdir``, EEXIST is fine) by the first access of each process before it is listed, for the
+  same reason.  A process never goes back to an older version than one it has seen or written.
+* **Deleting writes a tombstone version**, so a concurrent ``add`` that read the old value
+  cannot resurrect it: it loses the ``link()`` of the same version number and retries on top of
+  the tombstone (from 0).
+* **Waiting costs one listing per key per poll**: ``get``/``wait`` back off from
+  ``poll_min`` to ``poll_max`` (0.25 s: a waiting rank costs its metadata server at most about
+  4 READDIRs a second per missing key, nothing else).
+
+Consistency: ``add``, ``compare_set``, ``append``, ``delete_key`` and ``set`` are linearizable.
+``get``, ``check``, ``wait``, ``num_keys`` and ``list_keys`` return what the client's directory
+cache shows, never older than what this process saw or wrote, and never a value that was not in
+the log (a key written once -- the common case in torch -- reads exactly).
+
+Importing this module does not import torch; :class:`FolderStore` imports it on first use.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import re
+import secrets
+import time
+from collections.abc import Callable, Iterable
+from datetime import timedelta
+
+from .errors import CorruptStateError
+from .store import UNTRUSTED, PosixStore, Store, check_owned_dir
+
+__all__ = ["FolderKV", "FolderStore", "folder_store_class", "key_dir", "open_store_dir"]
+
+VERSION_RE = re.compile(r"^v-(\d{12})$")
+KEY_RE = re.compile(r"^(k-[0-9a-f]*|h-[0-9a-f]{64})$")
+MAX_HEX_KEY = 100  # bytes of key spelled in hex in the directory name (200 characters + "k-": under NAME_MAX 255)
+MAX_VALUE = (1 << 21) - 4096  # PosixStore.read refuses files over 2 MiB; the header fits in the rest
+POLL_MIN = 0.002  # first pause of a waiting get/wait (seconds)
+POLL_MAX = 0.25  # longest pause: one listing per missing key per POLL_MAX is what a waiter costs
+SCHEMA = 1
+
+
+def key_dir(key: str) -> str:
+    """The directory name of ``key``: its UTF-8 bytes in hex (never a path), hashed when long.
+
+    Hex, not base64: case-insensitive filesystems (SMB exports, some FUSE mounts) would merge
+    base64 names that differ only in case.
+    """
+    raw = key.encode("utf-8", "surrogatepass")
+    if len(raw) <= MAX_HEX_KEY:
+        return "k-" + raw.hex()
+    return "h-" + hashlib.sha256(raw).hexdigest()
+
+
+def _key_of_dir(name: str) -> str | None:
+    """The key a ``k-`` directory names (None for ``h-``: read it from a version)."""
+    if name.startswith("k-"):
+        return bytes.fromhex(name[2:]).decode("utf-8", "surrogatepass")
+    return None
+
+
+def version_name(n: int) -> str:
+    return f"v-{n:012d}"
+
+
+def _as_bytes(v) -> bytes:
+    if isinstance(v, str):
+        return v.encode("utf-8")
+    if isinstance(v, (bytes, bytearray, memoryview)):
+        return bytes(v)
+    if isinstance(v, list):  # torch passes std::vector<uint8_t> as a list of ints in some paths
+        return bytes(v)
+    raise TypeError(f"store values are bytes or str, not {type(v).__name__}")
+
+
+class _Version:
+    """One immutable version of a key: ``op`` is ``set`` or ``del`` (a tombstone)."""
+
+    __slots__ = ("key", "op", "token", "value")
+
+    def __init__(self, key: str, op: str, token: str, value: bytes):
+        self.key, self.op, self.token, self.value = key, op, token, value
+
+    @property
+    def live(self) -> bool:
+        return self.op == "set"
+
+    def encode(self) -> bytes:
+        head = {"schema": SCHEMA, "kind": "kv", "key": self.key, "op": self.op, "token": self.token}
+        head["len"] = len(self.value)
+        return json.dumps(head, separators=(",", ":")).encode() + b"\n" + self.value
+
+    @classmethod
+    def decode(cls, data: bytes, where: str) -> _Version:
+        head, sep, value = data.partition(b"\n")
+        try:
+            h = json.loads(head) if sep else None
+            ok = (
+                isinstance(h, dict)
+                and h.get("schema") == SCHEMA
+                and h.get("kind") == "kv"
+                and h.get("op") in ("set", "del")
+                and isinstance(h.get("key"), str)
+                and isinstance(h.get("token"), str)
+                and h.get("len") == len(value)
+            )
+        except ValueError:
+            ok = False
+        if not ok:
+            raise CorruptStateError(f"{where} is not a FolderStore version (damaged or foreign); remove the store")
+        return cls(h["key"], h["op"], h["token"], value)
+
+
+class FolderKV:
+    """The store's logic on any :class:`fsmingle.store.Store` (a real directory or the test's fakefs).
+
+    Args:
+        store (Store): rooted at the store directory.
+        clock: ``monotonic()`` and ``sleep()`` (the module ``time`` by default).
+        poll_min, poll_max (float): backoff of waiting reads (seconds).
+        rng (random.Random): jitter and tokens (seeded in tests).
+    """
+
+    def __init__(self, store: Store, clock=time, poll_min: float = POLL_MIN, poll_max: float = POLL_MAX, rng=None):
+        self.store, self.clock = store, clock
+        self.poll_min, self.poll_max = poll_min, max(poll_min, poll_max)
+        self.rng = rng or random.Random(secrets.randbits(64))
+        self._made: set[str] = set()  # key directories this process made or found (mkdir)
+        self._seen: dict[str, int] = {}  # key dir -> newest version number this process saw or wrote
+
+    # ------------------------------------------------------------------ reading
+    def _keydir(self, key: str) -> str:
+        d = key_dir(key)
+        if d not in self._made:
+            # mkdir before the first listing, EEXIST is fine: a directory looked up before it
+            # exists can stay "absent" in a negative lookup cache for a minute, while mkdir goes
+            # to the server (PosixStore.mkdir cures a lying lookup after EEXIST: stat_existing).
+            self.store.mkdir(d)
+            self._made.add(d)
+        return d
+
+    def _listed(self, d: str) -> int:
+        """Newest version number a listing of key directory ``d`` shows (0: none), never below one seen."""
+        # readdir is answered by the server when the directory changed; a name is never looked
+        # up before a listing showed it (negative caches).
+        best = 0
+        for n in self.store.listdir(d):
+            m = VERSION_RE.match(n)
+            if m:
+                best = max(best, int(m.group(1)))
+        return max(best, self._seen.get(d, 0))
+
+    def _read_version(self, d: str, n: int, key: str) -> _Version | None:
+        """Version ``n`` of key dir ``d``; None if this client cannot see it yet (lookup lies, ESTALE)."""
+        name = f"{d}/{version_name(n)}"
+        data = self.store.read(name)  # a fresh open(): close-to-open consistency
+        if data is None:
+            return None
+        if data == UNTRUSTED:
+            raise CorruptStateError(f"{self.store.path(name)} is not a file of yours; remove the store")
+        v = _Version.decode(data, self.store.path(name))
+        if v.key != key:
+            raise CorruptStateError(f"{self.store.path(name)} holds key {v.key!r}, not {key!r} (hash collision?)")
+        return v
+
+    def _newest(self, key: str, d: str) -> tuple[int, _Version | None]:
+        """(number, version) of the newest version a listing shows; (0, None) when there is none.
+
+        Versions are never removed, so a listed version that reads as absent is a lookup that
+        lies (a negative cache entry, ESTALE) for a moment: retried with backoff until it shows.
+        """
+        pause = self.poll_min
+        while True:
+            n = self._listed(d)
+            if n == 0:
+                return 0, None
+            v = self._read_version(d, n, key)
+            if v is not None:
+                self._seen[d] = max(self._seen.get(d, 0), n)
+                return n, v
+            self.clock.sleep(pause)
+            pause = min(pause * 2, self.poll_max)
+
+    def try_get(self, key: str) -> bytes | None:
+        """The value of ``key`` now, or None if it is missing (never set, or deleted)."""
+        d = self._keydir(key)
+        _, v = self._newest(key, d)
+        return v.value if v is not None and v.live else None
+
+    def wait_for(self, keys: Iterable[str], timeout: float | None, on_timeout: Callable[[list[str]], Exception]):
+        """Block until every key exists; returns their values in order.
+
+        Args:
+            timeout (float | None): seconds; None or 0 waits forever (torch's kNoTimeout).
+            on_timeout: builds the exception to raise from the keys still missing.
+        """
+        keys = list(keys)
+        found: dict[int, bytes] = {}
+        deadline = None if not timeout else self.clock.monotonic() + timeout
+        pause = self.poll_min
+        while True:
+            for i, k in enumerate(keys):
+                if i not in found:
+                    v = self.try_get(k)
+                    if v is not None:
+                        found[i] = v
+            if len(found) == len(keys):
+                return [found[i] for i in range(len(keys))]
+            now = self.clock.monotonic()
+            if deadline is not None and now >= deadline:
+                raise on_timeout([k for i, k in enumerate(keys) if i not in found])
+            # Backoff with jitter: ranks that start waiting together must not poll in lockstep.
+            nap = pause * (0.5 + self.rng.random() / 2)
+            if deadline is not None:
+                nap = min(nap, max(0.0, deadline - now))
+            self.clock.sleep(nap)
+            pause = min(pause * 2, self.poll_max)
+
+    # ------------------------------------------------------------------ read-modify-write
+    def _update(self, key: str, change: Callable[[_Version | None], tuple[str, bytes] | None]):
+        """Apply ``change`` to the newest version of ``key`` atomically; returns (version written or read, wrote).
+
+        ``change(current)`` returns ``(op, value)`` to write, or None to write nothing (the
+        result is then ``current``).  Linearizable: the ``link()`` of version k+1 succeeds for
+        exactly one writer, and that writer computed it from version k.
+        """
+        d = self._keydir(key)
+        token = secrets.token_hex(8)
+        n, cur = self._newest(key, d)
+        pause = self.poll_min
+        while True:
+            want = change(cur if cur is not None and cur.live else None)
+            if want is None:
+                return cur, False
+            op, value = want
+            if len(value) > MAX_VALUE:
+                raise ValueError(f"FolderStore values are at most {MAX_VALUE} bytes; {key!r} got {len(value)}")
+            new = _Version(key, op, token, value)
+            name = f"{d}/{version_name(n + 1)}"
+            if self.store.create(name, new.encode()):
+                self._seen[d] = n + 1
+                return new, True
+            # EEXIST: somebody made version n+1 -- or we did and the reply was lost (a
+            # retransmitted LINK answers EEXIST): read it back, and our token says which.
+            won = self._read_version(d, n + 1, key)
+            if won is not None and won.token == token:
+                self._seen[d] = n + 1
+                return new, True
+            while won is None:
+                # The server said version n+1 exists but this client cannot see it yet (a lying
+                # lookup): versions are never removed, so list (a listing links the name into the
+                # client's caches) and read it again after a pause; our token still tells whose.
+                self.clock.sleep(pause)
+                pause = min(pause * 2, self.poll_max)
+                self._listed(d)
+                won = self._read_version(d, n + 1, key)
+            if won.token == token:
+                self._seen[d] = n + 1
+                return new, True
+            # Lost the race: retry on top of the newest version we can see -- the winner's, or a
+            # newer one a fresh listing shows (under contention the log may have moved several
+            # versions on; walking them one link() at a time would cost a file write each).  A
+            # listing may be stale, never a reason to retry below n+1: the next link() is the judge.
+            self._seen[d] = max(self._seen.get(d, 0), n + 1)
+            n, cur = n + 1, won
+            m = self._listed(d)
+            if m > n:
+                newer = self._read_version(d, m, key)
+                if newer is not None:
+                    n, cur = m, newer
+                    self._seen[d] = max(self._seen.get(d, 0), m)
+
+    def set(self, key: str, value) -> None:
+        value = _as_bytes(value)
+        self._update(key, lambda cur: ("set", value))
+
+    def add(self, key: str, amount: int) -> int:
+        """Add ``amount`` to the integer in ``key`` (missing: 0); returns the new value.  Always writes a
+        version, even for ``amount == 0`` (torch's barrier reads counters with ``add(k, 0)``, and a read
+        from a listing could be stale)."""
+        amount = int(amount)
+        out = []
+
+        def change(cur):
+            base = 0
+            if cur is not None:
+                try:
+                    base = int(cur.value)
+                except ValueError:
+                    raise ValueError(f"add: the value of {key!r} is not an integer: {cur.value[:40]!r}") from None
+            out[:] = [base + amount]
+            return "set", str(base + amount).encode()
+
+        self._update(key, change)
+        return out[0]
+
+    def compare_set(self, key: str, expected, desired) -> bytes:
+        """torch's semantics: missing key -> set ``desired`` if ``expected`` is empty and return it, else
+        return ``expected``; present -> set ``desired`` if the value equals ``expected`` and return it,
+        else return the current value."""
+        expected, desired = _as_bytes(expected), _as_bytes(desired)
+        out = []
+
+        def change(cur):
+            if cur is None:
+                out[:] = [desired if expected == b"" else expected]
+                return ("set", desired) if expected == b"" else None
+            out[:] = [desired if cur.value == expected else cur.value]
+            return ("set", desired) if cur.value == expected else None
+
+        self._update(key, change)
+        return out[0]
+
+    def append(self, key: str, value) -> None:
+        value = _as_bytes(value)
+        self._update(key, lambda cur: ("set", (cur.value if cur is not None else b"") + value))
+
+    def delete(self, key: str) -> bool:
+        """Write a tombstone if ``key`` exists; True if it existed."""
+        out = [False]
+
+        def change(cur):
+            out[0] = cur is not None
+            return ("del", b"") if cur is not None else None
+
+        self._update(key, change)
+        return out[0]
+
+    def check(self, keys: Iterable[str]) -> bool:
+        return all(self.try_get(k) is not None for k in keys)
+
+    def list_keys(self) -> list[str]:
+        """Keys that exist now (one listing of the store, one listing and one read per key directory)."""
+        out = []
+        for name in self.store.listdir(""):
+            if not KEY_RE.match(name):
+                continue
+            key = _key_of_dir(name)
+            n = self._listed(name)
+            if n == 0:
+                continue
+            if key is None:  # a hashed name: the key is in every version
+                v = self._read_version_any(name, n)
+                if v is None:
+                    continue
+                key = v.key
+            self._made.add(name)
+            if self.try_get(key) is not None:
+                out.append(key)
+        return sorted(out)
+
+    def _read_version_any(self, d: str, n: int) -> _Version | None:
+        data = self.store.read(f"{d}/{version_name(n)}")
+        if not data:
+            return None
+        return _Version.decode(data, self.store.path(f"{d}/{version_name(n)}"))
+
+
+def open_store_dir(path: str) -> PosixStore:
+    """Create the store directory ``path`` (owner-only) if needed, check it is ours, and return its store.
+
+    Its parent must exist (a missing mount must fail at once, not make a directory on a node's
+    local disk).
+    """
+    path = os.path.abspath(os.fspath(path))
+    parent = PosixStore(os.path.dirname(path))
+    if not os.path.isdir(parent.root):
+        from .errors import StorageError
+
+        raise StorageError(f"FolderStore {path}: its parent {parent.root} does not exist; is the shared mount there?")
+    # mkdir is atomic and exclusive; EEXIST is fine (another rank made it) and PosixStore.mkdir then
+    # makes sure a negative lookup cache does not hide it (stat_existing) and that it is ours.
+    parent.mkdir(os.path.basename(path))
+    check_owned_dir(path, what="FolderStore directory")
+    return PosixStore(path)
+
+
+_CLASS = None
+
+
+def folder_store_class():
+    """The ``torch.distributed.Store`` subclass (built on first use, so that importing fsmingle never imports torch)."""
+    global _CLASS
+    if _CLASS is not None:
+        return _CLASS
+    import torch.distributed as dist
+
+    class FolderStore(dist.Store):
+        """A ``torch.distributed.Store`` kept in a shared directory: one subdirectory per key, one
+        immutable file per version, every read-modify-write an exclusive ``link()``.  Needs no
+        server, no port and no ``flock``.  See :mod:`fsmingle.folderstore` and ``docs/folderstore.md``.
+
+        Args:
+            path (str): the store directory, unique to this run (``Rendezvous.folder_store()`` gives
+                ``<dir>/<job>/gen-N/store``); created owner-only if missing, its parent must exist.
+            world_size (int | None): accepted for ``FileStore`` compatibility; the store needs none.
+            timeout (timedelta): default timeout of ``get`` and ``wait`` (``set_timeout`` changes it).
+            poll_max (float): longest pause between two looks of a waiting ``get``/``wait`` (seconds).
+        """
+
+        def __init__(self, path, world_size=None, timeout=timedelta(seconds=300), poll_max: float = POLL_MAX):
+            super().__init__()
+            self.path = os.path.abspath(os.fspath(path))
+            self.world_size = world_size
+            self._kv = FolderKV(open_store_dir(self.path), poll_max=poll_max)
+            self.set_timeout(timeout)
+
+        def __repr__(self):
+            return f"FolderStore({self.path!r})"
+
+        def _timeout_error(self, what: str, secs: float):
+            def make(missing):
+                return dist.DistStoreError(
+                    f"FolderStore {self.path}: Timeout after {secs:g} s waiting for {what} {missing[:8]}"
+                    + (f" (and {len(missing) - 8} more)" if len(missing) > 8 else "")
+                )
+
+            return make
+
+        def _seconds(self, timeout=None) -> float:
+            t = self.timeout if timeout is None else timeout
+            return t.total_seconds() if isinstance(t, timedelta) else float(t)
+
+        def _wait(self, keys, timeout, what):
+            secs = self._seconds(timeout)
+            return self._kv.wait_for(keys, secs, self._timeout_error(what, secs))
+
+        def clone(self):
+            """A new client of the same store directory (torch clones stores for other threads)."""
+            return type(self)(self.path, self.world_size, self.timeout, self._kv.poll_max)
+
+        def set(self, key, value):
+            self._kv.set(key, value)
+
+        def get(self, key):
+            return self._wait([key], None, "key")[0]
+
+        def add(self, key, value):
+            return self._kv.add(key, value)
+
+        def compare_set(self, key, expected_value, desired_value):
+            return self._kv.compare_set(key, expected_value, desired_value)
+
+        def append(self, key, value):
+            self._kv.append(key, value)
+
+        def wait(self, keys, timeout=None):
+            self._wait(keys, timeout, "keys")
+
+        def check(self, keys):
+            return self._kv.check(keys)
+
+        def delete_key(self, key):
+            return self._kv.delete(key)
+
+        def num_keys(self):
+            return len(self._kv.list_keys())
+
+        def list_keys(self):
+            return self._kv.list_keys()
+
+        def multi_get(self, keys):
+            return self._wait(keys, None, "keys")
+
+        def multi_set(self, keys, values):
+            if len(keys) != len(values):
+                raise ValueError(f"multi_set: {len(keys)} keys but {len(values)} values")
+            for k, v in zip(keys, values):
+                self._kv.set(k, v)
+
+        def has_extended_api(self):
+            return True  # append, multi_get and multi_set are implemented
+
+        # torch's C++ trampoline looks these two up by their C++ names (torch 2.13: a Python store
+        # that only defines delete_key/num_keys fails "pure virtual" when called from C++).
+        deleteKey = delete_key  # noqa: N815
+        getNumKeys = num_keys  # noqa: N815
+
+    FolderStore.__module__ = __name__
+    _CLASS = FolderStore
+    return FolderStore
+
+
+def __getattr__(name):
+    if name == "FolderStore":
+        return folder_store_class()
+    raise AttributeError(name)
