@@ -76,6 +76,7 @@ MAX_VALUE = (1 << 21) - 4096  # PosixStore.read refuses files over 2 MiB; the he
 POLL_MIN = 0.002  # first pause of a waiting get/wait (seconds)
 POLL_MAX = 0.25  # longest pause: one listing per missing key per POLL_MAX is what a waiter costs
 SCHEMA = 1
+LIE_LIMIT = 120.0  # seconds a lookup may keep lying (61 s measured on GlusterFS nl-cache) before "removed"
 
 
 def key_dir(key: str) -> str:
@@ -266,6 +267,7 @@ class FolderKV:
         token = secrets.token_hex(8)
         n, cur = self._newest(key, d)
         pause = self.poll_min
+        since = self.clock.monotonic()
         while True:
             want = change(cur if cur is not None and cur.live else None)
             if want is None:
@@ -275,7 +277,17 @@ class FolderKV:
                 raise ValueError(f"FolderStore values are at most {MAX_VALUE} bytes; {key!r} got {len(value)}")
             new = _Version(key, op, token, value)
             name = f"{d}/{version_name(n + 1)}"
-            if self.store.create(name, new.encode()):
+            try:
+                made = self.store.create(name, new.encode())
+            except FileNotFoundError:
+                # link() into the key's directory said ENOENT although mkdir made or found it: a
+                # lying lookup of the directory (negative cache, spurious ENOENT), or the store
+                # was removed (``fsmingle clean`` of its generation).  mkdir asks the server.
+                self._directory_lies(d, since)
+                self.clock.sleep(pause)
+                pause = min(pause * 2, self.poll_max)
+                continue
+            if made:
                 self._seen[d] = n + 1
                 return new, True
             # EEXIST: somebody made version n+1 -- or we did and the reply was lost (a
@@ -307,6 +319,21 @@ class FolderKV:
                 if newer is not None:
                     n, cur = m, newer
                     self._seen[d] = max(self._seen.get(d, 0), m)
+
+    def _directory_lies(self, d: str, since: float) -> None:
+        """A create in key directory ``d`` failed with ENOENT: raise unless the directory is still there."""
+        try:
+            made = self.store.mkdir(d)  # goes to the server; EEXIST -> stat_existing cures a lying lookup
+        except FileNotFoundError:
+            made = None  # the store directory itself is gone, or its lookup lies too
+        if made and self._seen.get(d, 0) > 0:
+            # Versions we saw are gone: the store was removed under us.  Never write into a fresh
+            # directory as if nothing had happened (the chain would restart at version 1).
+            raise CorruptStateError(f"{self.store.path(d)} was removed while in use (fsmingle clean of a live store?)")
+        if made is None and self.clock.monotonic() - since > LIE_LIMIT:
+            raise CorruptStateError(
+                f"{self.store.path(d)}: the store directory has been missing for {LIE_LIMIT:g} s; was it removed?"
+            )
 
     def set(self, key: str, value) -> None:
         value = _as_bytes(value)
@@ -440,6 +467,7 @@ def folder_store_class():
             super().__init__()
             self.path = os.path.abspath(os.fspath(path))
             self.world_size = world_size
+            self._clones: list = []
             self._kv = FolderKV(open_store_dir(self.path), poll_max=poll_max)
             self.set_timeout(timeout)
 
@@ -465,7 +493,11 @@ def folder_store_class():
 
         def clone(self):
             """A new client of the same store directory (torch clones stores for other threads)."""
-            return type(self)(self.path, self.world_size, self.timeout, self._kv.poll_max)
+            c = type(self)(self.path, self.world_size, self.timeout, self._kv.poll_max)
+            # torch keeps only the C++ half of a Python store it got back from Python; without a
+            # Python reference the override lookups of the clone fail ("Not implemented").
+            self._clones.append(c)
+            return c
 
         def set(self, key, value):
             self._kv.set(key, value)

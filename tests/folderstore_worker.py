@@ -1,0 +1,48 @@
+"""One process hammering a FolderStore (driven by tests/test_folderstore.py and benchmarks/bench_folderstore.py).
+
+Usage: ``python folderstore_worker.py STORE_DIR WORKER_ID MODE COUNT``; prints one JSON line per
+completed operation (flushed, so that a SIGKILLed worker's completed operations are known).
+
+Modes:
+  add    ``add("ctr", 1)`` COUNT times; prints ``{"add": value}``.
+  chain  COUNT times: read ``chain`` ("<n>:<writer>"), ``compare_set`` it to "<n+1>:<me>"; prints
+         ``{"cas": n + 1, "won": bool}``.
+  race   COUNT rounds: ``compare_set("race-<r>", "", "<me>")``; prints ``{"round": r, "got": value}``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from fsmingle.folderstore import folder_store_class  # noqa: E402
+
+
+def main() -> None:
+    path, me, mode, count = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+    s = folder_store_class()(path)
+    out = sys.stdout
+    if os.environ.get("FOLDERSTORE_WORKER_READY"):
+        s.add("ready", 1)
+        s.wait(["go"])
+    for r in range(count):
+        if mode == "add":
+            print(json.dumps({"add": s.add("ctr", 1)}), file=out, flush=True)
+        elif mode == "chain":
+            cur = s.get("chain").decode()
+            n = int(cur.split(":")[0])
+            want = f"{n + 1}:{me}"
+            got = s.compare_set("chain", cur, want).decode()
+            print(json.dumps({"cas": n + 1, "won": got == want}), file=out, flush=True)
+        elif mode == "race":
+            got = s.compare_set(f"race-{r}", "", me).decode()
+            print(json.dumps({"round": r, "got": got}), file=out, flush=True)
+        else:
+            raise SystemExit(f"unknown mode {mode}")
+
+
+if __name__ == "__main__":
+    main()
