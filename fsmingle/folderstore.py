@@ -67,7 +67,7 @@ from datetime import timedelta
 from .errors import CorruptStateError
 from .store import UNTRUSTED, PosixStore, Store, check_owned_dir
 
-__all__ = ["FolderKV", "FolderStore", "folder_store_class", "key_dir", "open_store_dir"]
+__all__ = ["FolderKV", "folder_store_class", "key_dir", "open_store_dir"]
 
 VERSION_RE = re.compile(r"^v-(\d{12})$")
 KEY_RE = re.compile(r"^(k-[0-9a-f]*|h-[0-9a-f]{64})$")
@@ -543,10 +543,11 @@ def folder_store_class():
 
         # torch's C++ trampoline looks these two up by their C++ names (torch 2.13: a Python store
         # that only defines delete_key/num_keys fails "pure virtual" when called from C++).
-        deleteKey = delete_key  # noqa: N815
-        getNumKeys = num_keys  # noqa: N815
+        deleteKey = delete_key
+        getNumKeys = num_keys
 
     FolderStore.__module__ = __name__
+    FolderStore.__qualname__ = "FolderStore"
     _CLASS = FolderStore
     return FolderStore
 

@@ -1,7 +1,7 @@
 """One process hammering a FolderStore (driven by tests/test_folderstore.py and benchmarks/bench_folderstore.py).
 
-Usage: ``python folderstore_worker.py STORE_DIR WORKER_ID MODE COUNT``; prints one JSON line per
-completed operation (flushed, so that a SIGKILLed worker's completed operations are known).
+Usage: ``python folderstore_worker.py STORE_DIR WORKER_ID MODE=COUNT[,MODE=COUNT...]``; prints one JSON line
+per completed operation (flushed, so that a SIGKILLed worker's completed operations are known).
 
 Modes:
   add    ``add("ctr", 1)`` COUNT times; prints ``{"add": value}``.
@@ -18,16 +18,19 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from fsmingle.folderstore import folder_store_class  # noqa: E402
+from fsmingle.folderstore import folder_store_class
 
 
 def main() -> None:
-    path, me, mode, count = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+    path, me, plan = sys.argv[1], sys.argv[2], sys.argv[3]
     s = folder_store_class()(path)
+    for step in plan.split(","):
+        mode, count = step.split("=")
+        run(s, me, mode, int(count))
+
+
+def run(s, me: str, mode: str, count: int) -> None:
     out = sys.stdout
-    if os.environ.get("FOLDERSTORE_WORKER_READY"):
-        s.add("ready", 1)
-        s.wait(["go"])
     for r in range(count):
         if mode == "add":
             print(json.dumps({"add": s.add("ctr", 1)}), file=out, flush=True)

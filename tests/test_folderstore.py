@@ -206,9 +206,9 @@ def test_a_fresh_directory_never_sees_a_previous_runs_keys(tmp_path):
 # ---------------------------------------------------------------- real processes on one key
 
 
-def _spawn(path, wid, mode, count, env=None):
+def _spawn(path, wid, plan, env=None):
     return subprocess.Popen(
-        [sys.executable, str(WORKER), str(path), f"w{wid}", mode, str(count)],
+        [sys.executable, str(WORKER), str(path), f"w{wid}", plan],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -228,8 +228,7 @@ def _hammer(paths, n_add=25, n_chain=15, n_race=10):
 
     s = folder_store_class()(paths[0])
     s.set("chain", "0:init")
-    procs = [_spawn(p, i, m, c) for i, p in enumerate(paths) for m, c in (("add", n_add), ("chain", n_chain))]
-    procs += [_spawn(p, 100 + i, "race", n_race) for i, p in enumerate(paths)]
+    procs = [_spawn(p, i, f"add={n_add},chain={n_chain},race={n_race}") for i, p in enumerate(paths)]
     outs = []
     try:
         for p in procs:
@@ -267,8 +266,8 @@ def test_sigkill_of_a_writer_loses_nothing(tmp_path):
 
     path = tmp_path / "store"
     s = folder_store_class()(path)
-    victim = _spawn(path, 0, "add", 100000)
-    others = [_spawn(path, i, "add", 30) for i in (1, 2)]
+    victim = _spawn(path, 0, "add=100000")
+    others = [_spawn(path, i, "add=30") for i in (1, 2)]
     first = victim.stdout.readline()  # it is adding
     assert first
     time.sleep(0.3)
