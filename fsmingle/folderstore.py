@@ -41,8 +41,9 @@ bytes.  The rules, each because of a filesystem fact (``docs/folderstore.md``, `
   cannot resurrect it: it loses the ``link()`` of the same version number and retries on top of
   the tombstone (from 0).
 * **Waiting costs one listing per key per poll**: ``get``/``wait`` back off from
-  ``poll_min`` to ``poll_max`` (0.25 s: a waiting rank costs its metadata server at most about
-  4 READDIRs a second per missing key, nothing else).
+  ``poll_min`` (2 ms) to ``poll_max`` (0.25 s, jittered ±25 %): a waiting rank costs its metadata
+  server 4 READDIRs a second per missing key once backed off (about 8 in its first second),
+  nothing else.  The price is latency: a waiter sees a key up to ``poll_max`` after it is set.
 
 Consistency: ``add``, ``compare_set``, ``append``, ``delete_key`` and ``set`` are linearizable.
 ``get``, ``check``, ``wait``, ``num_keys`` and ``list_keys`` return what the client's directory
@@ -248,24 +249,26 @@ class FolderKV:
             now = self.clock.monotonic()
             if deadline is not None and now >= deadline:
                 raise on_timeout([k for i, k in enumerate(keys) if i not in found])
-            # Backoff with jitter: ranks that start waiting together must not poll in lockstep.
-            nap = pause * (0.5 + self.rng.random() / 2)
+            # Backoff with jitter (mean: the pause): ranks that start waiting together must not
+            # poll in lockstep.
+            nap = pause * (0.75 + self.rng.random() / 2)
             if deadline is not None:
                 nap = min(nap, max(0.0, deadline - now))
             self.clock.sleep(nap)
             pause = min(pause * 2, self.poll_max)
 
     # ------------------------------------------------------------------ read-modify-write
-    def _update(self, key: str, change: Callable[[_Version | None], tuple[str, bytes] | None]):
+    def _update(self, key: str, change: Callable[[_Version | None], tuple[str, bytes] | None], blind: bool = False):
         """Apply ``change`` to the newest version of ``key`` atomically; returns (version written or read, wrote).
 
         ``change(current)`` returns ``(op, value)`` to write, or None to write nothing (the
         result is then ``current``).  Linearizable: the ``link()`` of version k+1 succeeds for
-        exactly one writer, and that writer computed it from version k.
+        exactly one writer, and that writer computed it from version k.  ``blind``: ``change``
+        ignores the current value (``set``): only its number is needed, from a listing.
         """
         d = self._keydir(key)
         token = secrets.token_hex(8)
-        n, cur = self._newest(key, d)
+        n, cur = (self._listed(d), None) if blind else self._newest(key, d)
         pause = self.poll_min
         since = self.clock.monotonic()
         while True:
@@ -337,7 +340,7 @@ class FolderKV:
 
     def set(self, key: str, value) -> None:
         value = _as_bytes(value)
-        self._update(key, lambda cur: ("set", value))
+        self._update(key, lambda cur: ("set", value), blind=True)
 
     def add(self, key: str, amount: int) -> int:
         """Add ``amount`` to the integer in ``key`` (missing: 0); returns the new value.  Always writes a
