@@ -444,6 +444,7 @@ def open_store_dir(path: str) -> PosixStore:
 
 
 _CLASS = None
+_LIVE: list = []  # every FolderStore made in this process (see FolderStore.__init__)
 
 
 def folder_store_class():
@@ -470,7 +471,11 @@ def folder_store_class():
             super().__init__()
             self.path = os.path.abspath(os.fspath(path))
             self.world_size = world_size
-            self._clones: list = []
+            # torch 2.13 keeps only the C++ half of a Python store that C++ holds (a PrefixStore
+            # around it, a clone, the agent's store): once Python drops its last reference, every
+            # call from C++ fails "Not implemented" (init.cpp).  So a FolderStore lives as long as
+            # the process: a few small objects per process (one per generation or round).
+            _LIVE.append(self)
             self._kv = FolderKV(open_store_dir(self.path), poll_max=poll_max)
             self.set_timeout(timeout)
 
@@ -496,11 +501,7 @@ def folder_store_class():
 
         def clone(self):
             """A new client of the same store directory (torch clones stores for other threads)."""
-            c = type(self)(self.path, self.world_size, self.timeout, self._kv.poll_max)
-            # torch keeps only the C++ half of a Python store it got back from Python; without a
-            # Python reference the override lookups of the clone fail ("Not implemented").
-            self._clones.append(c)
-            return c
+            return type(self)(self.path, self.world_size, self.timeout, self._kv.poll_max)  # kept alive: _LIVE
 
         def set(self, key, value):
             self._kv.set(key, value)

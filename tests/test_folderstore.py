@@ -157,6 +157,21 @@ def test_python_store_trampoline_and_clone(make_store):
 
 
 @pytest.mark.torch
+def test_a_store_only_cpp_holds_keeps_working(tmp_path):
+    """torch keeps only the C++ half of a Python store: a PrefixStore around a FolderStore nobody else references
+    (torchrun's agent store) must not fail "Not implemented" once Python collects the object."""
+    import gc
+
+    dist = _torch()
+    from fsmingle.folderstore import folder_store_class
+
+    p = dist.PrefixStore("x", folder_store_class()(tmp_path / "s"))
+    gc.collect()
+    p.set("a", "1")
+    assert p.get("a") == b"1" and p.add("n", 2) == 2
+
+
+@pytest.mark.torch
 def test_odd_keys_are_never_paths(make_store, tmp_path):
     store, _ = make_store()
     keys = ["../escape", "/abs", "a/b/c", "", "ü-ключ-鍵", ".hidden", "x" * 300, "y" * 300, "nul\x00byte"]

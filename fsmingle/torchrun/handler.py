@@ -152,8 +152,9 @@ class FsRendezvousHandler(DynamicRendezvousHandler):
     _server: Any
     _client: Any
 
-    def _fs_setup(self, backend: FsRendezvousBackend, read_timeout: float) -> None:
+    def _fs_setup(self, backend: FsRendezvousBackend, read_timeout: float, store_kind: str = "tcp") -> None:
         self._fs_backend = backend
+        self._store_kind = store_kind
         self._board = StoreAddressBoard(backend.store, self._settings.run_id)
         self._read_timeout = float(read_timeout)
         self._server = None
@@ -267,6 +268,15 @@ class FsRendezvousHandler(DynamicRendezvousHandler):
             )
         leader = leaders[0]
         timeout = timedelta(seconds=self._read_timeout)
+        prefix = f"torch.rendezvous.{self._settings.run_id}.{epoch}.{rnd}"
+        if self._store_kind == "folder":
+            # --rdzv-conf store=folder: the agents' store is a FolderStore of this round, in the run
+            # directory (a new one per round, as the TCPStore is).  Rank 0's agent still hosts the
+            # workers' TCPStore (torch asks it for one: _create_tcp_store_server).
+            from ..folderstore import folder_store_class
+
+            path = self._fs_backend.store.path(f"agentstore-{epoch:08d}-{rnd:08d}")
+            return dist.PrefixStore(prefix, folder_store_class()(path, timeout=timeout))
         if rank == 0:
             server = self._new_server()
             self._board.publish(StoreAddress(epoch, rnd, self._this_node, self._this_node.addr, server.port))
@@ -281,7 +291,7 @@ class FsRendezvousHandler(DynamicRendezvousHandler):
                     "reachable from this node? choose it with --rdzv-conf iface=... or addr=..."
                 ) from e
             self._client = base
-        return dist.PrefixStore(f"torch.rendezvous.{self._settings.run_id}.{epoch}.{rnd}", base)
+        return dist.PrefixStore(prefix, base)
 
     def _new_server(self) -> Any:
         # One server per round, on a fresh ephemeral port.  torch's workers
@@ -413,5 +423,5 @@ def create_rdzv_handler(params: RendezvousParameters) -> FsRendezvousHandler:
         keep_alive_max_attempt=c.keep_alive_max_attempt,
     )
     assert isinstance(h, FsRendezvousHandler)
-    h._fs_setup(backend, c.read_timeout)
+    h._fs_setup(backend, c.read_timeout, c.store)
     return h
