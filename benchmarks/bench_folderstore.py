@@ -25,6 +25,7 @@ import json
 import multiprocessing as mp
 import os
 import shutil
+import socket
 import statistics
 import subprocess
 import sys
@@ -52,7 +53,7 @@ def _meta(c: dict) -> int:
     return sum(c.get(k, 0) for k in METADATA)
 
 
-def _open(kind: str, where: str, n: int, port: int):
+def _open(kind: str, where: str, n: int, port: int, rank: int):
     t = timedelta(seconds=60)
     if kind == "folder":
         return folder_store_class()(os.path.join(where, "fstore"), n, timeout=t)
@@ -60,13 +61,15 @@ def _open(kind: str, where: str, n: int, port: int):
         s = dist.FileStore(os.path.join(where, "filestore"), n)
         s.set_timeout(t)
         return s
-    return dist.TCPStore("127.0.0.1", port, n, False, timeout=t)
+    # Rank 0 hosts the server (as torch's env:// does): a server thread in the forking parent
+    # would be copied mid-lock into the children (fork with threads), and hung them at N = 32.
+    return dist.TCPStore("127.0.0.1", port, n, rank == 0, timeout=t, wait_for_workers=False)
 
 
 def _rank(kind, where, n, port, rank, bar, q):
     try:
         counter.bind(rank)
-        s = _open(kind, where, n, port)
+        s = _open(kind, where, n, port, rank)
         out = {"rank": rank}
 
         def phase(name, fn, ops):
@@ -103,13 +106,16 @@ def _rank(kind, where, n, port, rank, bar, q):
     finally:
         q.close()
         q.join_thread()  # put() hands the result to a feeder thread: let it finish before _exit
-        os._exit(0)  # no destructors: the parent owns the TCPStore server and the files
+        os._exit(0)  # no destructors (the stores' files belong to the parent's clean-up)
 
 
 def run_one(kind: str, dirs: list[str], n: int, limit: float) -> dict:
     ctx = mp.get_context("fork")
-    server = dist.TCPStore("127.0.0.1", 0, n, True, wait_for_workers=False) if kind == "tcp" else None
-    port = server.port if server else 0
+    port = 0
+    if kind == "tcp":
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
     bar, q = ctx.Barrier(n, timeout=limit), ctx.Queue()
     ps = [ctx.Process(target=_rank, args=(kind, dirs[r % len(dirs)], n, port, r, bar, q)) for r in range(n)]
     for p in ps:
