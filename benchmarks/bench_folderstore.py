@@ -100,6 +100,7 @@ def _rank(kind, where, n, port, rank, bar, q):
         else:
             s.wait(["b-done"])
         out["t_released"] = time.monotonic()
+        bar.wait()  # nobody leaves before all are released (rank 0 hosts the TCPStore)
         q.put(out)
     except BaseException as e:  # report, never hang the parent
         q.put({"rank": rank, "error": f"{type(e).__name__}: {e}"[:300]})

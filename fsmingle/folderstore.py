@@ -270,6 +270,7 @@ class FolderKV:
         token = secrets.token_hex(8)
         n, cur = (self._listed(d), None) if blind else self._newest(key, d)
         pause = self.poll_min
+        lost = 0.001  # backoff after a lost race (see below)
         since = self.clock.monotonic()
         while True:
             want = change(cur if cur is not None and cur.live else None)
@@ -310,7 +311,12 @@ class FolderKV:
             if won.token == token:
                 self._seen[d] = n + 1
                 return new, True
-            # Lost the race: retry on top of the newest version we can see -- the winner's, or a
+            # Lost the race.  Under contention (N ranks adding to one counter) every retry at once
+            # would mostly lose again, each loss a file write and a link(): back off a random
+            # moment, growing with the losses in a row (at most 50 ms), as CAS loops do.
+            self.clock.sleep(self.rng.random() * lost)
+            lost = min(lost * 2, 0.05)
+            # Retry on top of the newest version we can see -- the winner's, or a
             # newer one a fresh listing shows (under contention the log may have moved several
             # versions on; walking them one link() at a time would cost a file write each).  A
             # listing may be stale, never a reason to retry below n+1: the next link() is the judge.
