@@ -480,3 +480,32 @@ def test_model_read_modify_write_over_fakefs(lags, ops):
     final = kvs[2].add("ctr", 0)  # an add of 0 is a write: linearizable even from the laggiest node
     assert final == sum(a for _, a in epochs[-1])
     assert len(cas_wins) == len(set(cas_wins)) and sorted(cas_wins) == list(range(1, len(cas_wins) + 1))
+
+
+# ---------------------------------------------------------------- life cycle with the rendezvous and `fsmingle clean`
+
+
+@pytest.mark.torch
+def test_each_run_gets_a_fresh_store_and_clean_removes_old_ones(procs, d):
+    """Three runs with one job id: each released generation's ``Rendezvous.folder_store()`` is empty at first (a re-run
+    never reads a previous run's keys), and old generations go with their stores (the participants' own cleaner and
+    ``fsmingle clean``), while the newest decided one keeps its store."""
+    _torch()
+    from helpers import results
+
+    from fsmingle.api import Rendezvous
+
+    gens = []
+    for run in range(3):
+        res = results([procs.env(d, "fsjob", "--nnodes", 2, timeout=40, stale_after=3) for _ in range(2)], timeout=40)
+        g = res[0]["generation"]
+        r = Rendezvous("127.0.0.1", 1, 0, 2, "fsjob", g, dir=str(d))
+        store = r.folder_store(timeout=timedelta(seconds=1))
+        assert store.num_keys() == 0 and not store.check(["run"]), "a re-run sees an earlier run's keys"
+        store.set("run", str(run))
+        gens.append((g, Path(r.folder_store_path())))
+    rc, out, err = procs.cli("clean", "--dir", d, "fsjob")
+    assert rc == 0, err
+    (g1, s1), (g2, s2), (g3, s3) = gens
+    assert not s1.exists() and not s2.exists(), "old generations' stores were left behind"
+    assert s3.exists() and any(p.name.startswith("k-") for p in s3.iterdir())
