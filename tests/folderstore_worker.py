@@ -47,5 +47,22 @@ def run(s, me: str, mode: str, count: int) -> None:
             raise SystemExit(f"unknown mode {mode}")
 
 
+def check(outs: list[list[dict]], store, workers: int, n_add: int, n_race: int) -> None:
+    """The oracle of a hammering: every add distinct and none lost, one compare_set winner per chain step and per
+    race round (seen by all).  ``outs``: each worker's printed lines; ``store``: a FolderStore on the same directory."""
+    adds = [x["add"] for o in outs for x in o if "add" in x]
+    assert sorted(adds) == list(range(1, workers * n_add + 1)), "every add distinct, none lost"
+    assert store.add("ctr", 0) == workers * n_add
+    wins = [x["cas"] for o in outs for x in o if x.get("won")]
+    assert len(wins) == len(set(wins)), "two compare_sets won the same step"
+    assert int(store.get("chain").decode().split(":")[0]) == len(wins) == max(wins)
+    races: dict = {}
+    for o in outs:
+        for x in o:
+            if "round" in x:
+                races.setdefault(x["round"], set()).add(x["got"])
+    assert len(races) == n_race and all(len(v) == 1 for v in races.values()), "one winner per round, seen by all"
+
+
 if __name__ == "__main__":
     main()

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from fakefs import FakeFS
+from folderstore_worker import check
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -253,18 +254,7 @@ def _hammer(paths, n_add=25, n_chain=15, n_race=10):
     finally:
         for p in procs:
             p.kill()
-    adds = [x["add"] for o in outs for x in o if "add" in x]
-    assert sorted(adds) == list(range(1, len(paths) * n_add + 1)), "every add distinct, none lost"
-    assert s.add("ctr", 0) == len(paths) * n_add
-    wins = [x["cas"] for o in outs for x in o if x.get("won")]
-    assert len(wins) == len(set(wins)), "two compare_sets won the same step"
-    assert int(s.get("chain").decode().split(":")[0]) == len(wins) == max(wins)
-    races = {}
-    for o in outs:
-        for x in o:
-            if "round" in x:
-                races.setdefault(x["round"], set()).add(x["got"])
-    assert len(races) == n_race and all(len(v) == 1 for v in races.values()), "one winner per round, seen by all"
+    check(outs, s, len(paths), n_add, n_race)
     return s
 
 

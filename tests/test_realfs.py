@@ -392,6 +392,39 @@ def test_create_race_loser_finds_the_winners_name(fresh):
             assert {o["holder"] for o in outs} == set(winners), outs  # every loser reads the winner's claim
 
 
+def test_folderstore_hammered_from_every_host(fresh):
+    """FolderStore (issue 23) on the real filesystem: each host, through its own FUSE client, adds to one counter,
+    advances one compare_set chain and races compare_set rounds; every add distinct and none lost, one winner per
+    step and per round."""
+    pytest.importorskip("torch")
+    from folderstore_worker import check
+
+    from fsmingle.folderstore import folder_store_class
+
+    c = fresh
+    path = os.path.join(c.rdzv, f"fstore-{time.monotonic_ns()}")
+    store = folder_store_class()(path)
+    store.set("chain", "0:init")
+    worker = str(REPO / "tests" / "folderstore_worker.py")
+    procs = [
+        h.popen(
+            [sys.executable, worker, path, h.name, "add=15,chain=8,race=5"],
+            env=_ENV,
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for h in c
+    ]
+    outs = []
+    for h, p in zip(c, procs):
+        out, err = p.communicate(timeout=240)
+        assert p.returncode == 0, f"[{c.fs}] {h.name} failed:\n{err[-3000:]}"
+        outs.append([json.loads(x) for x in out.splitlines() if x.strip()])
+    check(outs, store, len(procs), 15, 5)
+
+
 def test_harness_hosts_have_own_clients_and_pid_namespaces(fresh):
     c = fresh
     fuse = {"glusterfs-tuned": "fuse.glusterfs", "glusterfs-nfs60": "fuse.glusterfs", "moosefs": "fuse"}[c.fs]
