@@ -42,6 +42,18 @@ def make_store(tmp_path):
     return make
 
 
+def test_import_fsmingle_does_not_import_torch():
+    """torch is an optional extra and the CLI must start fast: only touching ``fsmingle.FolderStore`` imports it."""
+    code = (
+        "import sys, fsmingle, fsmingle.folderstore\n"
+        "assert 'torch' not in sys.modules, 'import fsmingle imported torch'\n"
+        "try:\n    import torch\nexcept ImportError:\n    sys.exit(0)\n"
+        "assert fsmingle.FolderStore.__mro__[1].__name__ == 'Store'\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=HERE.parent)
+    assert r.returncode == 0, r.stderr
+
+
 # ---------------------------------------------------------------- torch's StoreTestBase, run against FolderStore
 
 
