@@ -829,6 +829,19 @@ def test_torchrun_agents_store_in_the_directory(tmp_path):
     assert not list((tmp_path / "rdzv" / "fstore").glob("store-*.json"))  # no TCPStore address was published
 
 
+def test_old_agent_stores_are_pruned(tmp_path):
+    from fsmingle.store import PosixStore
+    from fsmingle.torchrun.handler import KEEP_AGENT_STORES, agent_store_name, prune_agent_stores
+
+    st = PosixStore(str(tmp_path))
+    names = [agent_store_name(3, r) for r in range(8)]
+    for n in names:
+        st.mkdir(n)
+    prune_agent_stores(st, names[-1])
+    left = sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith("."))
+    assert left == names[-KEEP_AGENT_STORES:]  # the current round's and the newest older ones
+
+
 def test_store_conf_key_is_checked(tmp_path):
     from torch.distributed.elastic.rendezvous import RendezvousParameters
 

@@ -67,7 +67,7 @@ KNOWN_KEYS = frozenset({k.name for k in TORCH_KEYS} | _OPTION_KEYS | {"timeout",
 STORE_KINDS = ("tcp", "folder")
 STORE_HELP = (
     "the agents' c10d store: `tcp`, a TCPStore on the round's rank-0 agent; `folder`, a FolderStore in the run "
-    "directory (`agentstore-<E>-<R>/`, docs/folderstore.md): agents need no port of rank 0's for it. Workers "
+    "directory (`agentstore-<E>-<R>/`, the newest 4 kept; docs/folderstore.md): agents need no port of rank 0's for it. Workers "
     "still get `MASTER_ADDR`/`MASTER_PORT` (rank 0's agent hosts their TCPStore), and NCCL still opens its own "
     "TCP connections between nodes"
 )

@@ -122,6 +122,26 @@ def _server_connect_host(addr: str) -> str:
     return "::1" if ip.version == 6 else "127.0.0.1"
 
 
+KEEP_AGENT_STORES = 4  # agentstore-<E>-<R>/ directories kept (newest rounds), as KEEP_STORE_FILES
+
+
+def agent_store_name(epoch: int, rnd: int) -> str:
+    """``agentstore-<E>-<R>``: the FolderStore of round R of lineage E (``--rdzv-conf store=folder``)."""
+    return f"agentstore-{epoch:012d}-{rnd:012d}"
+
+
+def prune_agent_stores(store: Any, current: str, keep: int = KEEP_AGENT_STORES) -> None:
+    """Retire all but the newest ``keep`` agent stores older than ``current`` (called by a round's rank 0).
+
+    A round's agents use only their own round's store, so an older one is garbage once a newer
+    round started; the newest few are kept for agents slow to notice the new round.  ``retire``
+    moves a whole store aside atomically before deleting it (readers see it or nothing).
+    """
+    names = sorted(n for n in store.listdir("") if n.startswith("agentstore-") and n < current)
+    for n in names[: max(0, len(names) - keep + 1)]:
+        store.retire(n)
+
+
 class FsRendezvousHandler(DynamicRendezvousHandler):
     """torch's ``DynamicRendezvousHandler`` on :class:`FsRendezvousBackend`, with its own c10d store.
 
@@ -275,8 +295,11 @@ class FsRendezvousHandler(DynamicRendezvousHandler):
             # workers' TCPStore (torch asks it for one: _create_tcp_store_server).
             from ..folderstore import folder_store_class
 
-            path = self._fs_backend.store.path(f"agentstore-{epoch:08d}-{rnd:08d}")
-            return dist.PrefixStore(prefix, folder_store_class()(path, timeout=timeout))
+            name = agent_store_name(epoch, rnd)
+            base = folder_store_class()(self._fs_backend.store.path(name), timeout=timeout)
+            if rank == 0:
+                prune_agent_stores(self._fs_backend.store, name)
+            return dist.PrefixStore(prefix, base)
         if rank == 0:
             server = self._new_server()
             self._board.publish(StoreAddress(epoch, rnd, self._this_node, self._this_node.addr, server.port))
