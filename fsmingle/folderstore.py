@@ -215,6 +215,7 @@ class FolderKV:
         lies (a negative cache entry, ESTALE) for a moment: retried with backoff until it shows.
         """
         pause = self.poll_min
+        since = self.clock.monotonic()
         while True:
             n = self._listed(d)
             if n == 0:
@@ -223,8 +224,17 @@ class FolderKV:
             if v is not None:
                 self._saw(d, n)
                 return n, v
+            self._unreadable(d, n, since)
             self.clock.sleep(pause)
             pause = min(pause * 2, self.poll_max)
+
+    def _unreadable(self, d: str, n: int, since: float) -> None:
+        """Version ``n`` exists (listed, or EEXIST) but reads as absent: fine while a lookup may lie."""
+        if self.clock.monotonic() - since > LIE_LIMIT:
+            raise CorruptStateError(
+                f"{self.store.path(d)}/{version_name(n)} exists but has been unreadable for {LIE_LIMIT:g} s "
+                "(removed by hand?); remove the store"
+            )
 
     def try_get(self, key: str) -> bytes | None:
         """The value of ``key`` now, or None if it is missing (never set, or deleted)."""
@@ -305,7 +315,9 @@ class FolderKV:
             if won is not None and won.token == token:
                 self._saw(d, n + 1)
                 return new, True
+            lied = self.clock.monotonic()
             while won is None:
+                self._unreadable(d, n + 1, lied)
                 # The server said version n+1 exists but this client cannot see it yet (a lying
                 # lookup): versions are never removed, so list (a listing links the name into the
                 # client's caches) and read it again after a pause; our token still tells whose.

@@ -511,3 +511,20 @@ def test_each_run_gets_a_fresh_store_and_clean_removes_old_ones(procs, d):
     (g1, s1), (g2, s2), (g3, s3) = gens
     assert not s1.exists() and not s2.exists(), "old generations' stores were left behind"
     assert s3.exists() and any(p.name.startswith("k-") for p in s3.iterdir())
+
+
+def test_a_version_removed_by_hand_is_reported_not_waited_on_forever():
+    """Versions are never removed; one that is listed but stays unreadable past any lookup cache's lifetime
+    (LIE_LIMIT) is a damaged store: get/add raise CorruptStateError instead of hanging past their timeout."""
+    from fsmingle.errors import CorruptStateError
+    from fsmingle.folderstore import LIE_LIMIT
+
+    fs = FakeFS()
+    fs.mkdir_truth("", None)
+    kv = FolderKV(fs.view("n0"), clock=_Clock(fs), poll_max=5.0)
+    kv.set("k", "v")
+    t0 = fs.now
+    kv.store.blind(f"{key_dir('k')}/v-{1:012d}", 10 * LIE_LIMIT)  # listed, never readable (as if unlinked by hand)
+    with pytest.raises(CorruptStateError, match="unreadable"):
+        kv.try_get("k")
+    assert LIE_LIMIT <= fs.now - t0 < LIE_LIMIT + 10
