@@ -6,7 +6,8 @@ release record lets everyone go.  No etcd, no known endpoint, no hostname that
 must resolve.  Importing this package does not import torch.
 
 Public API: :func:`rendezvous`, :class:`Rendezvous`, :func:`init_process_group`,
-and the :class:`FsmingleError` family in :mod:`fsmingle.errors`.
+:class:`FolderStore` (a ``torch.distributed.Store`` in the shared directory; torch is imported
+when it is first used), and the :class:`FsmingleError` family in :mod:`fsmingle.errors`.
 """
 
 from ._version import __version__
@@ -30,6 +31,7 @@ __all__ = [
     "Timing",
     "Progress",
     "init_process_group",
+    "FolderStore",
     "FsmingleError",
     "ConfigError",
     "CorruptStateError",
@@ -41,7 +43,17 @@ __all__ = [
 ]
 
 
-def init_process_group(backend: str | None = None, **kwargs):
+def __getattr__(name):
+    # fsmingle.FolderStore subclasses torch.distributed.Store: built on first use, so that
+    # `import fsmingle` (and the CLI) never imports torch.
+    if name == "FolderStore":
+        from .fs.folderstore_torch import folder_store_class
+
+        return folder_store_class()
+    raise AttributeError(f"module 'fsmingle' has no attribute {name!r}")
+
+
+def init_process_group(backend: str | None = None, *, store=None, **kwargs):
     """Rendezvous, then call ``torch.distributed.init_process_group`` with the result (per-rank mode).
 
     Keyword arguments of :func:`rendezvous` (``dir``, ``job_id``, ``world_size``,
@@ -52,6 +64,10 @@ def init_process_group(backend: str | None = None, **kwargs):
 
     Args:
         backend (str | None): torch backend (``"gloo"``, ``"nccl"``); None lets torch choose.
+        store (str | torch.distributed.Store | None): ``"folder"``: the process group's store is
+            this generation's :class:`FolderStore` (``Rendezvous.folder_store()``) instead of a
+            TCPStore on rank 0's master port (NCCL still opens its own TCP connections between
+            nodes); a Store object is passed to torch as is; None: ``init_method="env://"``.
 
     Returns:
         Rendezvous: the rendezvous result.
@@ -71,11 +87,16 @@ def init_process_group(backend: str | None = None, **kwargs):
 
     r = rendezvous(**rdzv_kwargs)
     os.environ.update(r.env())
+    if store == "folder":
+        store = r.folder_store()
+    elif isinstance(store, str):
+        raise ValueError(f"store={store!r}: give 'folder', a torch.distributed.Store, or None")
+    where = {"init_method": "env://"} if store is None else {"store": store}
     dist.init_process_group(
         backend=backend,
-        init_method="env://",
         rank=r.rank if r.rank is not None else r.node_rank,
         world_size=r.world_size if r.world_size is not None else r.nnodes,
+        **where,
         **kwargs,
     )
     return r

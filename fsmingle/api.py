@@ -126,6 +126,26 @@ class Rendezvous:
             )
         return d
 
+    def folder_store_path(self) -> str:
+        """``<dir>/<job_id>/gen-N/store``: this generation's FolderStore directory (see :meth:`folder_store`)."""
+        from .layout import gen_name
+
+        return os.path.join(self.dir, self.job_id, gen_name(self.generation), "store")
+
+    def folder_store(self, **kwargs):
+        """A :class:`fsmingle.FolderStore` for this released generation (imports torch).
+
+        Every member of the world gets the same directory, ``<dir>/<job_id>/gen-N/store``: unique to
+        the generation, so a re-run (a new generation) never reads this run's keys, and
+        ``fsmingle clean`` removes it with its generation.  ``kwargs`` go to ``FolderStore``
+        (``timeout``, ``poll_max``).
+        """
+        from .fs.folderstore_torch import folder_store_class
+
+        if not self.dir:
+            raise ValueError("this Rendezvous has no directory (dir is empty): build it with rendezvous()")
+        return folder_store_class()(self.folder_store_path(), self.world_size or self.nnodes, **kwargs)
+
     def env(self, environ: dict | None = None) -> dict[str, str]:
         """Environment variables for the command: torch's names, torchrun's ``PET_*`` and fsmingle's own.
 

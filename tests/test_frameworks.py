@@ -85,6 +85,21 @@ def test_plain_torch_distributed_per_rank(procs, tmp_path):
     assert {r["env"]["MASTER_PORT"] for r in res} == {res[0]["env"]["MASTER_PORT"]}
 
 
+@pytest.mark.torch
+@pytest.mark.timeout(240)
+def test_plain_torch_distributed_on_a_folder_store(procs, tmp_path):
+    """``fsmingle.init_process_group(..., store="folder")``: the process group's keys live in the generation's
+    FolderStore (issue 23), not in a TCPStore on rank 0's port."""
+    pytest.importorskip("torch")
+    opts = f"{rdzv_opts(tmp_path, 'fstore')} --world-size 2 --store folder"
+    res, _ = run_pair(
+        procs, tmp_path, lambda r: f"{PY} {EX / 'plain_torch.py'} {opts} --rank {r} --out {tmp_path / 'out'}"
+    )
+    assert [r["sum"] for r in res] == [3.0, 3.0]
+    stores = list(tmp_path.glob("**/gen-*/store"))
+    assert len(stores) == 1 and any(n.name.startswith("k-") for n in stores[0].iterdir())
+
+
 # What the ranks of an `fsmingle run` recipe report (besides world size 2 and identical DDP replicas).
 _LIGHTNING = {"cluster_environment": ["LightningEnvironment"] * 2, "node_rank": [0, 1]}
 _ACCELERATE = {"distributed_type": ["DistributedType.MULTI_CPU"] * 2, "sum": [1.0, 1.0]}

@@ -410,6 +410,91 @@ def test_create_race_loser_finds_the_winners_name(fresh):
     print(f"[{c.fs}] create race: {blind} blind losers in 6 rounds of {len(c)} hosts")
 
 
+def test_folderstore_hammered_from_every_host(fresh):
+    """FolderStore (issue 23) on the real filesystem: each host, through its own FUSE client, adds to one counter,
+    advances one compare_set chain and races compare_set rounds; every add distinct and none lost, one winner per
+    step and per round."""
+    pytest.importorskip("torch")
+    from folderstore_worker import check
+
+    from fsmingle.fs.folderstore_torch import folder_store_class
+
+    c = fresh
+    path = os.path.join(c.rdzv, f"fstore-{time.monotonic_ns()}")
+    store = folder_store_class()(path)
+    store.set("chain", "0:init")
+    worker = str(REPO / "tests" / "folderstore_worker.py")
+    procs = [
+        h.popen(
+            [sys.executable, worker, path, h.name, "add=15,chain=8,race=5"],
+            env=_ENV,
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for h in c
+    ]
+    outs = []
+    for h, p in zip(c, procs):
+        out, err = p.communicate(timeout=240)
+        assert p.returncode == 0, f"[{c.fs}] {h.name} failed:\n{err[-3000:]}"
+        outs.append([json.loads(x) for x in out.splitlines() if x.strip()])
+    check(outs, store, len(procs), 15, 5)
+
+
+FOLDER_DDP = r"""
+import gc, json, sys, torch, torch.distributed as dist
+import fsmingle
+rdzv, job, rank, addr, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5]
+r = fsmingle.init_process_group("gloo", dir=rdzv, job_id=job, world_size=2, rank=rank, addr=addr, timeout=120,
+                                store="folder")
+torch.manual_seed(0)
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(3):
+    torch.manual_seed(rank * 100 + step)
+    loss = model(torch.randn(8, 4)).pow(2).mean()
+    opt.zero_grad(); loss.backward(); opt.step()
+w = model.module.weight.detach().clone()
+got = [torch.zeros_like(w) for _ in range(2)]
+dist.all_gather(got, w)
+rec = {"rank": rank, "agree": bool(torch.equal(got[0], got[1])), "store": r.folder_store_path()}
+del model, opt
+gc.collect()
+dist.barrier()
+dist.destroy_process_group()
+open(out, "w").write(json.dumps(rec))
+"""
+
+
+def test_folderstore_gloo_ddp_across_hosts(fresh):
+    """A gloo DDP job on two hosts whose process group comes from the generation's FolderStore
+    (``fsmingle.init_process_group(..., store="folder")``): no TCPStore on rank 0's port."""
+    pytest.importorskip("torch")
+    c = fresh
+    job = f"fddp{time.monotonic_ns() % 10**8}"
+    hosts = list(c)[:2]
+    outs = [c.workdir / f"{job}-{k}.json" for k in range(2)]
+    procs = [
+        h.popen(
+            ["timeout", "-k", "5", "300", sys.executable, "-c", FOLDER_DDP, c.rdzv, job, str(k), h.ip, str(outs[k])],
+            env=_ENV,
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for k, h in enumerate(hosts)
+    ]
+    for h, p in zip(hosts, procs):
+        out, _ = p.communicate(timeout=320)
+        assert p.returncode == 0, f"[{c.fs}] {h.name}:\n{out[-3000:]}"
+    recs = [json.loads(o.read_text()) for o in outs]
+    assert all(r["agree"] for r in recs) and len({r["store"] for r in recs}) == 1
+    assert any(n.startswith("k-") for n in os.listdir(recs[0]["store"]))
+
+
 def test_harness_hosts_have_own_clients_and_pid_namespaces(fresh):
     c = fresh
     fuse = c.fs_backend.fuse_type

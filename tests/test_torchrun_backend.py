@@ -812,6 +812,50 @@ def test_torchrun_two_fixed_nodes(tmp_path):
 
 
 @pytest.mark.slow
+def test_torchrun_agents_store_in_the_directory(tmp_path):
+    """``--rdzv-conf store=folder``: the agents' c10d store is a FolderStore of the round in the run directory
+    (issue 23); the workers still get MASTER_ADDR/MASTER_PORT and train."""
+    out = tmp_path / "out"
+    args = [str(TRAIN), "--steps", "2", "--out", str(out)]
+    nodes = [
+        Node(tmp_path, f"node{i}", args, 240, tmp_path / "rdzv", "fstore", "2", nproc=1, conf="store=folder")
+        for i in range(2)
+    ]
+    _finish(nodes, 260)
+    recs = _rank_records(out)
+    assert sorted(recs) == [0, 1] and all(r["world_size"] == 2 and r["ranks_agree"] for r in recs.values())
+    stores = list((tmp_path / "rdzv" / "fstore").glob("agentstore-*"))
+    assert len(stores) == 1 and any(p.name.startswith("k-") for p in stores[0].iterdir())
+    assert not list((tmp_path / "rdzv" / "fstore").glob("store-*.json"))  # no TCPStore address was published
+
+
+def test_old_agent_stores_are_pruned(tmp_path):
+    from fsmingle.fs.store import PosixStore
+    from fsmingle.torchrun.handler import KEEP_AGENT_STORES, agent_store_name, prune_agent_stores
+
+    st = PosixStore(str(tmp_path))
+    names = [agent_store_name(3, r) for r in range(8)]
+    for n in names:
+        st.mkdir(n)
+    prune_agent_stores(st, names[-1])
+    left = sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith("."))
+    assert left == names[-KEEP_AGENT_STORES:]  # the current round's and the newest older ones
+
+
+def test_store_conf_key_is_checked(tmp_path):
+    from torch.distributed.elastic.rendezvous import RendezvousParameters
+
+    from fsmingle.errors import ConfigError
+    from fsmingle.torchrun import conf
+
+    params = RendezvousParameters("fsmingle", str(tmp_path), "j", 1, 1, store="redis", addr="127.0.0.1")
+    with pytest.raises(ConfigError, match="store='redis'"):
+        conf.parse(params)
+    params = RendezvousParameters("fsmingle", str(tmp_path), "j", 1, 1, store="folder", addr="127.0.0.1")
+    assert conf.parse(params).store == "folder"
+
+
+@pytest.mark.slow
 def test_torchrun_elastic_third_node_joins_mid_run(tmp_path):
     out, script = _worker(tmp_path, "elastic_worker.py", ELASTIC_WORKER)
     kw = {"endpoint": tmp_path / "rdzv", "run_id": "elastic", "nnodes": "1:3", "conf": "last_call_timeout=1"}

@@ -8,7 +8,9 @@ and calls ``torch.distributed.init_process_group(init_method="env://")``::
     python examples/frameworks/plain_torch.py --dir /shared/rdzv --job-id exp42 --world-size 2 --rank 0   # one host
     python examples/frameworks/plain_torch.py --dir /shared/rdzv --job-id exp42 --world-size 2 --rank 1   # another
 
-Without ``--rank`` ranks are handed out first-come.
+Without ``--rank`` ranks are handed out first-come.  With ``--store folder`` the process group keeps
+its keys in this generation's FolderStore (``<dir>/<job>/gen-N/store``) instead of a TCPStore on
+rank 0's master port (docs/folderstore.md).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ def main() -> int:
     ap.add_argument("--addr", default=None, help="IP to announce (default: fsmingle chooses)")
     ap.add_argument("--timeout", type=float, default=600.0, help="rendezvous timeout, seconds")
     ap.add_argument("--out", help="directory for rank<R>.json results")
+    ap.add_argument("--store", choices=("tcp", "folder"), default="tcp", help="where the process group keeps its keys")
     args = ap.parse_args()
 
     r = fsmingle.init_process_group(
@@ -45,6 +48,7 @@ def main() -> int:
         rank=args.rank,
         addr=args.addr,
         timeout=args.timeout,
+        store="folder" if args.store == "folder" else None,
     )
     t = torch.tensor([float(r.rank + 1)])
     dist.all_reduce(t)  # sum of 1..W

@@ -9,6 +9,7 @@ Layout of ``<dir>/<job_id>/``::
         rank-00000.claim                owner of rank 0 (link(): exclusive, immutable)
         rank-00001.claim
         release.json                    the decision, written once (link()): released | restart
+        store/                          the generation's FolderStore, if asked for (fs/folderstore.py)
 
 Why a ``master/`` directory: a name looked up before it exists can stay
 "absent" in a client's negative lookup cache for the cache's lifetime (61 s

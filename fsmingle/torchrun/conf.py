@@ -63,7 +63,14 @@ TORCH_KEYS: tuple[ConfKey, ...] = (
 )
 _OPTION_KEYS = {o.conf_key for o in options.OPTIONS if o.conf_key}
 # "timeout" is added by torchrun's LaunchConfig for etcd; not used here.
-KNOWN_KEYS = frozenset({k.name for k in TORCH_KEYS} | _OPTION_KEYS | {"timeout"})
+KNOWN_KEYS = frozenset({k.name for k in TORCH_KEYS} | _OPTION_KEYS | {"timeout", "store"})
+STORE_KINDS = ("tcp", "folder")
+STORE_HELP = (
+    "the agents' c10d store: `tcp`, a TCPStore on the round's rank-0 agent; `folder`, a FolderStore in the run "
+    "directory (`agentstore-<E>-<R>/`, the newest 4 kept; docs/folderstore.md): agents need no port of rank 0's for it. Workers "
+    "still get `MASTER_ADDR`/`MASTER_PORT` (rank 0's agent hosts their TCPStore), and NCCL still opens its own "
+    "TCP connections between nodes"
+)
 
 
 @dataclass(frozen=True)
@@ -78,6 +85,7 @@ class RdzvConf:
     keep_alive_max_attempt: int
     read_timeout: int
     addr: str
+    store: str = "tcp"
 
     @property
     def liveness_s(self) -> float:
@@ -110,7 +118,10 @@ def parse(params: Any) -> RdzvConf:
             ``iface`` does not exist, or ``--local-addr`` is malformed.
     """
     values = {k.name: _int(params, k) for k in TORCH_KEYS}
-    return RdzvConf(**values, addr=_local_addr(params))
+    store = str(params.config.get("store") or "tcp")
+    if store not in STORE_KINDS:
+        raise ConfigError(f"--rdzv-conf store={store!r} is not one of {', '.join(STORE_KINDS)}")
+    return RdzvConf(**values, addr=_local_addr(params), store=store)
 
 
 def _local_addr(params: Any) -> str:
@@ -130,6 +141,7 @@ def markdown_table() -> str:
     """The table of torch's keys for ``docs/torchrun-backend.md``."""
     rows = ["| key | default | meaning |", "|---|---|---|"]
     rows += [f"| `{k.name}` | {k.shown_default} | {k.help} |" for k in TORCH_KEYS]
+    rows.append(f"| `store` | tcp | {STORE_HELP} |")
     for o in options.OPTIONS:
         if o.conf_key:
             rows.append(f"| `{o.conf_key}` | — | {o.help} |")

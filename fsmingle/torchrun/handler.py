@@ -122,6 +122,26 @@ def _server_connect_host(addr: str) -> str:
     return "::1" if ip.version == 6 else "127.0.0.1"
 
 
+KEEP_AGENT_STORES = 4  # agentstore-<E>-<R>/ directories kept (newest rounds), as KEEP_STORE_FILES
+
+
+def agent_store_name(epoch: int, rnd: int) -> str:
+    """``agentstore-<E>-<R>``: the FolderStore of round R of lineage E (``--rdzv-conf store=folder``)."""
+    return f"agentstore-{epoch:012d}-{rnd:012d}"
+
+
+def prune_agent_stores(store: Any, current: str, keep: int = KEEP_AGENT_STORES) -> None:
+    """Retire all but the newest ``keep`` agent stores older than ``current`` (called by a round's rank 0).
+
+    A round's agents use only their own round's store, so an older one is garbage once a newer
+    round started; the newest few are kept for agents slow to notice the new round.  ``retire``
+    moves a whole store aside atomically before deleting it (readers see it or nothing).
+    """
+    names = sorted(n for n in store.listdir("") if n.startswith("agentstore-") and n < current)
+    for n in names[: max(0, len(names) - keep + 1)]:
+        store.retire(n)
+
+
 class FsRendezvousHandler(DynamicRendezvousHandler):
     """torch's ``DynamicRendezvousHandler`` on :class:`FsRendezvousBackend`, with its own c10d store.
 
@@ -152,8 +172,9 @@ class FsRendezvousHandler(DynamicRendezvousHandler):
     _server: Any
     _client: Any
 
-    def _fs_setup(self, backend: FsRendezvousBackend, read_timeout: float) -> None:
+    def _fs_setup(self, backend: FsRendezvousBackend, read_timeout: float, store_kind: str = "tcp") -> None:
         self._fs_backend = backend
+        self._store_kind = store_kind
         self._board = StoreAddressBoard(backend.store, self._settings.run_id)
         self._read_timeout = float(read_timeout)
         self._server = None
@@ -267,6 +288,18 @@ class FsRendezvousHandler(DynamicRendezvousHandler):
             )
         leader = leaders[0]
         timeout = timedelta(seconds=self._read_timeout)
+        prefix = f"torch.rendezvous.{self._settings.run_id}.{epoch}.{rnd}"
+        if self._store_kind == "folder":
+            # --rdzv-conf store=folder: the agents' store is a FolderStore of this round, in the run
+            # directory (a new one per round, as the TCPStore is).  Rank 0's agent still hosts the
+            # workers' TCPStore (torch asks it for one: _create_tcp_store_server).
+            from ..fs.folderstore_torch import folder_store_class
+
+            name = agent_store_name(epoch, rnd)
+            base = folder_store_class()(self._fs_backend.store.path(name), timeout=timeout)
+            if rank == 0:
+                prune_agent_stores(self._fs_backend.store, name)
+            return dist.PrefixStore(prefix, base)
         if rank == 0:
             server = self._new_server()
             self._board.publish(StoreAddress(epoch, rnd, self._this_node, self._this_node.addr, server.port))
@@ -281,7 +314,7 @@ class FsRendezvousHandler(DynamicRendezvousHandler):
                     "reachable from this node? choose it with --rdzv-conf iface=... or addr=..."
                 ) from e
             self._client = base
-        return dist.PrefixStore(f"torch.rendezvous.{self._settings.run_id}.{epoch}.{rnd}", base)
+        return dist.PrefixStore(prefix, base)
 
     def _new_server(self) -> Any:
         # One server per round, on a fresh ephemeral port.  torch's workers
@@ -413,5 +446,5 @@ def create_rdzv_handler(params: RendezvousParameters) -> FsRendezvousHandler:
         keep_alive_max_attempt=c.keep_alive_max_attempt,
     )
     assert isinstance(h, FsRendezvousHandler)
-    h._fs_setup(backend, c.read_timeout)
+    h._fs_setup(backend, c.read_timeout, c.store)
     return h
