@@ -284,6 +284,10 @@ def rendezvous(dir: str | None = None, job_id: str | None = None, **kwargs) -> R
         address,
         s.restart_count,
     )
+    for note in s.notes:
+        log.debug("%s", note)
+    if s.scheduler:
+        log.debug("scheduler: %s", ", ".join(f"{k} {val}" for k, val in s.scheduler))
     log.debug(
         "timing: poll %g..%g s, heartbeat every %g s, stale after %g s, timeout %g s",
         timing.poll_min,
@@ -308,6 +312,7 @@ def rendezvous(dir: str | None = None, job_id: str | None = None, **kwargs) -> R
         master_port=port,
         restart_count=s.restart_count,
         slurm_job_id=s.slurm_job_id,
+        scheduler=s.scheduler,
         clock=SystemClock(),
         local_alive=local_process_alive,
         transport=TcpTransport(ping_interval=timing.ping_interval),

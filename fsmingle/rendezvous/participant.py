@@ -90,6 +90,7 @@ class Participant(Joining, Leaving, GenerationReader, OutsideWorld):
         timing (Timing): polling and liveness settings.
         master_port (int | None): port rank 0 should hold (None: any free one).
         restart_count (int), slurm_job_id (str): ``SLURM_RESTART_COUNT`` and ``SLURM_JOB_ID``.
+        scheduler (tuple[tuple[str, str], ...]): this job's scheduler identity, for the beacon.
         clock (Clock): time source.
         local_alive (Callable[[HostId, HostId], bool | None]): direct liveness
             check of a process in our pid space (see :mod:`fsmingle.net.hostinfo`).
@@ -124,6 +125,7 @@ class Participant(Joining, Leaving, GenerationReader, OutsideWorld):
         master_port: int | None = None,
         restart_count: int = 0,
         slurm_job_id: str = "",
+        scheduler: tuple = (),
         clock: Clock = SystemClock(),
         local_alive: Callable[[HostId, HostId], bool | None] = lambda a, b: None,
         on_progress: Callable[[Progress], None] | None = None,
@@ -140,6 +142,7 @@ class Participant(Joining, Leaving, GenerationReader, OutsideWorld):
         self.want_rank, self.addr, self.instance, self.me = rank, addr, instance, me
         self.timing, self.master_port_wanted, self.restart_count = timing, master_port, restart_count
         self.slurm_job_id, self.clock, self.local_alive = slurm_job_id, clock, local_alive
+        self.scheduler = tuple(scheduler)
         self.transport, self.on_progress, self.cleaner, self.version = transport, on_progress, cleaner, version
         self.rng = rng or random.Random()
         self.rank_order, self.topology_key, self.nodelist = rank_order, topology_key, tuple(nodelist)
@@ -213,6 +216,7 @@ class Participant(Joining, Leaving, GenerationReader, OutsideWorld):
             wall_time=self.clock.time(),
             version=self.version,
             slurm_job_id=self.slurm_job_id,
+            scheduler=self.scheduler,
             vouch=vouch() if vouch else "",
             secret=secret,
         )
