@@ -296,6 +296,7 @@ def rendezvous(dir: str | None = None, job_id: str | None = None, **kwargs) -> R
         timing.stale_after,
         timeout,
     )
+    queue = _queue_watch(v, s, environ)
     store = open_job_dir(s.dir, s.job_id, create_base=False)
     log.debug("job directory %s", store.root)
     p = Participant(
@@ -313,6 +314,7 @@ def rendezvous(dir: str | None = None, job_id: str | None = None, **kwargs) -> R
         restart_count=s.restart_count,
         slurm_job_id=s.slurm_job_id,
         scheduler=s.scheduler,
+        queue=queue,
         clock=SystemClock(),
         local_alive=local_process_alive,
         transport=TcpTransport(ping_interval=timing.ping_interval),
@@ -331,6 +333,21 @@ def rendezvous(dir: str | None = None, job_id: str | None = None, **kwargs) -> R
 
 
 _API_OPTIONS = frozenset(o.name for o in options.OPTIONS if not o.cli_only)
+
+
+def _queue_watch(v, s, env):
+    """Peer jobs to ask the scheduler about (``--peer-jobs``, ``FSMINGLE_PEER_JOBS``, a job array's
+    tasks): a :class:`~fsmingle.rendezvous.queue.QueueWatch`, or None when there are none."""
+    from .rendezvous.queue import QueueWatch, peers_from_env
+
+    peers, mine, rank_of_task = peers_from_env(env, v.peer_jobs or env.get("FSMINGLE_PEER_JOBS"))
+    if not peers:
+        return None
+    task = env.get("SLURM_ARRAY_TASK_ID", "")
+    if rank_of_task and not (task.isdigit() and s.rank == int(task) - rank_of_task[1]):
+        rank_of_task = None  # ranks are not the array's task indexes
+    log.debug("peer jobs: %s (this job %s); scheduler queried every %g s", ",".join(peers[:16]), mine, v.queue_poll)
+    return QueueWatch(peers, mine, v.queue_poll, v.queue_timeout, rank_of_task)
 
 
 def _nodelist(env) -> tuple[str, ...]:

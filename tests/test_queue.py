@@ -96,3 +96,119 @@ def test_scheduler_identity_in_the_beacon_is_optional_and_tolerated():
     assert decode(json.dumps(raw).encode(), Beacon).scheduler == ()
     pbs = resolve(dir="/x", env={"PBS_JOBID": "12.pbs", "PBS_QUEUE": "workq", "PBS_NUM_NODES": "1"}, nnodes=2)
     assert dict(pbs.scheduler) == {"pbs_job": "12.pbs", "pbs_queue": "workq"}
+
+
+# ---------------------------------------------------------------- queue-aware waiting, fake squeue
+
+import os
+import time
+
+import pytest
+from helpers import run_cli, wait_for
+
+from fsmingle.errors import ConfigError
+from fsmingle.rendezvous.queue import JobState, QueueWatch, parse_peer_jobs
+
+
+def test_parse_peer_jobs():
+    assert parse_peer_jobs("4300,4301 4302") == ("4300", "4301", "4302")
+    assert parse_peer_jobs("4242_[0-2,5]") == ("4242_0", "4242_1", "4242_2", "4242_5")
+    assert parse_peer_jobs("4242_3,4242") == ("4242_3", "4242")
+    with pytest.raises(ConfigError, match="--peer-jobs: 'x' is not a job id"):
+        parse_peer_jobs("4300,x")
+
+
+def test_queue_watch_judges_pending_running_ended():
+    q = QueueWatch(("4242_0", "4242_1", "4242_2"), "4242_0", rank_of_task=("4242", 0))
+    q.jobs = {
+        "4242_1": JobState("4242_1", "RUNNING", "None", "2024-01-01T14:00:00"),
+        "4242_2": JobState("4242_2", "PENDING", "JobHeldUser", "2024-01-01T14:05:00"),
+    }
+    q.judge({"4242_0", "4242_1"}, nmissing=1)
+    assert q.hold and q.lines == ["missing rank 2: job 4242_2 PENDING (JobHeldUser), expected start 14:05"]
+    q.judge({"4242_0"}, nmissing=2)  # a running peer not joined: the timeout runs
+    assert not q.hold
+    q.jobs["4242_2"] = JobState("4242_2", "CANCELLED", "None")
+    q.judge({"4242_0", "4242_1"}, nmissing=1)
+    assert q.ended == "peer job 4242_2 CANCELLED without joining"
+
+
+FAKE_SQUEUE = """#!/bin/sh
+echo "$@" >> {log}
+cat {table}
+"""
+
+
+@pytest.fixture
+def fake_squeue(tmp_path):
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    table, log = tmp_path / "squeue.txt", tmp_path / "squeue.log"
+    table.write_text("")
+    (bindir / "squeue").write_text(FAKE_SQUEUE.format(log=log, table=table))
+    (bindir / "squeue").chmod(0o755)
+    return bindir, table, log
+
+
+def _job_env(bindir, job: str, peers: str = "100,101,102") -> dict:
+    return {
+        "SLURM_JOB_ID": job,
+        "SLURM_NNODES": "1",
+        "SLURM_NODEID": "0",
+        "FSMINGLE_PEER_JOBS": peers,
+        "PATH": f"{bindir}:{os.environ['PATH']}",
+    }
+
+
+def _status_text(d, job: str) -> str:
+    return run_cli("status", job, "--dir", d, "--json").stdout  # exit 1 until released
+
+
+def test_pending_peer_holds_the_timeout_then_completes(procs, d, fake_squeue):
+    """Three separate jobs, one held in the queue for 3x --timeout: the others neither time out
+    nor fail; status and the progress line say why; the late job completes the world. rank 0
+    alone asks squeue (one call for all peers per --queue-poll)."""
+    bindir, table, log = fake_squeue
+    table.write_text("102|PENDING|JobHeldUser|2030-01-01T14:05:00\n")
+    args = ("--nnodes", 3, "--queue-poll", 0.5)
+    a = procs.env(d, "q", *args, timeout=2, extra_env=_job_env(bindir, "100"), name="a")
+    b = procs.env(d, "q", *args, timeout=2, extra_env=_job_env(bindir, "101"), name="b")
+    wait_for(lambda: "job 102 PENDING (JobHeldUser)" in _status_text(d, "q"), 15, "status naming job 102")
+    st = json.loads(_status_text(d, "q"))
+    lines = [x for x in st["participants"] if x["rank"] == 0][0]["queue"]
+    assert lines == ["missing: job 102 PENDING (JobHeldUser), expected start 14:05"], st
+    time.sleep(6)  # three times --timeout
+    assert a.poll() is None and b.poll() is None, (a.stderr(), b.stderr())
+    assert "job 102 PENDING (JobHeldUser)" in b.stderr()  # a member's progress line says why too
+    table.write_text("102|RUNNING|None|2030-01-01T14:05:00\n")
+    c = procs.env(d, "q", *args, timeout=2, extra_env=_job_env(bindir, "102"), name="c")
+    res = [p.result(30) for p in (a, b, c)]
+    assert sorted(r["node_rank"] for r in res) == [0, 1, 2]
+    calls = log.read_text().splitlines()
+    assert len(calls) <= 8 / 0.5 + 4, calls  # one per poll interval, from rank 0 only
+    assert all(c.startswith("-h -r -j 10") and "102" in c for c in calls), calls
+
+
+def test_cancelled_peer_fails_everyone_at_once(procs, d, fake_squeue):
+    bindir, table, _ = fake_squeue
+    table.write_text("102|PENDING|Priority|N/A\n")
+    args = ("--nnodes", 3, "--queue-poll", 0.3)
+    a = procs.env(d, "c", *args, timeout=60, extra_env=_job_env(bindir, "100"), name="a")
+    b = procs.env(d, "c", *args, timeout=60, extra_env=_job_env(bindir, "101"), name="b")
+    wait_for(lambda: "job 102 PENDING (Priority)" in _status_text(d, "c"), 15, "status naming job 102")
+    wait_for(lambda: len(json.loads(_status_text(d, "c") or "{}").get("claimed", [])) == 2, 15, "both claimed")
+    t0 = time.monotonic()
+    table.write_text("102|CANCELLED|None|N/A\n")
+    assert a.wait(15) == 13 and b.wait(15) == 13
+    assert time.monotonic() - t0 < 5
+    for p in (a, b):
+        assert "peer job 102 CANCELLED without joining" in p.stderr(), p.stderr()
+
+
+def test_no_squeue_is_todays_behaviour_with_one_warning(procs, d, tmp_path):
+    env = {"SLURM_JOB_ID": "100", "SLURM_NNODES": "1", "FSMINGLE_PEER_JOBS": "100,101", "PATH": str(tmp_path)}
+    env["PATH"] = os.path.dirname(os.path.realpath(__import__("sys").executable))  # python, but no squeue
+    a = procs.env(d, "n", "--nnodes", 2, "--queue-poll", 0.2, timeout=2, extra_env=env)
+    assert a.wait(20) == 7
+    err = a.stderr()
+    assert err.count("cannot ask the scheduler about peer jobs (squeue is not on PATH)") == 1, err

@@ -95,6 +95,8 @@ def job_summary(base: str, job: str, stale_after: float = 30.0, warnings: WarnOn
                 "same_host": here is not None,
                 "master_port": b.master_port,
                 "instance": b.instance,
+                "scheduler": dict(b.scheduler),  # this participant's job ({} if its environment has none)
+                "queue": list(b.queue),  # rank 0's: peer jobs the scheduler says are not here yet
             }
         )
     rel = None
@@ -184,6 +186,7 @@ def _render(base: str, jobs: list[str], detail: bool, stale_after: float, warnin
             word,
         )
     parts = [x for x in (head, t) if x is not None]
+    parts += [Text(line) for x in s["participants"] if x["rank"] == 0 for line in x["queue"]]
     if r and r["state"] == "released":
         parts.append(
             Text(

@@ -136,6 +136,9 @@ class Beacon:
             it (``fsmingle.config.scheduler_identity``: ``slurm_job``, ``array_job``,
             ``array_task``, ``partition``, PBS/LSF ids), a JSON object in the record, left out
             when empty; readers ignore fields they do not know, so older ones read it unchanged.
+        queue (tuple[str, ...]): rank 0's only: what the scheduler says about peer jobs that have
+            not joined (``missing rank 3: job 4242_3 PENDING (Priority), expected start 14:05``;
+            :mod:`fsmingle.rendezvous.queue`), for ``fsmingle status``; left out when empty.
     """
 
     job_id: str
@@ -155,6 +158,7 @@ class Beacon:
     vouch: str = ""
     secret: str = field(default="", repr=False)
     scheduler: tuple[tuple[str, str], ...] = ()
+    queue: tuple[str, ...] = ()
     kind: str = field(default="beacon", init=False)
 
     @functools.cached_property
@@ -237,6 +241,8 @@ def encode(record: Beacon | Claim | Release) -> bytes:
             d["scheduler"] = dict(record.scheduler)
         else:
             del d["scheduler"]  # optional: a beacon without it reads as before
+        if not record.queue:
+            del d["queue"]
     d["schema"] = SCHEMA_VERSION
     return (json.dumps(d, sort_keys=True, separators=(",", ":")) + "\n").encode()
 
@@ -431,6 +437,7 @@ def decode(data: bytes, expect: type) -> Any:
             vouch=_vouch(d.get("vouch", ""), size),
             secret=_secret(d.get("secret", "")),
             scheduler=_scheduler(d.get("scheduler")),
+            queue=tuple(str(x)[:300] for x in d["queue"][:16]) if isinstance(d.get("queue"), list) else (),
             **common,
         )
     state = _req(d, "state", str)
