@@ -212,3 +212,13 @@ def test_no_squeue_is_todays_behaviour_with_one_warning(procs, d, tmp_path):
     assert a.wait(20) == 7
     err = a.stderr()
     assert err.count("cannot ask the scheduler about peer jobs (squeue is not on PATH)") == 1, err
+
+
+def test_a_peer_reported_then_purged_counts_as_ended():
+    answers = iter([{"4242_2": JobState("4242_2", "PENDING", "JobHeldUser")}, {}])
+    q = QueueWatch(("4242_0", "4242_1", "4242_2"), "4242_0", interval=0.0, query=lambda ids: next(answers))
+    for now in (0.0, 1.0, 2.0):
+        q.poll(now, {"4242_0", "4242_1"}, 1)
+        q._thread.join()
+    q.poll(3.0, {"4242_0", "4242_1"}, 1)
+    assert "peer job 4242_2 GONE (no longer known to squeue or sacct) without joining" in q.ended

@@ -43,6 +43,7 @@ ENDED = frozenset(
         "PREEMPTED",
         "REVOKED",
         "SPECIAL_EXIT",
+        "GONE",  # ours: reported before, now unknown to squeue and sacct (purged after it ended)
     }
 )
 _ID = re.compile(r"^(\d+)(?:_(\d+|\[[0-9,\-%]+\]))?$")
@@ -84,7 +85,8 @@ class JobState:
     def describe(self) -> str:
         why = f" ({self.reason})" if self.reason and self.reason != "None" else ""
         start = self.start if self.start not in ("", "N/A", "Unknown", "None") else ""
-        when = f", expected start {start[11:16] if len(start) >= 16 else start}" if start else ""
+        hhmm = start[11:16] if len(start) >= 16 else start
+        when = "" if not start else f", expected start {hhmm}" if self.state in WAITING else f", started {hhmm}"
         return f"job {self.id} {self.state}{why}{when}"
 
 
@@ -97,7 +99,7 @@ def squeue(ids: tuple[str, ...], timeout: float = 20.0) -> dict[str, JobState] |
     bases = sorted({i.split("_", 1)[0] for i in ids})
     try:
         r = subprocess.run(
-            [exe, "-h", "-r", "-j", ",".join(bases), "-o", "%i|%T|%r|%S"],
+            [exe, "-h", "-r", "-t", "all", "-j", ",".join(bases), "-o", "%i|%T|%r|%S"],
             capture_output=True,
             text=True,
             timeout=timeout,
@@ -147,12 +149,14 @@ class QueueWatch:
         self.mine, self.interval, self.queue_timeout = mine, interval, queue_timeout
         self.rank_of_task, self.query = rank_of_task, query
         self.jobs: dict[str, JobState] = {}
+        self.seen: set[str] = set()  # ids the scheduler reported at least once
         self.broken = False  # the scheduler could not be asked: today's behaviour
         self.hold, self.lines, self.ended = False, [], ""
         self.held_for = 0.0  # seconds the timeout was held, for --queue-timeout
         self.next_query = 0.0
         self._thread: threading.Thread | None = None
         self._result = None
+        self._asked: tuple[str, ...] = ()
         self._last_tick: float | None = None
 
     # ---------------------------------------------------------------- rank 0: ask, judge
@@ -160,17 +164,21 @@ class QueueWatch:
         """Rank 0, every step: start a query when due, take a finished one, judge the findings."""
         if self.broken or not self.peers:
             return
+        present_jobs = set(present_jobs)
         if self._thread is not None and not self._thread.is_alive():
             self._thread, res = None, self._result
             if isinstance(res, str):
                 self.broken, self.hold, self.lines = True, False, []
                 log.warning("cannot ask the scheduler about peer jobs (%s); waiting with --timeout only", res)
                 return
+            asked = set(self._asked)
+            for gone in (self.seen & asked) - set(res):  # reported before, now unknown: purged
+                res[gone] = JobState(gone, "GONE", "no longer known to squeue or sacct")
+            self.seen |= {k for k, j in res.items() if j.state != "GONE"}
             self.jobs = res
-        present_jobs = set(present_jobs)
         if self._thread is None and now >= self.next_query:
             self.next_query = now + self.interval
-            ask = tuple(j for j in self.peers if j not in present_jobs)  # the ones not here yet
+            ask = self._asked = tuple(j for j in self.peers if j not in present_jobs)  # the ones not here yet
             self._thread = threading.Thread(target=self._run, args=(ask,), name="fsmingle-squeue", daemon=True)
             self._thread.start()
         self.judge(present_jobs, nmissing)
