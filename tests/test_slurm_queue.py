@@ -8,6 +8,7 @@ would.  Timeouts are seconds-scale (FSMINGLE_TIMEOUT=10, FSMINGLE_QUEUE_POLL=1).
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
@@ -155,3 +156,37 @@ def test_cancelled_pending_task_fails_everyone_at_once(slurm):
     for task in (0, 1):
         text = _out(slurm, jid, task)
         assert f"peer job {jid}_2 CANCELLED" in text, text[-3000:]
+
+
+def test_no_squeue_on_path_is_todays_timeout_with_one_warning(slurm, tmp_path):
+    """The jobs' PATH has every command but squeue and sacct: a held peer no longer holds the
+    timeout; one warning says why."""
+    from cluster import PYTHON_BIN
+
+    shadow = tmp_path / "bin"
+    shadow.mkdir()
+    for d in ("/usr/local/bin", "/usr/bin", "/usr/sbin"):
+        for name in os.listdir(d):
+            if name not in ("squeue", "sacct") and not (shadow / name).exists():
+                (shadow / name).symlink_to(os.path.join(d, name))
+    shadow.chmod(0o755)
+    argv = [
+        "sbatch",
+        "--parsable",
+        "--hold",
+        "--array=0-1",
+        f"--output={slurm.outdir}/slurm-%A_%a.out",
+        f"--chdir={slurm.cluster.shared}",
+        str(REPO / "slurm" / "join_job.sbatch"),
+    ]
+    p = slurm.login(argv, env=_env(slurm, PATH=f"{PYTHON_BIN}:{shadow}", FSMINGLE_TIMEOUT=4), timeout=15)
+    assert p.returncode == 0, p.stderr
+    jid = p.stdout.strip().split(";")[0]
+    _scontrol(slurm, "release", f"{jid}_0")
+    t0 = time.monotonic()
+    assert _wait_done(slurm, jid, 0, 60) == "FAILED"
+    text = _out(slurm, jid, 0)
+    assert "timed out after 4 s" in text, text[-3000:]
+    assert text.count("cannot ask the scheduler about peer jobs (squeue is not on PATH)") == 1, text[-3000:]
+    print(f"task 0 failed {time.monotonic() - t0:.1f} s after its release")
+    slurm.login(["scancel", jid], timeout=15)
