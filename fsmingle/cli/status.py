@@ -97,6 +97,8 @@ def job_summary(base: str, job: str, stale_after: float = 30.0, warnings: WarnOn
                 "instance": b.instance,
                 "scheduler": dict(b.scheduler),  # this participant's job ({} if its environment has none)
                 "queue": list(b.queue),  # rank 0's: peer jobs the scheduler says are not here yet
+                # a spare: arrived when generation spare_for was full or released without it
+                "spare_for": b.spare_for or None,
             }
         )
     rel = None
@@ -176,8 +178,9 @@ def _render(base: str, jobs: list[str], detail: bool, stale_after: float, warnin
         t.add_column(c)
     for p in s["participants"]:
         word = p["liveness"] + ("" if p["same_host"] else " (remote)")
+        spare = f"spare (gen {p['spare_for']} full)" if p.get("spare_for") else "-"
         t.add_row(
-            str(p["rank"] if p["rank"] is not None else "-"),
+            str(p["rank"] if p["rank"] is not None else spare),
             p["host"],
             p["addr"],
             str(p["pid"]),

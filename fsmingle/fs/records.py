@@ -139,6 +139,8 @@ class Beacon:
         queue (tuple[str, ...]): rank 0's only: what the scheduler says about peer jobs that have
             not joined (``missing rank 3: job 4242_3 PENDING (Priority), expected start 14:05``;
             :mod:`fsmingle.rendezvous.queue`), for ``fsmingle status``; left out when empty.
+        spare_for (int): a spare's: the generation it found full or released without it (it
+            waits for a place in a later one); 0 (left out of the JSON) for everyone else.
     """
 
     job_id: str
@@ -159,6 +161,7 @@ class Beacon:
     secret: str = field(default="", repr=False)
     scheduler: tuple[tuple[str, str], ...] = ()
     queue: tuple[str, ...] = ()
+    spare_for: int = 0
     kind: str = field(default="beacon", init=False)
 
     @functools.cached_property
@@ -243,6 +246,8 @@ def encode(record: Beacon | Claim | Release) -> bytes:
             del d["scheduler"]  # optional: a beacon without it reads as before
         if not record.queue:
             del d["queue"]
+        if not record.spare_for:
+            del d["spare_for"]
     d["schema"] = SCHEMA_VERSION
     return (json.dumps(d, sort_keys=True, separators=(",", ":")) + "\n").encode()
 
@@ -438,6 +443,7 @@ def decode(data: bytes, expect: type) -> Any:
             secret=_secret(d.get("secret", "")),
             scheduler=_scheduler(d.get("scheduler")),
             queue=tuple(str(x)[:300] for x in d["queue"][:16]) if isinstance(d.get("queue"), list) else (),
+            spare_for=d["spare_for"] if type(d.get("spare_for")) is int and d["spare_for"] > 0 else 0,
             **common,
         )
     state = _req(d, "state", str)

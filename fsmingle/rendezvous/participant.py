@@ -144,6 +144,7 @@ class Participant(Joining, Leaving, GenerationReader, OutsideWorld):
         self.timing, self.master_port_wanted, self.restart_count = timing, master_port, restart_count
         self.slurm_job_id, self.clock, self.local_alive = slurm_job_id, clock, local_alive
         self.scheduler, self.queue = tuple(scheduler), queue  # queue: rendezvous.queue.QueueWatch | None
+        self.spare_for = 0  # the released generation this one arrived too late for (a spare), 0: none
         self.transport, self.on_progress, self.cleaner, self.version = transport, on_progress, cleaner, version
         self.rng = rng or random.Random()
         self.rank_order, self.topology_key, self.nodelist = rank_order, topology_key, tuple(nodelist)
@@ -221,6 +222,7 @@ class Participant(Joining, Leaving, GenerationReader, OutsideWorld):
             slurm_job_id=self.slurm_job_id,
             scheduler=self.scheduler,
             queue=tuple(self.queue.lines) if self.queue is not None and self.rank == 0 else (),
+            spare_for=self.spare_for if self.state is not State.WORLD_FULL else self.gen or 0,
             vouch=vouch() if vouch else "",
             secret=secret,
         )
