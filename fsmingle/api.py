@@ -340,7 +340,11 @@ def _queue_watch(v, s, env):
     tasks): a :class:`~fsmingle.rendezvous.queue.QueueWatch`, or None when there are none."""
     from .rendezvous.queue import QueueWatch, peers_from_env
 
-    peers, mine, rank_of_task = peers_from_env(env, v.peer_jobs or env.get("FSMINGLE_PEER_JOBS"))
+    given = v.peer_jobs or env.get("FSMINGLE_PEER_JOBS")
+    nn = env.get("SLURM_NNODES", "")
+    if not given and s.mode == "node" and nn.isdigit() and s.size <= int(nn):
+        return None  # the training fits in this job: other array tasks are other trainings
+    peers, mine, rank_of_task = peers_from_env(env, given)
     if not peers:
         return None
     task = env.get("SLURM_ARRAY_TASK_ID", "")

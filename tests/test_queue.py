@@ -226,3 +226,14 @@ def test_a_peer_reported_then_purged_counts_as_ended():
         q._thread.join()
     q.poll(3.0, {"4242_0", "4242_1"}, 1)
     assert "peer job 4242_2 GONE (no longer known to squeue or sacct) without joining" in q.ended
+
+
+def test_array_tasks_are_peers_only_when_the_training_spans_jobs():
+    from fsmingle import options
+    from fsmingle.api import _queue_watch
+
+    v = options.validate(options.Values(**{o.name: None for o in options.OPTIONS}))
+    q = _queue_watch(v, resolve(dir="/x", env=ARRAY_TASK), ARRAY_TASK)
+    assert q.peers == ("4242_1", "4242_2") and q.mine == "4242_3" and q.rank_of_task == ("4242", 1)
+    own = {**ARRAY_TASK, "SLURM_NNODES": "2"}  # each task a 2-node training of its own
+    assert _queue_watch(v, resolve(dir="/x", job_id="t3", nnodes=2, env=own), own) is None
