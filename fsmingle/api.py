@@ -304,6 +304,10 @@ def rendezvous(dir: str | None = None, job_id: str | None = None, **kwargs) -> R
         address,
         s.restart_count,
     )
+    for note in s.notes:
+        log.debug("%s", note)
+    if s.scheduler:
+        log.debug("scheduler: %s", ", ".join(f"{k} {val}" for k, val in s.scheduler))
     log.debug(
         "timing: poll %g..%g s, heartbeat every %g s, stale after %g s, timeout %g s",
         timing.poll_min,
@@ -312,6 +316,7 @@ def rendezvous(dir: str | None = None, job_id: str | None = None, **kwargs) -> R
         timing.stale_after,
         timeout,
     )
+    queue = _queue_watch(v, s, environ)
     store = open_job_dir(s.dir, s.job_id, create_base=False)
     log.debug("job directory %s", store.root)
     p = Participant(
@@ -328,6 +333,8 @@ def rendezvous(dir: str | None = None, job_id: str | None = None, **kwargs) -> R
         master_port=port,
         restart_count=s.restart_count,
         slurm_job_id=s.slurm_job_id,
+        scheduler=s.scheduler,
+        queue=queue,
         clock=SystemClock(),
         local_alive=local_process_alive,
         transport=TcpTransport(ping_interval=timing.ping_interval),
@@ -346,6 +353,25 @@ def rendezvous(dir: str | None = None, job_id: str | None = None, **kwargs) -> R
 
 
 _API_OPTIONS = frozenset(o.name for o in options.OPTIONS if not o.cli_only)
+
+
+def _queue_watch(v, s, env):
+    """Peer jobs to ask the scheduler about (``--peer-jobs``, ``FSMINGLE_PEER_JOBS``, a job array's
+    tasks): a :class:`~fsmingle.rendezvous.queue.QueueWatch`, or None when there are none."""
+    from .rendezvous.queue import QueueWatch, peers_from_env
+
+    given = v.peer_jobs or env.get("FSMINGLE_PEER_JOBS")
+    nn = env.get("SLURM_NNODES", "")
+    if not given and s.mode == "node" and nn.isdigit() and s.size <= int(nn):
+        return None  # the training fits in this job: other array tasks are other trainings
+    peers, mine, rank_of_task = peers_from_env(env, given)
+    if not peers:
+        return None
+    task = env.get("SLURM_ARRAY_TASK_ID", "")
+    if rank_of_task and not (task.isdigit() and s.rank == int(task) - rank_of_task[1]):
+        rank_of_task = None  # ranks are not the array's task indexes
+    log.debug("peer jobs: %s (this job %s); scheduler queried every %g s", ",".join(peers[:16]), mine, v.queue_poll)
+    return QueueWatch(peers, mine, v.queue_poll, v.queue_timeout, rank_of_task)
 
 
 def _nodelist(env) -> tuple[str, ...]:

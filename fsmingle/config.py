@@ -13,7 +13,10 @@ nnodes             ``--nnodes``, for a job array (job id from ``SLURM_ARRAY_JOB_
                    ``SLURM_NNODES`` x ``SLURM_ARRAY_TASK_COUNT``, else ``SLURM_NNODES``, ``PET_NNODES``
 node rank          ``--node-rank``, for a job array (task index - min) x ``SLURM_NNODES`` +
                    ``SLURM_NODEID``, else ``SLURM_NODEID``, ``JOB_COMPLETION_INDEX`` (Kubernetes
-                   Indexed Job), ``PET_NODE_RANK``; none: first-come
+                   Indexed Job), ``PET_NODE_RANK``; none: first-come.  ``SLURM_NODEID`` is not
+                   taken when nnodes exceeds ``SLURM_NNODES`` (array tasks or separate jobs
+                   given ``--job-id``/``--nnodes``: it numbers the nodes of *this* job, and
+                   every job would claim node rank 0); ``--verbose`` says so
 world size         ``--world-size``, ``SLURM_NTASKS``
 rank               ``--rank``, ``SLURM_PROCID``; none: first-come
 restart count      ``SLURM_RESTART_COUNT`` (0 if unset), compared only between participants
@@ -74,6 +77,35 @@ class Settings:
     rank: int | None  # node rank or global rank; None: first-come
     restart_count: int
     slurm_job_id: str = ""  # restart counts are compared only between beacons of one Slurm job
+    notes: tuple[str, ...] = ()  # why a scheduler variable was not taken (logged with --verbose)
+    scheduler: tuple[tuple[str, str], ...] = ()  # this job's identity (scheduler_identity), for the beacon
+
+
+#: Beacon field ``scheduler``: key -> the variables it is read from (first set wins).
+SCHEDULER_IDENTITY: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("slurm_job", ("SLURM_JOB_ID",)),
+    ("array_job", ("SLURM_ARRAY_JOB_ID",)),
+    ("array_task", ("SLURM_ARRAY_TASK_ID",)),
+    ("partition", ("SLURM_JOB_PARTITION",)),
+    ("pbs_job", ("PBS_JOBID",)),
+    ("pbs_array_index", ("PBS_ARRAY_INDEX", "PBS_ARRAYID")),
+    ("pbs_queue", ("PBS_QUEUE",)),
+    ("lsf_job", ("LSB_JOBID",)),
+    ("lsf_array_index", ("LSB_JOBINDEX",)),
+    ("lsf_queue", ("LSB_QUEUE",)),
+)
+
+
+def scheduler_identity(env) -> tuple[tuple[str, str], ...]:
+    """This job as its scheduler knows it (Slurm job, array job and task, partition; PBS/LSF ids
+    where their environment gives them): the ``scheduler`` field of the beacon, which ``status``
+    shows and rank 0 asks the scheduler about.  Values are cut to 64 characters; unset keys left out."""
+    out = []
+    for key, names in SCHEDULER_IDENTITY:
+        v, _ = _first(env, *names)
+        if v and not (key == "lsf_array_index" and v == "0"):
+            out.append((key, str(v)[:64]))
+    return tuple(out)
 
 
 def resolve(
@@ -105,6 +137,7 @@ def resolve(
         raise ConfigError(
             "give either --nnodes/--node-rank (node mode) or --world-size/--rank (per-rank mode), not both"
         )
+    notes: list[str] = []
     mode = "rank" if (world_size is not None or rank is not None) else "node"
     if mode == "node" and nnodes is None:
         ntasks, nn = _int_env(env, "SLURM_NTASKS"), _int_env(env, "SLURM_NNODES")
@@ -117,12 +150,13 @@ def resolve(
         what = "--world-size (or SLURM_NTASKS)"
     else:
         size = nnodes
-        if size is None and array:
+        if array:
             # A job array shares SLURM_ARRAY_JOB_ID, but each task sees only its
             # own SLURM_NNODES/SLURM_NODEID: the world is every task's nodes.
             per = _int_env(env, "SLURM_NNODES") or 1
-            size = per * (_int_env(env, "SLURM_ARRAY_TASK_COUNT") or 1)
-            if node_rank is None:
+            whole = per * (_int_env(env, "SLURM_ARRAY_TASK_COUNT") or 1)
+            size = whole if size is None else size
+            if node_rank is None and size == whole:
                 idx = (_int_env(env, "SLURM_ARRAY_TASK_ID") or 0) - (_int_env(env, "SLURM_ARRAY_TASK_MIN") or 0)
                 node_rank = idx * per + (_int_env(env, "SLURM_NODEID") or 0)
         if size is None:
@@ -134,7 +168,19 @@ def resolve(
                 if size is not None:
                     break
         if node_rank is None:
-            node_rank = _first_int(env, _option("node_rank").env)
+            names = _option("node_rank").env
+            slurm_nn = _int_env(env, "SLURM_NNODES")
+            if size is not None and slurm_nn is not None and size > slurm_nn and env.get("SLURM_NODEID"):
+                # This job has fewer nodes than the training: it is one of several jobs (array
+                # tasks, separate sbatch), and SLURM_NODEID numbers the nodes of this job only --
+                # each job's first node would claim node rank 0.
+                names = tuple(n for n in names if n != "SLURM_NODEID")
+                notes.append(
+                    f"not taking the node rank from SLURM_NODEID={env['SLURM_NODEID']}: --nnodes {size} exceeds "
+                    f"SLURM_NNODES={slurm_nn}, so SLURM_NODEID numbers this job's nodes, not the training's "
+                    "(pass --node-rank to choose one)"
+                )
+            node_rank = _first_int(env, names)
         rank = node_rank
         what = "--nnodes (or SLURM_NNODES)"
     if size is None:
@@ -154,4 +200,6 @@ def resolve(
         rank=rank,
         restart_count=_int_env(env, "SLURM_RESTART_COUNT") or 0,
         slurm_job_id=str(env.get("SLURM_JOB_ID", ""))[:64],
+        notes=tuple(notes),
+        scheduler=scheduler_identity(env),
     )

@@ -21,6 +21,7 @@ __all__ = [
     "CorruptStateError",
     "FsmingleError",
     "GpuPreflightError",
+    "PeerJobEndedError",
     "RankConflictError",
     "RecordError",
     "RendezvousTimeoutError",
@@ -242,3 +243,23 @@ class GpuPreflightError(FsmingleError, RuntimeError):
     def __init__(self, message: str, found: int = 0, wanted: int = 0):
         super().__init__(message)
         self.found, self.wanted = found, wanted
+
+
+class PeerJobEndedError(FsmingleError, RuntimeError):
+    """A peer job of this training (``--peer-jobs``, or a task of this job array) ended in the
+    scheduler without joining: CANCELLED, FAILED, TIMEOUT, NODE_FAIL, COMPLETED...  The world
+    cannot complete, so every participant fails at once instead of waiting out ``--timeout``
+    (see :mod:`fsmingle.rendezvous.queue`).
+
+    Attributes:
+        ended (str): the jobs, their states and reasons.
+    """
+
+    exit_code = 13
+    meaning: str = (
+        "a peer job ended in the scheduler without joining (cancelled, failed...); the message names job, state, reason"
+    )
+
+    def __init__(self, message: str, ended: str = ""):
+        super().__init__(message)
+        self.ended = ended

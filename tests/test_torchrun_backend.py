@@ -928,3 +928,29 @@ def test_torchrun_rerun_same_id(tmp_path):
     assert not [p for p in run_dir.iterdir() if p.name.startswith(".tmp-")]
     last = json.loads((run_dir / files[-1]).read_bytes())
     assert last["state"]["closed"] and last["state"]["participants"] == []
+
+
+def test_a_spare_agent_waits_in_the_redundancy_list_and_replaces_a_dead_member(tmp_path):
+    """Issue 24: more live agents than --nnodes max never close the rendezvous or count as
+    waiting (torch's redundancy_list); when a member dies, the spare is in the next round."""
+    conf = dict(join_timeout=60, last_call_timeout=1, **FAST_HB)
+    handlers, _ = _rendezvous_threads(tmp_path, **conf)
+    alive, dead = handlers
+    spare = handler.create_rdzv_handler(_params(tmp_path, min_nodes=2, max_nodes=2, **conf))
+    got: dict = {}
+    threading.Thread(target=lambda: got.update(spare=spare.next_rendezvous()), daemon=True).start()
+    time.sleep(3)
+    assert "spare" not in got
+    st = pickle.loads(_backend(tmp_path).get_state()[0])
+    assert spare._this_node in st.redundancy_list and not st.closed
+    assert alive.num_nodes_waiting() == 0 and not alive.is_closed()  # no restart of the members' workers
+    dead._beats.stop(remove=False)  # SIGKILL-like
+    t_dead = time.monotonic()
+    threading.Thread(target=lambda: got.update(alive=alive.next_rendezvous()), daemon=True).start()
+    wait_until = time.monotonic() + 30
+    while len(got) < 2 and time.monotonic() < wait_until:
+        time.sleep(0.05)
+    took = time.monotonic() - t_dead
+    print(f"spare in the next round {took:.2f} s after the member's death (liveness 2 s)")
+    assert sorted(i.rank for i in got.values()) == [0, 1] and all(i.world_size == 2 for i in got.values())
+    assert alive.shutdown() and spare.shutdown()

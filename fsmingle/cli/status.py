@@ -95,6 +95,10 @@ def job_summary(base: str, job: str, stale_after: float = 30.0, warnings: WarnOn
                 "same_host": here is not None,
                 "master_port": b.master_port,
                 "instance": b.instance,
+                "scheduler": dict(b.scheduler),  # this participant's job ({} if its environment has none)
+                "queue": list(b.queue),  # rank 0's: peer jobs the scheduler says are not here yet
+                # a spare: arrived when generation spare_for was full or released without it
+                "spare_for": b.spare_for or None,
             }
         )
     rel = None
@@ -174,8 +178,9 @@ def _render(base: str, jobs: list[str], detail: bool, stale_after: float, warnin
         t.add_column(c)
     for p in s["participants"]:
         word = p["liveness"] + ("" if p["same_host"] else " (remote)")
+        spare = f"spare (gen {p['spare_for']} full)" if p.get("spare_for") else "-"
         t.add_row(
-            str(p["rank"] if p["rank"] is not None else "-"),
+            str(p["rank"] if p["rank"] is not None else spare),
             p["host"],
             p["addr"],
             str(p["pid"]),
@@ -184,6 +189,7 @@ def _render(base: str, jobs: list[str], detail: bool, stale_after: float, warnin
             word,
         )
     parts = [x for x in (head, t) if x is not None]
+    parts += [Text(line) for x in s["participants"] if x["rank"] == 0 for line in x["queue"]]
     if r and r["state"] == "released":
         parts.append(
             Text(

@@ -132,6 +132,15 @@ class Beacon:
             (:func:`fsmingle.net.wire.auth_mac`).  Only the job's uid can read it (0600 file,
             0700 directory); never in the generation directory's copy, never printed (repr),
             left out of the JSON when empty, so older readers see the same record.
+        scheduler (tuple[tuple[str, str], ...]): this participant's job as its scheduler knows
+            it (``fsmingle.config.scheduler_identity``: ``slurm_job``, ``array_job``,
+            ``array_task``, ``partition``, PBS/LSF ids), a JSON object in the record, left out
+            when empty; readers ignore fields they do not know, so older ones read it unchanged.
+        queue (tuple[str, ...]): rank 0's only: what the scheduler says about peer jobs that have
+            not joined (``missing rank 3: job 4242_3 PENDING (Priority), expected start 14:05``;
+            :mod:`fsmingle.rendezvous.queue`), for ``fsmingle status``; left out when empty.
+        spare_for (int): a spare's: the generation it found full or released without it (it
+            waits for a place in a later one); 0 (left out of the JSON) for everyone else.
     """
 
     job_id: str
@@ -150,6 +159,9 @@ class Beacon:
     slurm_job_id: str = ""
     vouch: str = ""
     secret: str = field(default="", repr=False)
+    scheduler: tuple[tuple[str, str], ...] = ()
+    queue: tuple[str, ...] = ()
+    spare_for: int = 0
     kind: str = field(default="beacon", init=False)
 
     @functools.cached_property
@@ -225,8 +237,17 @@ class Release:
 def encode(record: Beacon | Claim | Release) -> bytes:
     """Serialise a record to UTF-8 JSON bytes with the schema version."""
     d = dataclasses.asdict(record)
-    if isinstance(record, Beacon) and not record.secret:
-        del d["secret"]  # only rank 0's endpoint record carries one
+    if isinstance(record, Beacon):
+        if not record.secret:
+            del d["secret"]  # only rank 0's endpoint record carries one
+        if record.scheduler:
+            d["scheduler"] = dict(record.scheduler)
+        else:
+            del d["scheduler"]  # optional: a beacon without it reads as before
+        if not record.queue:
+            del d["queue"]
+        if not record.spare_for:
+            del d["spare_for"]
     d["schema"] = SCHEMA_VERSION
     return (json.dumps(d, sort_keys=True, separators=(",", ":")) + "\n").encode()
 
@@ -313,6 +334,22 @@ def _vouch(v: Any, size: int) -> str:
     if len(bits) > (size + 7) // 8:
         raise RecordError(f"vouch holds {len(bits) * 8} ranks, more than the world size {size}")
     return v
+
+
+_SCHED_KEY_RE = re.compile(r"^[a-z_]{1,32}$")
+
+
+def _scheduler(v: Any) -> tuple[tuple[str, str], ...]:
+    """The optional ``scheduler`` object: at most 16 short string fields, sorted; anything else is
+    dropped (it is informational, never a reason to refuse a beacon)."""
+    if not isinstance(v, dict):
+        return ()
+    out = [
+        (k, val[:64])
+        for k, val in v.items()
+        if isinstance(k, str) and _SCHED_KEY_RE.match(k) and isinstance(val, str) and val.isprintable()
+    ]
+    return tuple(sorted(out)[:16])
 
 
 def _secret(v: Any) -> str:
@@ -404,6 +441,9 @@ def decode(data: bytes, expect: type) -> Any:
             slurm_job_id=str(d.get("slurm_job_id", ""))[:64],
             vouch=_vouch(d.get("vouch", ""), size),
             secret=_secret(d.get("secret", "")),
+            scheduler=_scheduler(d.get("scheduler")),
+            queue=tuple(str(x)[:300] for x in d["queue"][:16]) if isinstance(d.get("queue"), list) else (),
+            spare_for=d["spare_for"] if type(d.get("spare_for")) is int and d["spare_for"] > 0 else 0,
             **common,
         )
     state = _req(d, "state", str)

@@ -37,6 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..errors import ConfigError, StorageError
+from . import ports
 from .wire import MAX_LINE, decode_msg, encode_msg, peer_host
 
 log = logging.getLogger("fsmingle.channel")
@@ -200,7 +201,9 @@ class Hub(_Endpoint):
 
     Args:
         addr (str): the announced IP literal (its family -- IPv4 or IPv6 -- is the socket's).
-        port (int): the port to hold; 0 picks a free one.
+        port (int): the port to hold; 0 picks a free one outside the kernel's ephemeral range
+            (:mod:`fsmingle.net.ports`: nobody's ``bind(0)`` or ``connect()`` is handed it
+            before torch binds it), a fresh random one each time, else any free one.
         clock (Callable[[], float]): monotonic seconds.
         ping_interval (float): seconds of quiet after which a ping is sent.
         backlog (int): listen backlog (members expected; at least 128).
@@ -229,7 +232,7 @@ class Hub(_Endpoint):
             except OSError:
                 pass
         try:
-            self._lsock.bind(("::" if fam == socket.AF_INET6 else "", port))
+            self._bind(fam, port)
         except OSError as e:
             self._lsock.close()
             if e.errno == errno.EADDRINUSE:
@@ -249,6 +252,20 @@ class Hub(_Endpoint):
         self._ids: dict[int, int] = {}  # id(_Conn) -> conn id
         self._next = 1
         self._closed = False
+
+    def _bind(self, fam: int, port: int) -> None:
+        host = "::" if fam == socket.AF_INET6 else ""
+        if port:
+            self._lsock.bind((host, port))
+            return
+        for cand in ports.candidates():
+            try:
+                self._lsock.bind((host, cand))
+                return
+            except OSError as e:
+                if e.errno not in (errno.EADDRINUSE, errno.EACCES):
+                    raise
+        self._lsock.bind((host, 0))  # no port outside the ephemeral range is free: any one
 
     def poll(self, timeout: float = 0.0) -> list[HubEvent]:
         """Accept, read and write whatever is ready, waiting up to ``timeout`` seconds for something.

@@ -52,6 +52,13 @@ def _job_id(v: str) -> str | None:
     return None
 
 
+def _peer_jobs(v: str) -> str | None:
+    from ..rendezvous.queue import parse_peer_jobs
+
+    parse_peer_jobs(v)  # raises ConfigError with its own complete message
+    return None
+
+
 # ---------------------------------------------------------------- THE table: one row per option
 
 OPTIONS: tuple[Option, ...] = (
@@ -135,6 +142,40 @@ OPTIONS: tuple[Option, ...] = (
         float,
         "Seconds to wait for the world before failing (exit 7).",
         default=600.0,
+        unit="s",
+        check=_positive,
+    ),
+    Option(
+        "peer_jobs",
+        ("--peer-jobs",),
+        str,
+        "Scheduler jobs this training waits for (Slurm: 4300,4301 or 4242_[0-3]); rank 0 asks squeue "
+        "about those not joined: pending ones hold --timeout, an ended one fails the wait (exit 13).",
+        env=("FSMINGLE_PEER_JOBS",),
+        envvar="FSMINGLE_PEER_JOBS",
+        check=_peer_jobs,
+        default_text="a job array's tasks",
+        metavar="JOBS",
+    ),
+    Option(
+        "queue_timeout",
+        ("--queue-timeout",),
+        float,
+        "Seconds the wait may be held by peer jobs pending in the scheduler's queue (exit 7 after).",
+        env=("FSMINGLE_QUEUE_TIMEOUT",),
+        envvar="FSMINGLE_QUEUE_TIMEOUT",
+        unit="s",
+        check=_positive,
+        default_text="no limit",
+    ),
+    Option(
+        "queue_poll",
+        ("--queue-poll",),
+        float,
+        "Seconds between rank 0's scheduler queries about peer jobs (one squeue call for all).",
+        default=30.0,
+        env=("FSMINGLE_QUEUE_POLL",),
+        envvar="FSMINGLE_QUEUE_POLL",
         unit="s",
         check=_positive,
     ),

@@ -132,9 +132,10 @@ class Joining:
 
     def _note_released(self, g: int, rel) -> None:
         if isinstance(rel, Release) and rel.state == "released":
+            self.spare_for = g  # a spare: takes a place when the running world comes back for one
             self.set_note(
                 f"generation {g} was already released to {rel.size} participant(s) before this one "
-                f"arrived; waiting in generation {g + 1} (a late participant, or a re-run)"
+                f"arrived; waiting in generation {g + 1} as a spare (a late participant, or a re-run)"
             )
 
     def _ensure_hub(self) -> None:

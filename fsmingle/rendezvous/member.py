@@ -306,6 +306,7 @@ class Member:
             "size": p.size,
             "restart_count": p.restart_count,
             "slurm_job_id": p.slurm_job_id,
+            "sched": p.queue.mine if p.queue is not None else "",
         }
 
     def _hello(self) -> dict:
@@ -453,6 +454,7 @@ class Member:
         missing = [r for r in raw if type(r) is int and 0 < r < p.size] if isinstance(raw, list) else []
         nmissing = m.get("nmissing", len(missing))
         p.missing_hint = missing
+        p.queue_news(m.get("queue"))  # rank 0's word on peer jobs in the scheduler's queue
         if isinstance(nmissing, int) and nmissing == len(missing):
             p.set_present(RankSet(p.size, missing))
 

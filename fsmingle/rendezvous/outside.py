@@ -75,9 +75,10 @@ class OutsideWorld:
         rel = self._poll_decision()
         if rel is not None:
             if rel.state == "released":
+                self.spare_for = self.gen
                 self.set_note(
                     f"generation {self.gen} was released to {self.size} participants without this one "
-                    f"(a late participant); waiting in generation {self.gen + 1}",
+                    f"(a late participant); waiting in generation {self.gen + 1} as a spare",
                     logging.WARNING,
                 )
             self.rejoin()

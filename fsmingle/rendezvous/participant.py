@@ -90,6 +90,7 @@ class Participant(Joining, Leaving, GenerationReader, OutsideWorld):
         timing (Timing): polling and liveness settings.
         master_port (int | None): port rank 0 should hold (None: any free one).
         restart_count (int), slurm_job_id (str): ``SLURM_RESTART_COUNT`` and ``SLURM_JOB_ID``.
+        scheduler (tuple[tuple[str, str], ...]): this job's scheduler identity, for the beacon.
         clock (Clock): time source.
         local_alive (Callable[[HostId, HostId], bool | None]): direct liveness
             check of a process in our pid space (see :mod:`fsmingle.net.hostinfo`).
@@ -124,6 +125,8 @@ class Participant(Joining, Leaving, GenerationReader, OutsideWorld):
         master_port: int | None = None,
         restart_count: int = 0,
         slurm_job_id: str = "",
+        scheduler: tuple = (),
+        queue=None,
         clock: Clock = SystemClock(),
         local_alive: Callable[[HostId, HostId], bool | None] = lambda a, b: None,
         on_progress: Callable[[Progress], None] | None = None,
@@ -140,6 +143,8 @@ class Participant(Joining, Leaving, GenerationReader, OutsideWorld):
         self.want_rank, self.addr, self.instance, self.me = rank, addr, instance, me
         self.timing, self.master_port_wanted, self.restart_count = timing, master_port, restart_count
         self.slurm_job_id, self.clock, self.local_alive = slurm_job_id, clock, local_alive
+        self.scheduler, self.queue = tuple(scheduler), queue  # queue: rendezvous.queue.QueueWatch | None
+        self.spare_for = 0  # the released generation this one arrived too late for (a spare), 0: none
         self.transport, self.on_progress, self.cleaner, self.version = transport, on_progress, cleaner, version
         self.rng = rng or random.Random()
         self.rank_order, self.topology_key, self.nodelist = rank_order, topology_key, tuple(nodelist)
@@ -189,6 +194,8 @@ class Participant(Joining, Leaving, GenerationReader, OutsideWorld):
         self.next_hb = now + self.timing.heartbeat_period
         self.next_check = now + self.timing.heartbeat_period
         self.delay = self.timing.poll_min
+        if getattr(self, "queue", None) is not None:
+            self.queue.forget()
 
     def beacon(self, endpoint: bool = False) -> Beacon:
         """This participant's beacon as of now (rank 0's carries the master port, and in the
@@ -213,6 +220,9 @@ class Participant(Joining, Leaving, GenerationReader, OutsideWorld):
             wall_time=self.clock.time(),
             version=self.version,
             slurm_job_id=self.slurm_job_id,
+            scheduler=self.scheduler,
+            queue=tuple(self.queue.lines) if self.queue is not None and self.rank == 0 else (),
+            spare_for=self.spare_for if self.state is not State.WORLD_FULL else self.gen or 0,
             vouch=vouch() if vouch else "",
             secret=secret,
         )
@@ -300,6 +310,16 @@ class Participant(Joining, Leaving, GenerationReader, OutsideWorld):
         never = self.never_present
         return [r for r in missing if never is None or r in never] or missing
 
+    def queue_news(self, word=None) -> None:
+        """Rank 0's findings on peer jobs (``word``: its status message's ``queue``) into the note."""
+        if self.queue is not None:
+            if word is not None:
+                self.queue.from_wire(word)
+            if self.queue.lines:
+                self.set_note("; ".join(self.queue.lines)[:1000])
+            elif self.note.startswith("missing"):
+                self.note = ""
+
     def set_note(self, note: str, level: int = logging.INFO) -> None:
         if note != self.note:
             self.note = note
@@ -321,6 +341,8 @@ class Participant(Joining, Leaving, GenerationReader, OutsideWorld):
             RendezvousTimeoutError: the deadline passed (the generation is voided first).
         """
         try:
+            if self.queue is not None:  # pending peer jobs hold the deadline; an ended one fails now
+                self.queue.tick(self, self.clock.monotonic(), self.state is State.WAIT)
             if self.clock.monotonic() >= self.deadline:
                 return self._on_timeout()
             if self.state is State.JOIN:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import os
+import socket
 import time
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -33,6 +34,7 @@ from ..errors import ConfigError
 from ..fs.jobdir import open_job_dir
 from ..fs.layout import validate_job_id
 from ..net.netaddr import interface_of, socket_ifname_env
+from ..net.ports import listener
 from . import conf
 from ._torch_private import Action, RendezvousContext
 from .backend import FsRendezvousBackend, sleep_jitter
@@ -322,14 +324,19 @@ class FsRendezvousHandler(DynamicRendezvousHandler):
         # new TCPStore for every retry", torch/distributed/rendezvous.py), so
         # reusing one server across rounds lets restarted workers read the
         # previous group's gloo addresses and fail with "connection refused".
+        # The port: outside the kernel's ephemeral range, bound and listening here and handed to
+        # torch as it is (master_listen_fd; torch owns and closes it), so no other process on
+        # this host can be given it in between (fsmingle.net.ports); else torch's own port 0.
+        held = listener(socket.AF_INET6 if ":" in self._this_node.addr else socket.AF_INET)
         try:
             self._server = dist.TCPStore(
                 host_name=_server_connect_host(self._this_node.addr),
-                port=0,
+                port=held.getsockname()[1] if held is not None else 0,
                 is_master=True,
                 multi_tenant=True,
                 wait_for_workers=False,
                 timeout=timedelta(seconds=self._read_timeout),
+                **({"master_listen_fd": held.detach()} if held is not None else {}),
             )
         except (RuntimeError, ValueError) as e:
             raise RendezvousConnectionError(f"cannot host the rendezvous TCPStore ({e})") from e

@@ -8,7 +8,8 @@ exec.  This module is the step loop; each concern is a mixin in a module of its 
 * :mod:`.hellos` -- verifying a hello against the claim on the filesystem;
 * :mod:`.membership` -- the table of verified members, and what happens when a connection drops;
 * :mod:`.scan` -- listings at a bounded pace, dead claimers, housekeeping of old generations;
-* :mod:`.release` -- prepare, commit (``release.json``), go, barrier; the commit window.
+* :mod:`.release` -- prepare, commit (``release.json``), go, barrier; the commit window;
+* :mod:`.queueing` -- peer jobs pending in the scheduler's queue (``squeue``).
 
 The decision itself is :func:`fsmingle.rendezvous.decision.decide` (pure); :meth:`Coordinator.step`
 gathers its inputs and carries out its action.
@@ -28,13 +29,14 @@ from .door import Door
 from .hellos import Hellos
 from .membership import Membership
 from .offers import Offers
+from .queueing import Queueing
 from .release import Releasing
 from .scan import Scanning
 
 log = logging.getLogger("fsmingle")
 
 
-class Coordinator(Door, Offers, Hellos, Membership, Scanning, Releasing):
+class Coordinator(Door, Offers, Hellos, Membership, Scanning, Releasing, Queueing):
     """The rank-0 role of a :class:`~fsmingle.rendezvous.participant.Participant` in its current generation."""
 
     def __init__(self, p):
@@ -99,6 +101,7 @@ class Coordinator(Door, Offers, Hellos, Membership, Scanning, Releasing):
                 return None
         self._answer_asks(now)
         self._verify_pending(now)
+        self._queue_step(now)  # peer jobs pending in the scheduler's queue (rank0/queueing.py)
         # Who is missing goes to every member: at once when it changed, but no more often than
         # every N / 10,000 s (1 s up to N = 10,000; 13 s at 131,072: N messages each time).
         gap = max(1.0, p.size / 10_000)

@@ -91,6 +91,7 @@ class Hellos:
                 self.members[r] = Member(rank=r, instance=m["inst"], addr=m["addr"], host=m["host"])
                 self.explicit[r] = m.get("explicit") is True
                 self.keys[r] = str(m.get("key") or "")[:256]
+                self.member_jobs[r] = str(m.get("sched") or "")[:64]
                 pp = m.get("probe_port")
                 if isinstance(pp, int) and not isinstance(pp, bool) and 0 < pp < 65536:
                     self.probe_ports[m["inst"]] = pp

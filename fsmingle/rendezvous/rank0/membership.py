@@ -36,6 +36,7 @@ class Membership:
         self.lost: dict[int, str] = {}
         self.explicit: dict[int, bool] = {}
         self.keys: dict[int, str] = {}
+        self.member_jobs: dict[int, str] = {}  # rank -> its scheduler job ("4242_3"), from the hello
         self.want_members: set[int] = set()
         self.probe_ports: dict[str, int] = {}  # instance -> port its neighbours probe (--check-mesh)
         self.missing_sorted: list[int] = list(range(1, p.size))  # member ranks not in rank_conn
@@ -87,7 +88,10 @@ class Membership:
     def _status(self) -> dict:
         """Who is present and missing, for members' progress lines and timeout messages."""
         missing = self._missing()
-        return {"present": self.p.size - len(missing), "missing": missing[:64], "nmissing": len(missing)}
+        st = {"present": self.p.size - len(missing), "missing": missing[:64], "nmissing": len(missing)}
+        if self.p.queue is not None:
+            st["queue"] = self.p.queue.as_wire()  # peer jobs in the scheduler's queue (rank0/queueing.py)
+        return st
 
     def vouch(self) -> str:
         """The bitmap of connected, verified members that rank 0's beacon carries (``Beacon.vouch``)."""

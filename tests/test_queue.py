@@ -1,0 +1,239 @@
+"""Separate jobs and job arrays (issue 24): node ranks not taken from another job's numbering,
+the scheduler identity in the beacon, and (below) queue-aware waiting against a fake scheduler."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from fsmingle.config import resolve
+from fsmingle.fs.records import Beacon, HostId, decode, encode
+
+ARRAY_TASK = {
+    "SLURM_JOB_ID": "4245",
+    "SLURM_ARRAY_JOB_ID": "4242",
+    "SLURM_ARRAY_TASK_ID": "3",
+    "SLURM_ARRAY_TASK_MIN": "1",
+    "SLURM_ARRAY_TASK_MAX": "3",
+    "SLURM_ARRAY_TASK_COUNT": "3",
+    "SLURM_JOB_PARTITION": "debug",
+    "SLURM_NNODES": "1",
+    "SLURM_NODEID": "0",
+}
+
+
+def test_array_task_with_its_own_job_id_and_nnodes_is_first_come_not_node_0():
+    """Measured bug: `fsmingle env --job-id X --nnodes 3` in three array tasks took node rank 0
+    from SLURM_NODEID in each (each task is node 0 of its own 1-node job)."""
+    s = resolve(dir="/x", job_id="X", nnodes=3, env=ARRAY_TASK)
+    assert (s.size, s.rank) == (3, None)
+    assert any("SLURM_NODEID" in n and "--nnodes 3 exceeds SLURM_NNODES=1" in n for n in s.notes)
+    # separate jobs (no array), same rule
+    s = resolve(dir="/x", job_id="X", nnodes=2, env={"SLURM_JOB_ID": "7", "SLURM_NNODES": "1", "SLURM_NODEID": "0"})
+    assert s.rank is None and s.notes
+    # one multi-node job: SLURM_NODEID is the training's node rank, as before
+    s = resolve(dir="/x", job_id="X", nnodes=3, env={"SLURM_JOB_ID": "7", "SLURM_NNODES": "3", "SLURM_NODEID": "2"})
+    assert (s.rank, s.notes) == (2, ())
+    # an explicit --node-rank always wins
+    assert resolve(dir="/x", job_id="X", nnodes=3, node_rank=1, env=ARRAY_TASK).rank == 1
+
+
+def test_array_task_rank_from_task_index_also_with_explicit_nnodes():
+    s = resolve(dir="/x", env=ARRAY_TASK)
+    assert (s.job_id, s.size, s.rank) == ("4242", 3, 2)
+    s = resolve(dir="/x", nnodes=3, env=ARRAY_TASK)
+    assert (s.job_id, s.size, s.rank) == ("4242", 3, 2)
+    # a different world size than the array's: the task index means nothing, first-come
+    s = resolve(dir="/x", nnodes=5, env=ARRAY_TASK)
+    assert (s.size, s.rank) == (5, None)
+
+
+def test_verbose_says_why_no_node_rank_was_taken(tmp_path, caplog):
+    import fsmingle
+    from fsmingle.errors import RendezvousTimeoutError
+
+    caplog.set_level(logging.DEBUG, logger="fsmingle")
+    (tmp_path / "d").mkdir(mode=0o700)
+    try:
+        fsmingle.rendezvous(dir=str(tmp_path / "d"), job_id="X", nnodes=3, timeout=0.3, env=dict(ARRAY_TASK))
+    except RendezvousTimeoutError:
+        pass
+    assert "not taking the node rank from SLURM_NODEID=0" in caplog.text
+    assert "scheduler: slurm_job 4245, array_job 4242, array_task 3, partition debug" in caplog.text
+
+
+def _beacon(**kw) -> Beacon:
+    return Beacon(
+        job_id="j",
+        generation=1,
+        instance="ab" * 8,
+        mode="node",
+        size=3,
+        rank=None,
+        addr="10.0.0.1",
+        master_port=None,
+        heartbeat=0,
+        restart_count=0,
+        host=HostId("h", "b", "pid:[1]", 1, 1.0),
+        **kw,
+    )
+
+
+def test_scheduler_identity_in_the_beacon_is_optional_and_tolerated():
+    ident = resolve(dir="/x", env=ARRAY_TASK).scheduler
+    assert dict(ident) == {"slurm_job": "4245", "array_job": "4242", "array_task": "3", "partition": "debug"}
+    b = _beacon(scheduler=ident)
+    raw = json.loads(encode(b))
+    assert raw["scheduler"]["array_task"] == "3"
+    assert dict(decode(encode(b), Beacon).scheduler) == dict(ident)
+    # absent (an older writer): empty; an older reader ignores the unknown key (decode ignores extras)
+    assert "scheduler" not in json.loads(encode(_beacon()))
+    assert decode(encode(_beacon()), Beacon).scheduler == ()
+    # junk is dropped, never a reason to refuse the beacon
+    raw["scheduler"] = {"slurm_job": 5, "BAD KEY": "x", "partition": "p\n"}
+    assert decode(json.dumps(raw).encode(), Beacon).scheduler == ()
+    raw["scheduler"] = "nonsense"
+    assert decode(json.dumps(raw).encode(), Beacon).scheduler == ()
+    pbs = resolve(dir="/x", env={"PBS_JOBID": "12.pbs", "PBS_QUEUE": "workq", "PBS_NUM_NODES": "1"}, nnodes=2)
+    assert dict(pbs.scheduler) == {"pbs_job": "12.pbs", "pbs_queue": "workq"}
+
+
+# ---------------------------------------------------------------- queue-aware waiting, fake squeue
+
+import os
+import time
+
+import pytest
+from helpers import run_cli, wait_for
+
+from fsmingle.errors import ConfigError
+from fsmingle.rendezvous.queue import JobState, QueueWatch, parse_peer_jobs
+
+
+def test_parse_peer_jobs():
+    assert parse_peer_jobs("4300,4301 4302") == ("4300", "4301", "4302")
+    assert parse_peer_jobs("4242_[0-2,5]") == ("4242_0", "4242_1", "4242_2", "4242_5")
+    assert parse_peer_jobs("4242_3,4242") == ("4242_3", "4242")
+    with pytest.raises(ConfigError, match="--peer-jobs: 'x' is not a job id"):
+        parse_peer_jobs("4300,x")
+
+
+def test_queue_watch_judges_pending_running_ended():
+    q = QueueWatch(("4242_0", "4242_1", "4242_2"), "4242_0", rank_of_task=("4242", 0))
+    q.jobs = {
+        "4242_1": JobState("4242_1", "RUNNING", "None", "2024-01-01T14:00:00"),
+        "4242_2": JobState("4242_2", "PENDING", "JobHeldUser", "2024-01-01T14:05:00"),
+    }
+    q.judge({"4242_0", "4242_1"}, nmissing=1)
+    assert q.hold and q.lines == ["missing rank 2: job 4242_2 PENDING (JobHeldUser), expected start 14:05"]
+    q.judge({"4242_0"}, nmissing=2)  # a running peer not joined: the timeout runs
+    assert not q.hold
+    q.jobs["4242_2"] = JobState("4242_2", "CANCELLED", "None")
+    q.judge({"4242_0", "4242_1"}, nmissing=1)
+    assert q.ended == "peer job 4242_2 CANCELLED without joining"
+
+
+FAKE_SQUEUE = """#!/bin/sh
+echo "$@" >> {log}
+cat {table}
+"""
+
+
+@pytest.fixture
+def fake_squeue(tmp_path):
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    table, log = tmp_path / "squeue.txt", tmp_path / "squeue.log"
+    table.write_text("")
+    (bindir / "squeue").write_text(FAKE_SQUEUE.format(log=log, table=table))
+    (bindir / "squeue").chmod(0o755)
+    return bindir, table, log
+
+
+def _job_env(bindir, job: str, peers: str = "100,101,102") -> dict:
+    return {
+        "SLURM_JOB_ID": job,
+        "SLURM_NNODES": "1",
+        "SLURM_NODEID": "0",
+        "FSMINGLE_PEER_JOBS": peers,
+        "PATH": f"{bindir}:{os.environ['PATH']}",
+    }
+
+
+def _status_text(d, job: str) -> str:
+    return run_cli("status", job, "--dir", d, "--json").stdout  # exit 1 until released
+
+
+def test_pending_peer_holds_the_timeout_then_completes(procs, d, fake_squeue):
+    """Three separate jobs, one held in the queue for 3x --timeout: the others neither time out
+    nor fail; status and the progress line say why; the late job completes the world. rank 0
+    alone asks squeue (one call for all peers per --queue-poll)."""
+    bindir, table, log = fake_squeue
+    table.write_text("102|PENDING|JobHeldUser|2030-01-01T14:05:00\n")
+    args = ("--nnodes", 3, "--queue-poll", 0.5)
+    t_start = time.monotonic()
+    a = procs.env(d, "q", *args, timeout=2, extra_env=_job_env(bindir, "100"), name="a")
+    b = procs.env(d, "q", *args, timeout=2, extra_env=_job_env(bindir, "101"), name="b")
+    wait_for(lambda: "job 102 PENDING (JobHeldUser)" in _status_text(d, "q"), 15, "status naming job 102")
+    st = json.loads(_status_text(d, "q"))
+    lines = [x for x in st["participants"] if x["rank"] == 0][0]["queue"]
+    assert lines == ["missing: job 102 PENDING (JobHeldUser), expected start 14:05"], st
+    time.sleep(6)  # three times --timeout
+    assert a.poll() is None and b.poll() is None, (a.stderr(), b.stderr())
+    assert "job 102 PENDING (JobHeldUser)" in b.stderr()  # a member's progress line says why too
+    # job 102 starts (squeue still says PENDING for a poll or two: its start-up must not count)
+    c = procs.env(d, "q", *args, timeout=2, extra_env=_job_env(bindir, "102"), name="c")
+    time.sleep(1)
+    table.write_text("102|RUNNING|None|2030-01-01T14:05:00\n")
+    res = [p.result(30) for p in (a, b, c)]
+    assert sorted(r["node_rank"] for r in res) == [0, 1, 2]
+    calls = log.read_text().splitlines()
+    elapsed = time.monotonic() - t_start
+    assert len(calls) <= elapsed / 0.5 + 2, (elapsed, calls)  # one per poll interval, from rank 0 only
+    assert all(c.startswith("-h -r -t all -j 10") and "102" in c for c in calls), calls
+
+
+def test_cancelled_peer_fails_everyone_at_once(procs, d, fake_squeue):
+    bindir, table, _ = fake_squeue
+    table.write_text("102|PENDING|Priority|N/A\n")
+    args = ("--nnodes", 3, "--queue-poll", 0.3)
+    a = procs.env(d, "c", *args, timeout=60, extra_env=_job_env(bindir, "100"), name="a")
+    b = procs.env(d, "c", *args, timeout=60, extra_env=_job_env(bindir, "101"), name="b")
+    wait_for(lambda: "job 102 PENDING (Priority)" in _status_text(d, "c"), 15, "status naming job 102")
+    wait_for(lambda: len(json.loads(_status_text(d, "c") or "{}").get("claimed", [])) == 2, 15, "both claimed")
+    t0 = time.monotonic()
+    table.write_text("102|CANCELLED|None|N/A\n")
+    assert a.wait(15) == 13 and b.wait(15) == 13
+    assert time.monotonic() - t0 < 5
+    for p in (a, b):
+        assert "peer job 102 CANCELLED without joining" in p.stderr(), p.stderr()
+
+
+def test_no_squeue_is_todays_behaviour_with_one_warning(procs, d, tmp_path):
+    env = {"SLURM_JOB_ID": "100", "SLURM_NNODES": "1", "FSMINGLE_PEER_JOBS": "100,101", "PATH": str(tmp_path)}
+    env["PATH"] = os.path.dirname(os.path.realpath(__import__("sys").executable))  # python, but no squeue
+    a = procs.env(d, "n", "--nnodes", 2, "--queue-poll", 0.2, timeout=2, extra_env=env)
+    assert a.wait(20) == 7
+    err = a.stderr()
+    assert err.count("cannot ask the scheduler about peer jobs (squeue is not on PATH)") == 1, err
+
+
+def test_a_peer_reported_then_purged_counts_as_ended():
+    answers = iter([{"4242_2": JobState("4242_2", "PENDING", "JobHeldUser")}, {}])
+    q = QueueWatch(("4242_0", "4242_1", "4242_2"), "4242_0", interval=0.0, query=lambda ids: next(answers))
+    for now in (0.0, 1.0, 2.0):
+        q.poll(now, {"4242_0", "4242_1"}, 1)
+        q._thread.join()
+    q.poll(3.0, {"4242_0", "4242_1"}, 1)
+    assert "peer job 4242_2 GONE (no longer known to squeue or sacct) without joining" in q.ended
+
+
+def test_array_tasks_are_peers_only_when_the_training_spans_jobs():
+    from fsmingle import options
+    from fsmingle.api import _queue_watch
+
+    v = options.validate(options.Values(**{o.name: None for o in options.OPTIONS}))
+    q = _queue_watch(v, resolve(dir="/x", env=ARRAY_TASK), ARRAY_TASK)
+    assert q.peers == ("4242_1", "4242_2") and q.mine == "4242_3" and q.rank_of_task == ("4242", 1)
+    own = {**ARRAY_TASK, "SLURM_NNODES": "2"}  # each task a 2-node training of its own
+    assert _queue_watch(v, resolve(dir="/x", job_id="t3", nnodes=2, env=own), own) is None

@@ -1,0 +1,192 @@
+"""Issue 24 against a real Slurm (tests/cluster.py): a job array whose tasks wait in the queue.
+
+slurm/join_job.sbatch is submitted unchanged as a 3-task array with every task held
+(``sbatch --hold``); the test releases tasks one by one with ``scontrol release`` as an operator
+would.  Timeouts are seconds-scale (FSMINGLE_TIMEOUT=10, FSMINGLE_QUEUE_POLL=1).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+from helpers import REPO, run_cli, wait_for
+
+pytest.importorskip("torch")
+
+pytestmark = [pytest.mark.root, pytest.mark.torch, pytest.mark.slow]
+
+TRAIN = str(REPO / "examples" / "train_ddp.py")
+RUN_TIMEOUT = 150
+
+
+@pytest.fixture(scope="module")
+def slurm(slurm_cluster_module):
+    return slurm_cluster_module
+
+
+def _env(s, **extra) -> dict:
+    tmp = s.cluster.workdir / "tmp" / "jobs"
+    tmp.mkdir(parents=True, exist_ok=True)
+    tmp.chmod(0o1777)
+    env = {
+        "FSMINGLE_DIR": f"{s.cluster.shared}/rdzv",
+        "TRAIN": TRAIN,
+        "RUN_TIMEOUT": str(RUN_TIMEOUT),
+        "TMPDIR": str(tmp),
+        "OMP_NUM_THREADS": "1",
+        "PYTHONUNBUFFERED": "1",
+        "NPROC_PER_NODE": "1",
+        "FSMINGLE_TIMEOUT": "10",  # above a task's start-up (fsmingle, then torchrun) on 2 shared cores
+        "FSMINGLE_QUEUE_POLL": "1",
+        "FSMINGLE_JOB_ID": None,
+        "FSMINGLE_PEER_JOBS": None,
+        "NNODES": None,
+        "NODE_RANK": None,
+        "NCCL_SOCKET_IFNAME": None,
+        "GLOO_SOCKET_IFNAME": None,
+        "MASTER_ADDR": None,
+        "MASTER_PORT": None,
+    }
+    env.update({k: (str(v) if v is not None else None) for k, v in extra.items()})
+    return env
+
+
+def _submit_held_array(s, out: Path) -> str:
+    argv = [
+        "sbatch",
+        "--parsable",
+        "--hold",
+        "--array=0-2",
+        "--exclusive",
+        f"--output={s.outdir}/slurm-%A_%a.out",
+        f"--chdir={s.cluster.shared}",
+        str(REPO / "slurm" / "join_job.sbatch"),
+        "--steps",
+        "10",
+        "--out",
+        str(out),
+    ]
+    p = s.login(argv, env=_env(s), timeout=15)
+    assert p.returncode == 0, p.stderr
+    return p.stdout.strip().split(";")[0]
+
+
+def _scontrol(s, *args):
+    r = s.login(["scontrol", *args], timeout=15)
+    assert r.returncode == 0, r.stderr
+
+
+def _status(s, job: str) -> dict:
+    p = run_cli("status", job, "--dir", f"{s.cluster.shared}/rdzv", "--json")
+    try:
+        return json.loads(p.stdout)
+    except ValueError:
+        return {}
+
+
+def _state(s, jid: str) -> str:
+    jobs = s.jobs(jid)
+    return jobs[0].get("JobState", "") if jobs else ""
+
+
+def _out(s, jid: str, task: int) -> str:
+    f = Path(s.outdir) / f"slurm-{jid}_{task}.out"
+    return f.read_text(errors="replace") if f.exists() else ""
+
+
+def _wait_done(s, jid: str, task: int, timeout: float) -> str:
+    wait_for(lambda: _state(s, f"{jid}_{task}") in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"), timeout, "end")
+    return _state(s, f"{jid}_{task}")
+
+
+def test_held_array_task_holds_the_timeout_then_the_world_completes(slurm):
+    out = Path(slurm.cluster.shared) / "out-held"
+    jid = _submit_held_array(slurm, out)
+    _scontrol(slurm, "release", f"{jid}_0")
+    _scontrol(slurm, "release", f"{jid}_1")
+    want = f"missing rank 2: job {jid}_2 PENDING (JobHeldUser)"
+    t0 = time.monotonic()
+    st = wait_for(
+        lambda: (lambda s: s if want in json.dumps(s) and len(s.get("claimed", [])) == 2 else None)(
+            _status(slurm, jid)
+        ),
+        60,
+        "status naming the held task",
+    )
+    rank0 = [p for p in st["participants"] if p["rank"] == 0][0]
+    assert rank0["queue"][0].startswith(want), rank0
+    assert rank0["scheduler"]["array_job"] == jid and rank0["scheduler"]["array_task"] == "0"
+    time.sleep(max(0.0, 25 - (time.monotonic() - t0)))  # 2.5 times FSMINGLE_TIMEOUT=10
+    assert _state(slurm, f"{jid}_0") == "RUNNING" and _state(slurm, f"{jid}_1") == "RUNNING"
+    st = _status(slurm, jid)
+    assert st["generation"] == 1 and len(st["claimed"]) == 2, st  # nobody timed out or regrouped
+    text = run_cli("status", jid, "--dir", f"{slurm.cluster.shared}/rdzv").stdout
+    print(text)  # the real `status` output quoted in docs/slurm.md
+    assert want in text
+    _scontrol(slurm, "release", f"{jid}_2")
+    for task in range(3):
+        assert _wait_done(slurm, jid, task, RUN_TIMEOUT + 30) == "COMPLETED", _out(slurm, jid, task)[-3000:]
+    texts = [_out(slurm, jid, t) for t in range(3)]
+    assert any("world_size=3 ranks_agree=True" in t for t in texts), texts
+    assert f"job {jid}_2 PENDING (JobHeldUser)" in texts[1]  # a member's progress line said why
+
+
+def test_cancelled_pending_task_fails_everyone_at_once(slurm):
+    out = Path(slurm.cluster.shared) / "out-cancel"
+    jid = _submit_held_array(slurm, out)
+    _scontrol(slurm, "release", f"{jid}_0")
+    _scontrol(slurm, "release", f"{jid}_1")
+    wait_for(
+        lambda: f"job {jid}_2 PENDING" in json.dumps(_status(slurm, jid)) and len(_status(slurm, jid)["claimed"]) == 2,
+        60,
+        "both running tasks waiting on the held one",
+    )
+    t0 = time.monotonic()
+    r = slurm.login(["scancel", f"{jid}_2"], timeout=15)
+    assert r.returncode == 0, r.stderr
+    for task in (0, 1):
+        assert _wait_done(slurm, jid, task, 30) == "FAILED"
+    took = time.monotonic() - t0
+    print(f"both failed {took:.1f} s after scancel")
+    assert took < 15
+    for task in (0, 1):
+        text = _out(slurm, jid, task)
+        assert f"peer job {jid}_2 CANCELLED" in text, text[-3000:]
+
+
+def test_no_squeue_on_path_is_todays_timeout_with_one_warning(slurm, tmp_path):
+    """The jobs' PATH has every command but squeue and sacct: a held peer no longer holds the
+    timeout; one warning says why."""
+    from cluster import PYTHON_BIN
+
+    shadow = tmp_path / "bin"
+    shadow.mkdir()
+    for d in ("/usr/local/bin", "/usr/bin", "/usr/sbin"):
+        for name in os.listdir(d):
+            if name not in ("squeue", "sacct") and not (shadow / name).exists():
+                (shadow / name).symlink_to(os.path.join(d, name))
+    shadow.chmod(0o755)
+    argv = [
+        "sbatch",
+        "--parsable",
+        "--hold",
+        "--array=0-1",
+        f"--output={slurm.outdir}/slurm-%A_%a.out",
+        f"--chdir={slurm.cluster.shared}",
+        str(REPO / "slurm" / "join_job.sbatch"),
+    ]
+    p = slurm.login(argv, env=_env(slurm, PATH=f"{PYTHON_BIN}:{shadow}", FSMINGLE_TIMEOUT=4), timeout=15)
+    assert p.returncode == 0, p.stderr
+    jid = p.stdout.strip().split(";")[0]
+    _scontrol(slurm, "release", f"{jid}_0")
+    t0 = time.monotonic()
+    assert _wait_done(slurm, jid, 0, 60) == "FAILED"
+    text = _out(slurm, jid, 0)
+    assert "timed out after 4 s" in text, text[-3000:]
+    assert text.count("cannot ask the scheduler about peer jobs (squeue is not on PATH)") == 1, text[-3000:]
+    print(f"task 0 failed {time.monotonic() - t0:.1f} s after its release")
+    slurm.login(["scancel", jid], timeout=15)
