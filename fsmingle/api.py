@@ -128,7 +128,7 @@ class Rendezvous:
 
     def folder_store_path(self) -> str:
         """``<dir>/<job_id>/gen-N/store``: this generation's FolderStore directory (see :meth:`folder_store`)."""
-        from .layout import gen_name
+        from .fs.layout import gen_name
 
         return os.path.join(self.dir, self.job_id, gen_name(self.generation), "store")
 

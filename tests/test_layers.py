@@ -157,3 +157,22 @@ def test_the_checker_sees_an_upward_import(tmp_path):
     deps = _imports("fsmingle.fs.x", tmp_path / "x.py", {"fsmingle.rendezvous.participant"})
     assert deps == {"fsmingle.rendezvous.participant"}
     assert _layer("fsmingle.rendezvous.participant")[1] > _layer("fsmingle.fs.x")[1]
+
+
+def test_every_fsmingle_import_names_a_module_that_exists():
+    # A deferred import of a moved module fails only when its function runs: catch it here.
+    mods = _modules()
+    missing = []
+    for mod, path in mods.items():
+        is_pkg = path.name == "__init__.py"
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("fsmingle")):
+                if node.level:
+                    base = mod.split(".") if is_pkg else mod.split(".")[:-1]
+                    base = base[: len(base) - (node.level - 1)]
+                    target = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    target = node.module
+                if target not in mods:
+                    missing.append(f"{path.relative_to(PKG.parent)}:{node.lineno} imports {target}")
+    assert not missing, "imports of modules that do not exist:\n" + "\n".join(missing)
