@@ -29,8 +29,8 @@ try:
 except ImportError:  # tests/ imported as a package
     from tests import cluster as cl
 
-from fsmingle.fs import fscheck
 from fsmingle.errors import StorageError, UnsupportedFilesystemError
+from fsmingle.fs import fscheck
 from fsmingle.fs.fscheck import doctor, families
 from fsmingle.fs.store import PosixStore
 
