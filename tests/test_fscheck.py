@@ -337,8 +337,11 @@ def test_real_filesystem_verdict_and_two_peers(realfs):
         else:
             assert p["open_delay_max_s"] < 30, p
         if c.fs == "cephfs":
-            # the MDS revokes a looked-up-and-missing name's cached state before the create: no wait
-            assert p["open_delay_max_s"] < 1 and p["list_delay_max_s"] < 1, p
+            # The MDS revokes a looked-up-and-missing name's cached state before the create: no
+            # negative cache to wait out (GlusterFS nfs60: 60 s).  Measured 0.02 s idle, 3.8 s once
+            # in a full run (a capability recall behind a busy MDS); the bound is the property, not
+            # the speed (timings are for benchmarks).
+            assert p["open_delay_max_s"] < 15 and p["list_delay_max_s"] < 15, p
             assert r["verdict"] == "ok" and r["settings"] == {"stale_after": 30, "poll_max": 0.28}, r
     assert os.listdir(d) == []
 

@@ -330,7 +330,7 @@ def test_late_node_after_the_release(fresh):
 
 _RACE = """
 import json, logging, sys, time
-from fsmingle.fs.store import open_job_dir
+from fsmingle.fs.jobdir import open_job_dir
 rdzv, job, host, t0 = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
 while time.time() < t0:  # every host starts its creates at the same instant
     pass
