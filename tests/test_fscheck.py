@@ -273,6 +273,33 @@ def test_a_mkdir_that_keeps_failing_eio_names_the_directory(tmp_path):
     assert "gen-00000001" in str(ei.value) and "Input/output error" in str(ei.value)
 
 
+@pytest.mark.parametrize("eio_lookups", [1, 99], ids=["once", "always"])
+def test_a_lookup_answered_eio_after_a_lost_mkdir_race(tmp_path, eio_lookups):
+    # GlusterFS (tuned, upcalls on) answered EIO to the race loser's lookup of the directory the
+    # winner had just made, once in a full run: the loser's mkdir raised a raw OSError.  One EIO
+    # is retried after a listing (stat_existing); a lookup that keeps failing is a StorageError
+    # naming the directory.  os.lstat is replaced only to produce the EIO; the rest is real.
+    (tmp_path / "gen-00000001").mkdir(mode=0o700)  # the winner's directory
+    real = os.lstat
+    seen = []
+
+    def flaky_lstat(path, *a, **k):
+        if str(path).endswith("gen-00000001"):
+            seen.append(path)
+            if len(seen) <= eio_lookups:
+                raise OSError(errno.EIO, os.strerror(errno.EIO))
+        return real(path, *a, **k)
+
+    store = PosixStore(str(tmp_path))
+    with mock.patch.object(os, "lstat", flaky_lstat):
+        if eio_lookups == 1:
+            assert store.mkdir("gen-00000001") is False  # lost the race: the winner's directory
+        else:
+            with pytest.raises(StorageError) as ei:
+                store.mkdir("gen-00000001")
+            assert "gen-00000001" in str(ei.value) and "Input/output error" in str(ei.value)
+
+
 # ------------------------------------------------------------------------- real mounts (root)
 
 
