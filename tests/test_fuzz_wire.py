@@ -55,7 +55,7 @@ from fsmingle.rendezvous.timing import Timing
 JOB = "job-fuzz"
 ADDR = "127.0.0.1"
 TIMING = Timing(poll_min=0.005, poll_max=0.02, stale_after=30.0, scan_interval=0.05, probe_timeout=1.0)
-EXAMPLES = int(os.environ.get("FSMINGLE_FUZZ_EXAMPLES", "150"))
+EXAMPLES = int(os.environ.get("FSMINGLE_FUZZ_EXAMPLES", "80"))  # 500 before a protocol change lands
 FUZZ = settings(
     max_examples=EXAMPLES,
     deadline=None,
