@@ -369,7 +369,8 @@ def test_real_filesystem_verdict_and_two_peers(realfs):
             # in a full run (a capability recall behind a busy MDS); the bound is the property, not
             # the speed (timings are for benchmarks).
             assert p["open_delay_max_s"] < 15 and p["list_delay_max_s"] < 15, p
-            assert r["verdict"] == "ok" and r["settings"] == {"stale_after": 30, "poll_max": 0.28}, r
+            # poll_max follows the delays measured (1.0 once a recall took seconds): not asserted
+            assert r["verdict"] == "ok" and r["settings"]["stale_after"] == 30, r
     assert os.listdir(d) == []
 
 

@@ -297,7 +297,7 @@ class PosixStore(Store):
 
     def mkdir(self, name: str) -> bool:
         p = self.path(name)
-        retried = False
+        retried = 0
         while True:
             try:
                 os.mkdir(p, 0o700)  # mkdir is atomic and exclusive on every POSIX filesystem
@@ -310,18 +310,18 @@ class PosixStore(Store):
                 except OSError as e:  # the lookup of a name mkdir said exists kept failing (EIO)
                     raise storage_error(e, "look up directory", p) from None
             except OSError as e:
-                if e.errno != errno.EIO or retried:
+                if e.errno != errno.EIO or retried >= MKDIR_EIO_TRIES:
                     raise storage_error(e, "create directory", p) from None
                 # GlusterFS now and then answers EIO to a mkdir that raced another client's
                 # mkdir of the same name (measured once in a full test run: 4 hosts racing on
                 # the nfs60 profile); the winner's directory is then there.  Look for it
                 # (stat_existing, which lists the parent if the lookup lies), else try once
                 # more; a mount that is really broken fails the lookup or the second mkdir.
-                retried = True
+                retried += 1
                 try:
                     return self._found_dir(p)
                 except FileNotFoundError:
-                    pass  # nobody made it: the second mkdir
+                    time.sleep(0.1 * retried)  # nobody made it (yet): mkdir again, a little later
                 except OSError:
                     raise storage_error(e, "create directory", p) from None
 
@@ -356,6 +356,11 @@ class PosixStore(Store):
 
 
 STAT_EXISTING_TRIES = 6  # lookups (each after a listing of the parent) before stat_existing gives up
+
+
+MKDIR_EIO_TRIES = (
+    3  # mkdirs answered EIO (GlusterFS racing another client's mkdir) before a StorageError: twice in a row seen once
+)
 
 
 def stat_existing(path: str, *, follow: bool = False) -> os.stat_result:
