@@ -55,6 +55,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from fsmingle.rendezvous.queue import ENDED
+
 try:  # pytest is only needed for the fixtures / skip helper
     import pytest
 except ImportError:  # pragma: no cover
@@ -84,19 +86,9 @@ REGISTRY_DIR = Path("/run/fsmingle-test-cluster")
 KEEP_ENV = "FSMINGLE_KEEP_CLUSTER"  # set to 1: keep the work dir (logs) after teardown
 REQUIRE_ENV = "FSMINGLE_REQUIRE_CLUSTER"  # set to 1: fail instead of skip
 
-_TERMINAL_STATES = {
-    "COMPLETED",
-    "FAILED",
-    "CANCELLED",
-    "TIMEOUT",
-    "NODE_FAIL",
-    "OUT_OF_MEMORY",
-    "BOOT_FAIL",
-    "DEADLINE",
-    "PREEMPTED",
-    "SPECIAL_EXIT",
-    "REVOKED",
-}
+# Slurm's states of a job that has ended: the ones fsmingle's queue watch knows (without its own
+# "GONE", a job that squeue and sacct no longer report).
+_TERMINAL_STATES = ENDED - {"GONE"}
 
 
 # --------------------------------------------------------------------------- helpers

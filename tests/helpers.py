@@ -476,3 +476,39 @@ def umount(path) -> None:
         if not is_mountpoint(path):
             return
         subprocess.run(argv, capture_output=True, timeout=20)
+
+
+_NOT_INTO_JOBS = (
+    "FSMINGLE_JOB_ID",
+    "FSMINGLE_PEER_JOBS",
+    "NNODES",
+    "NODE_RANK",
+    "NCCL_SOCKET_IFNAME",
+    "GLOO_SOCKET_IFNAME",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+)
+
+
+def slurm_job_env(s, run_timeout: float, **extra) -> dict:
+    """The environment overlay of a job submitted to the test Slurm cluster ``s``: the example
+    training script, a shared TMPDIR, one OpenMP thread, and none of the rendezvous or launcher
+    variables the test process carries (a value of None removes a variable); ``extra`` on top."""
+    tmp = s.cluster.workdir / "tmp" / "jobs"
+    tmp.mkdir(parents=True, exist_ok=True)
+    tmp.chmod(0o1777)
+    env = {
+        "FSMINGLE_DIR": f"{s.cluster.shared}/rdzv",
+        "TRAIN": str(REPO / "examples" / "train_ddp.py"),
+        "RUN_TIMEOUT": str(run_timeout),
+        "TMPDIR": str(tmp),
+        "OMP_NUM_THREADS": "1",
+        "PYTHONUNBUFFERED": "1",
+        # whatever the test process carries must not leak into the jobs
+        **dict.fromkeys(_NOT_INTO_JOBS),
+    }
+    env.update({k: (str(v) if v is not None else None) for k, v in extra.items()})
+    return env

@@ -328,6 +328,21 @@ def test_late_node_after_the_release(fresh):
     _assert_named_failure(late)
 
 
+def _run_on_hosts(hosts, argvs, timeout: float, what: str) -> list[tuple[str, str]]:
+    """Run ``argvs[k]`` on ``hosts[k]``, all at once (each in its netns, through its own FUSE
+    client), and wait for all; each must exit 0.  Returns ``(stdout, stderr)`` per host, in order."""
+    procs = [
+        h.popen(argv, env=_ENV, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for h, argv in zip(hosts, argvs)
+    ]
+    ran = []
+    for h, p in zip(hosts, procs):
+        out, err = p.communicate(timeout=timeout)
+        assert p.returncode == 0, f"{what} {h.name} failed:\n{err[-3000:]}\n{out[-1000:]}"
+        ran.append((out, err))
+    return ran
+
+
 _RACE = """
 import json, logging, sys, time
 from fsmingle.fs.jobdir import open_job_dir
@@ -381,21 +396,14 @@ def test_create_race_loser_finds_the_winners_name(fresh):
         # for 1.5 s, then fails naming the directory (and the nl-cache fix).
         os.mkdir(os.path.join(c.rdzv, f"race{i}"), 0o700)
         t0 = time.time() + 2.0
-        procs = [
-            h.popen(
-                [sys.executable, "-c", _RACE, c.rdzv, f"race{i}", h.name, str(t0)],
-                env=_ENV,
-                cwd=REPO,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-            for h in c
-        ]
+        ran = _run_on_hosts(
+            list(c),
+            [[sys.executable, "-c", _RACE, c.rdzv, f"race{i}", h.name, str(t0)] for h in c],
+            60,
+            f"[{c.fs}] round {i}",
+        )
         outs = []
-        for h, p in zip(c, procs):
-            out, err = p.communicate(timeout=60)
-            assert p.returncode == 0, f"[{c.fs}] round {i}: {h.name} failed:\n{err}"
+        for h, (out, err) in zip(c, ran):
             outs.append(json.loads(out.strip().splitlines()[-1]))
             if fix:  # the start-up probe (open_job_dir) warned, with the fix
                 assert fix in err, f"[{c.fs}] {h.name} did not warn about nl-cache:\n{err}"
@@ -424,23 +432,11 @@ def test_folderstore_hammered_from_every_host(fresh):
     store = folder_store_class()(path)
     store.set("chain", "0:init")
     worker = str(REPO / "tests" / "folderstore_worker.py")
-    procs = [
-        h.popen(
-            [sys.executable, worker, path, h.name, "add=15,chain=8,race=5"],
-            env=_ENV,
-            cwd=REPO,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for h in c
-    ]
-    outs = []
-    for h, p in zip(c, procs):
-        out, err = p.communicate(timeout=240)
-        assert p.returncode == 0, f"[{c.fs}] {h.name} failed:\n{err[-3000:]}"
-        outs.append([json.loads(x) for x in out.splitlines() if x.strip()])
-    check(outs, store, len(procs), 15, 5)
+    ran = _run_on_hosts(
+        list(c), [[sys.executable, worker, path, h.name, "add=15,chain=8,race=5"] for h in c], 240, f"[{c.fs}]"
+    )
+    outs = [[json.loads(x) for x in out.splitlines() if x.strip()] for out, _ in ran]
+    check(outs, store, len(ran), 15, 5)
 
 
 FOLDER_DDP = r"""
@@ -476,20 +472,9 @@ def test_folderstore_gloo_ddp_across_hosts(fresh):
     job = f"fddp{time.monotonic_ns() % 10**8}"
     hosts = list(c)[:2]
     outs = [c.workdir / f"{job}-{k}.json" for k in range(2)]
-    procs = [
-        h.popen(
-            ["timeout", "-k", "5", "300", sys.executable, "-c", FOLDER_DDP, c.rdzv, job, str(k), h.ip, str(outs[k])],
-            env=_ENV,
-            cwd=REPO,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for k, h in enumerate(hosts)
-    ]
-    for h, p in zip(hosts, procs):
-        out, _ = p.communicate(timeout=320)
-        assert p.returncode == 0, f"[{c.fs}] {h.name}:\n{out[-3000:]}"
+    script = [sys.executable, "-c", FOLDER_DDP, c.rdzv, job]
+    argvs = [["timeout", "-k", "5", "300", *script, str(k), h.ip, str(outs[k])] for k, h in enumerate(hosts)]
+    _run_on_hosts(hosts, argvs, 320, f"[{c.fs}]")
     recs = [json.loads(o.read_text()) for o in outs]
     assert all(r["agree"] for r in recs) and len({r["store"] for r in recs}) == 1
     assert any(n.startswith("k-") for n in os.listdir(recs[0]["store"]))

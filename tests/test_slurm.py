@@ -19,14 +19,13 @@ import re
 from pathlib import Path
 
 import pytest
-from helpers import REPO, status_of
+from helpers import REPO, slurm_job_env, status_of
 
 pytest.importorskip("torch")
 
 pytestmark = [pytest.mark.root, pytest.mark.torch, pytest.mark.slow]
 
 SLURM = REPO / "slurm"
-TRAIN = str(REPO / "examples" / "train_ddp.py")
 STEPS = "30"
 RUN_TIMEOUT = 200  # seconds, enforced by `timeout -k 30` inside the scripts
 WAIT = RUN_TIMEOUT + 60
@@ -40,30 +39,7 @@ def slurm(slurm_cluster_module):
 
 
 def _env(s, **extra) -> dict:
-    tmp = s.cluster.workdir / "tmp" / "jobs"
-    tmp.mkdir(parents=True, exist_ok=True)
-    tmp.chmod(0o1777)
-    env = {
-        "FSMINGLE_DIR": f"{s.cluster.shared}/rdzv",
-        "TRAIN": TRAIN,
-        "RUN_TIMEOUT": str(RUN_TIMEOUT),
-        "TMPDIR": str(tmp),
-        "OMP_NUM_THREADS": "1",
-        "PYTHONUNBUFFERED": "1",
-        # whatever the test process carries must not leak into the jobs
-        "FSMINGLE_JOB_ID": None,
-        "NNODES": None,
-        "NODE_RANK": None,
-        "NCCL_SOCKET_IFNAME": None,
-        "GLOO_SOCKET_IFNAME": None,
-        "MASTER_ADDR": None,
-        "MASTER_PORT": None,
-        "RANK": None,
-        "WORLD_SIZE": None,
-        "LOCAL_RANK": None,
-    }
-    env.update({k: (str(v) if v is not None else None) for k, v in extra.items()})
-    return env
+    return slurm_job_env(s, RUN_TIMEOUT, **extra)
 
 
 def _submit(s, script: str, sbatch_args=(), script_args=(), env=None) -> str:

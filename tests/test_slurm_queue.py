@@ -13,13 +13,12 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import REPO, run_cli, wait_for
+from helpers import REPO, run_cli, slurm_job_env, wait_for
 
 pytest.importorskip("torch")
 
 pytestmark = [pytest.mark.root, pytest.mark.torch, pytest.mark.slow]
 
-TRAIN = str(REPO / "examples" / "train_ddp.py")
 RUN_TIMEOUT = 150
 
 
@@ -29,30 +28,10 @@ def slurm(slurm_cluster_module):
 
 
 def _env(s, **extra) -> dict:
-    tmp = s.cluster.workdir / "tmp" / "jobs"
-    tmp.mkdir(parents=True, exist_ok=True)
-    tmp.chmod(0o1777)
-    env = {
-        "FSMINGLE_DIR": f"{s.cluster.shared}/rdzv",
-        "TRAIN": TRAIN,
-        "RUN_TIMEOUT": str(RUN_TIMEOUT),
-        "TMPDIR": str(tmp),
-        "OMP_NUM_THREADS": "1",
-        "PYTHONUNBUFFERED": "1",
-        "NPROC_PER_NODE": "1",
-        "FSMINGLE_TIMEOUT": "10",  # above a task's start-up (fsmingle, then torchrun) on 2 shared cores
-        "FSMINGLE_QUEUE_POLL": "1",
-        "FSMINGLE_JOB_ID": None,
-        "FSMINGLE_PEER_JOBS": None,
-        "NNODES": None,
-        "NODE_RANK": None,
-        "NCCL_SOCKET_IFNAME": None,
-        "GLOO_SOCKET_IFNAME": None,
-        "MASTER_ADDR": None,
-        "MASTER_PORT": None,
-    }
-    env.update({k: (str(v) if v is not None else None) for k, v in extra.items()})
-    return env
+    # NPROC_PER_NODE 1, and a timeout above a task's start-up (fsmingle, then torchrun) on 2 shared cores
+    return slurm_job_env(
+        s, RUN_TIMEOUT, **{"NPROC_PER_NODE": 1, "FSMINGLE_TIMEOUT": 10, "FSMINGLE_QUEUE_POLL": 1, **extra}
+    )
 
 
 def _submit_held_array(s, out: Path) -> str:

@@ -107,20 +107,9 @@ class Joining:
         decision.  An exclusive create, as every decision: should a stale joiner have claimed
         rank 0 in it meanwhile, it reads this record in its next scan and moves on too.
         """
-        rel = Release(
-            job_id=self.job_id,
-            generation=g,
-            state="restart",
-            mode=self.mode,
-            size=self.size,
-            master_addr=None,
-            master_port=None,
-            members=(),
-            writer=self.instance,
-            reason=f"{RETIRED_NUMBER}; generation {newer} exists",
-            wall_time=self.clock.time(),
+        made = self.store.create(
+            release_name(g), self.restart_record(g, f"{RETIRED_NUMBER}; generation {newer} exists")
         )
-        made = self.store.create(release_name(g), encode(rel))
         log.info(
             "job %s: generation %d had been retired and this node's stale listing re-created it; %s; "
             "joining generation %d",

@@ -253,11 +253,11 @@ class Participant(Joining, Leaving, GenerationReader, OutsideWorld):
         except (OSError, FsmingleError) as e:
             log.debug("could not prepare generation %d: %s", self.gen + 1, e)
 
-    def void(self, reason: str) -> bool:
-        """Create this generation's restart decision; False if a decision already existed."""
+    def restart_record(self, g: int, reason: str) -> bytes:
+        """The encoded restart decision of generation ``g`` written by this participant."""
         rel = Release(
             job_id=self.job_id,
-            generation=self.gen,
+            generation=g,
             state="restart",
             mode=self.mode,
             size=self.size,
@@ -268,8 +268,12 @@ class Participant(Joining, Leaving, GenerationReader, OutsideWorld):
             reason=reason[:1000],
             wall_time=self.clock.time(),
         )
+        return encode(rel)
+
+    def void(self, reason: str) -> bool:
+        """Create this generation's restart decision; False if a decision already existed."""
         self.prepare_next()
-        created = self.store.create(release_name(self.gen), encode(rel))
+        created = self.store.create(release_name(self.gen), self.restart_record(self.gen, reason))
         if created:
             log.warning("job %s generation %d voided: %s", self.job_id, self.gen, reason)
         self.delay = self.timing.poll_min
