@@ -1,0 +1,185 @@
+"""Issue 24 for the torchrun backend: peer jobs waiting in the scheduler's queue hold ``join_timeout``.
+
+Two layers:
+
+* handlers in one process (threads) with a fake scheduler query (the only way to make a job
+  PENDING or CANCELLED at a chosen moment without Slurm): the hold, the ended peer, one asker,
+  ``queue_timeout``, the ``--rdzv-conf`` keys;
+* real ``torchrun --rdzv-backend fsmingle`` agents in a real Slurm (``tests/cluster.py``): a
+  2-task array whose task 1 is held past ``join_timeout`` and then released (the training
+  runs), and one whose held task is cancelled (the waiting agent fails at once, naming it).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+pytest.importorskip("torch")
+
+from torch.distributed.elastic.rendezvous import RendezvousParameters
+
+from fsmingle.errors import ConfigError, PeerJobEndedError, RendezvousTimeoutError
+from fsmingle.rendezvous.queue import JobState
+from fsmingle.torchrun import handler, queuehold
+
+pytestmark = pytest.mark.torch
+
+ARRAY = {
+    "SLURM_ARRAY_JOB_ID": "77",
+    "SLURM_ARRAY_TASK_ID": "0",
+    "SLURM_ARRAY_TASK_MIN": "0",
+    "SLURM_ARRAY_TASK_MAX": "2",
+    "SLURM_ARRAY_TASK_COUNT": "3",
+    "SLURM_JOB_ID": "78",
+    "SLURM_NNODES": "1",
+}
+FAST = {"keep_alive_interval": 1, "keep_alive_max_attempt": 2, "queue_poll": "0.2"}
+
+
+def _params(tmp_path, min_nodes, max_nodes=None, **conf):
+    return RendezvousParameters(
+        backend="fsmingle",
+        endpoint=str(tmp_path / "rdzv"),
+        run_id="job1",
+        min_nodes=min_nodes,
+        max_nodes=max_nodes or min_nodes,
+        addr="127.0.0.1",
+        **{**FAST, **conf},
+    )
+
+
+class FakeScheduler:
+    """The scheduler query, answering from ``jobs`` (task id -> state, reason); counts its calls."""
+
+    def __init__(self, **jobs: tuple[str, str]):
+        self.jobs = jobs
+        self.calls = 0
+
+    def __call__(self, ids):
+        self.calls += 1
+        return {k: JobState(k, *v) for k, v in self.jobs.items() if k.split("_")[0] in {i.split("_")[0] for i in ids}}
+
+
+def _agent(tmp_path, monkeypatch, fake, min_nodes, max_nodes=None, env=ARRAY, **conf):
+    for k in ("SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID", "SLURM_ARRAY_TASK_COUNT", "FSMINGLE_PEER_JOBS"):
+        monkeypatch.delenv(k, raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    h = handler.create_rdzv_handler(_params(tmp_path, min_nodes, max_nodes, **conf))
+    if fake is not None:
+        assert isinstance(h._op_executor, queuehold.HoldingExecutor)
+        h._op_executor.watch.query = fake
+    return h
+
+
+class Joining:
+    """``next_rendezvous`` in a thread: its result or its exception, and when it came."""
+
+    def __init__(self, h):
+        self.h, self.info, self.error, self.at = h, None, None, None
+        self.t0 = time.monotonic()
+        self.thread = threading.Thread(target=self._go, daemon=True)
+        self.thread.start()
+
+    def _go(self):
+        try:
+            self.info = self.h.next_rendezvous()
+        except BaseException as e:
+            self.error = e
+        self.at = time.monotonic() - self.t0
+
+    def wait(self, timeout=60):
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), "next_rendezvous did not return"
+        return self
+
+
+def test_pending_peer_holds_join_timeout_then_the_round_completes(tmp_path, monkeypatch):
+    fake = FakeScheduler(**{"77_1": ("PENDING", "JobHeldUser"), "77_2": ("PENDING", "Priority")})
+    a = Joining(_agent(tmp_path, monkeypatch, fake, 3, join_timeout=3))
+    time.sleep(8)  # past join_timeout + torch's 5 s rollback: without the hold, TimeoutError by now
+    assert a.at is None, a.error
+    fake.jobs["77_1"] = ("RUNNING", "None")
+    b = Joining(_agent(tmp_path, monkeypatch, None, 3, join_timeout=3, env={**ARRAY, "SLURM_ARRAY_TASK_ID": "1"}))
+    time.sleep(3)
+    assert a.at is None and b.at is None, (a.error, b.error)  # b reads a's findings: held too
+    fake.jobs["77_2"] = ("RUNNING", "None")
+    c = Joining(_agent(tmp_path, monkeypatch, None, 3, join_timeout=3, env={**ARRAY, "SLURM_ARRAY_TASK_ID": "2"}))
+    for j in (a, b, c):
+        j.wait()
+        assert j.error is None, j.error
+    assert sorted(j.info.rank for j in (a, b, c)) == [0, 1, 2]
+    for j in (a, b, c):
+        j.h.shutdown()
+
+
+def test_without_peer_jobs_join_timeout_runs_as_in_torch(tmp_path, monkeypatch):
+    from torch.distributed.elastic.rendezvous import RendezvousTimeoutError as TorchTimeout
+
+    h = _agent(tmp_path, monkeypatch, None, 2, env={"SLURM_JOB_ID": "78", "SLURM_NNODES": "1"}, join_timeout=1)
+    assert not isinstance(h._op_executor, queuehold.HoldingExecutor)
+    j = Joining(h).wait()
+    assert isinstance(j.error, TorchTimeout)
+    h.shutdown()
+
+
+def test_ended_peer_fails_every_waiting_agent_at_once_and_only_one_asks(tmp_path, monkeypatch):
+    fake_a = FakeScheduler(**{"77_1": ("RUNNING", "None"), "77_2": ("PENDING", "JobHeldUser")})
+    fake_b = FakeScheduler(**fake_a.jobs)
+    a = Joining(_agent(tmp_path, monkeypatch, fake_a, 3, join_timeout=600))
+    b = Joining(_agent(tmp_path, monkeypatch, fake_b, 3, join_timeout=600, env={**ARRAY, "SLURM_ARRAY_TASK_ID": "1"}))
+    time.sleep(3)
+    assert a.at is None and b.at is None
+    # The smallest participant asks, the other reads its findings (it may have asked once while
+    # it was alone in the state).
+    before = (fake_a.calls, fake_b.calls)
+    time.sleep(2)
+    grew = [f.calls - n for f, n in zip((fake_a, fake_b), before)]
+    assert sorted(grew)[0] == 0 and sorted(grew)[1] >= 2, grew
+    asker = fake_a if grew[0] else fake_b
+    asker.jobs["77_2"] = ("CANCELLED", "None")
+    for j in (a, b):
+        j.wait(20)
+        assert isinstance(j.error, PeerJobEndedError), j.error
+        assert "peer job 77_2 CANCELLED without joining" in str(j.error) and "77_1" not in str(j.error)
+        assert j.error.exit_code == 13
+        j.h.shutdown()
+
+
+def test_queue_timeout_bounds_the_hold(tmp_path, monkeypatch):
+    fake = FakeScheduler(**{"77_1": ("PENDING", "JobHeldUser"), "77_2": ("PENDING", "Resources")})
+    j = Joining(_agent(tmp_path, monkeypatch, fake, 3, join_timeout=1, queue_timeout="3")).wait()
+    assert isinstance(j.error, RendezvousTimeoutError), j.error
+    assert "job 77_1 PENDING (JobHeldUser)" in str(j.error) and "queue-timeout 3 s" in str(j.error)
+    j.h.shutdown()
+
+
+def test_once_min_joined_the_queue_holds_nothing(tmp_path, monkeypatch):
+    # --nnodes 1:3: the first agent alone is MIN; torch's last call completes the round
+    # although two peers are pending.
+    fake = FakeScheduler(**{"77_1": ("PENDING", "JobHeldUser"), "77_2": ("PENDING", "Resources")})
+    j = Joining(_agent(tmp_path, monkeypatch, fake, 1, 3, join_timeout=60, last_call_timeout=1)).wait()
+    assert j.error is None and j.info.world_size == 1
+    assert fake.calls == 0
+    j.h.shutdown()
+
+
+def test_conf_keys_are_the_options_rows(tmp_path, monkeypatch):
+    h = _agent(tmp_path, monkeypatch, None, 2, env={}, peer_jobs="4300:4301", queue_poll="7", queue_timeout="90")
+    w = h._op_executor.watch
+    assert (w.peers, w.interval, w.queue_timeout) == (("4300", "4301"), 7.0, 90.0)
+    h = _agent(tmp_path, monkeypatch, None, 2, env={}, peer_jobs="4242_[0:2-3]")
+    assert h._op_executor.watch.peers == ("4242_0", "4242_2", "4242_3")
+    # a job array's tasks by default, as for fsmingle run; none when the training fits in this job
+    assert _agent(tmp_path, monkeypatch, None, 3)._op_executor.watch.peers == ("77_1", "77_2")
+    assert not isinstance(_agent(tmp_path, monkeypatch, None, 1)._op_executor, queuehold.HoldingExecutor)
+    for bad, match in [
+        ({"peer_jobs": "4300:x"}, "'x' is not a job id"),
+        ({"queue_poll": "0"}, "--rdzv-conf queue_poll="),
+        ({"queue_timeout": "soon"}, "--rdzv-conf queue_timeout="),
+    ]:
+        with pytest.raises(ConfigError, match=match):
+            _agent(tmp_path, monkeypatch, None, 2, **bad)
