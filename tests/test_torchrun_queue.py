@@ -149,6 +149,20 @@ def test_ended_peer_fails_every_waiting_agent_at_once_and_only_one_asks(tmp_path
         j.h.shutdown()
 
 
+def test_an_ended_peer_with_a_spare_left_is_no_reason_to_fail(tmp_path, monkeypatch):
+    # a 3-task array for --nnodes 2: task 1 cancelled, task 2 still pending can take its place
+    fake = FakeScheduler(**{"77_1": ("CANCELLED", "None"), "77_2": ("PENDING", "Priority")})
+    a = Joining(_agent(tmp_path, monkeypatch, fake, 2, join_timeout=600))
+    time.sleep(3)
+    assert a.at is None and fake.calls >= 2, a.error
+    fake.jobs["77_2"] = ("RUNNING", "None")
+    c = Joining(_agent(tmp_path, monkeypatch, None, 2, join_timeout=600, env={**ARRAY, "SLURM_ARRAY_TASK_ID": "2"}))
+    for j in (a, c):
+        j.wait()
+        assert j.error is None, j.error
+        j.h.shutdown()
+
+
 def test_queue_timeout_bounds_the_hold(tmp_path, monkeypatch):
     fake = FakeScheduler(**{"77_1": ("PENDING", "JobHeldUser"), "77_2": ("PENDING", "Resources")})
     j = Joining(_agent(tmp_path, monkeypatch, fake, 3, join_timeout=1, queue_timeout="3")).wait()

@@ -463,5 +463,8 @@ def create_rdzv_handler(params: RendezvousParameters) -> FsRendezvousHandler:
     h._fs_setup(backend, c.read_timeout, c.store)
     watch = queue_watch(params.config, os.environ, params.max_nodes)
     if watch is not None:  # peer jobs in the scheduler's queue hold join_timeout (queuehold's doc)
-        h._op_executor = HoldingExecutor(h._op_executor, watch, store, backend, run_id)
+        per_job = os.environ.get("SLURM_NNODES", "")
+        h._op_executor = HoldingExecutor(
+            h._op_executor, watch, store, backend, run_id, int(per_job) if per_job.isdigit() else 1
+        )
     return h

@@ -18,8 +18,9 @@ Here the same :class:`~fsmingle.rendezvous.queue.QueueWatch` holds torch's ``joi
   seconds, in a thread) and writes its findings to ``queue.json`` in the run directory when they
   change; the other agents read that one file at most every ``min(queue_poll, 5)`` seconds.
   Findings of a writer that is no longer a participant, of another lineage or round, are ignored.
-* **An ended peer job** (CANCELLED, FAILED, ...) fails every waiting agent's rendezvous at once
-  with :class:`fsmingle.errors.PeerJobEndedError` (exit code 13 for ``fsmingle``, the same error
+* **An ended peer job** (CANCELLED, FAILED, ...), when the peer jobs that have not ended can no
+  longer bring ``MIN`` nodes (``SLURM_NNODES`` agents per job: a spare job, or enough peers for an
+  elastic ``MIN``, keep the wait going), fails every waiting agent's rendezvous at once with :class:`fsmingle.errors.PeerJobEndedError` (exit code 13 for ``fsmingle``, the same error
   ``fsmingle run`` raises), naming job, state and reason.  Not a torch ``RendezvousError``
   subclass: torch's agent treats every exception out of ``next_rendezvous`` alike except
   ``RendezvousGracefulExitError`` (a quiet exit, wrong here), so a torch class would change
@@ -37,7 +38,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .. import options
-from ..rendezvous.queue import QueueWatch, peers_from_env
+from ..rendezvous.queue import ENDED, QueueWatch, peers_from_env
 from ._torch_private import JoinOp
 
 log = logging.getLogger("fsmingle.torchrun")
@@ -95,12 +96,15 @@ class HoldingExecutor:
         store (Store): the run directory (``queue.json``).
         backend: :class:`~fsmingle.torchrun.backend.FsRendezvousBackend` (its ``epoch``).
         run_id (str): for messages.
+        nodes_per_job (int): agents each peer job brings (this job's ``SLURM_NNODES``).
         clock: monotonic seconds.
     """
 
-    def __init__(self, inner: Any, watch: QueueWatch, store: Any, backend: Any, run_id: str, clock=time.monotonic):
+    def __init__(
+        self, inner, watch: QueueWatch, store, backend, run_id: str, nodes_per_job: int = 1, clock=time.monotonic
+    ):
         self._inner, self.watch, self._store, self._backend, self._clock = inner, watch, store, backend, clock
-        self._run_id = run_id
+        self._run_id, self._nodes_per_job = run_id, max(1, nodes_per_job)
         self._published: dict | None = None
         self._read_at = float("-inf")
         self._logged: tuple = ()
@@ -132,6 +136,8 @@ class HoldingExecutor:
                 # Agents do not say which job they belong to; a RUNNING peer job's agent has joined or
                 # is starting (join_timeout's business, not the queue's): count it as here.
                 q.judge({q.mine} | {k for k, j in q.jobs.items() if j.state == "RUNNING"}, nmissing)
+                if q.ended and self._reachable(ctx.settings.min_nodes):
+                    q.ended = ""  # a spare or the other peers can still make MIN: not a reason to fail
                 self._publish(state, ctx.node)
             else:
                 self._read(state, now)
@@ -145,6 +151,12 @@ class HoldingExecutor:
             log.warning("waiting for peer jobs in the scheduler's queue: %s", "; ".join(q.lines))
         self._logged = tuple(q.lines)
         q.tick(held, now, waiting)
+
+    def _reachable(self, min_nodes: int) -> bool:
+        """Whether the peer jobs that have not ended (and this one) can still bring ``MIN`` nodes,
+        counting ``nodes_per_job`` agents per job (one torchrun per node)."""
+        alive = [j for j in self.watch.jobs.values() if j.state not in ENDED and j.id != self.watch.mine]
+        return (len(alive) + 1) * self._nodes_per_job >= min_nodes
 
     def _publish(self, state: Any, me: Any) -> None:
         doc = {**self.watch.as_wire(), "epoch": self._backend.epoch, "round": state.round, "writer": str(me)}
