@@ -20,11 +20,15 @@ Here the same :class:`~fsmingle.rendezvous.queue.QueueWatch` holds torch's ``joi
   Findings of a writer that is no longer a participant, of another lineage or round, are ignored.
 * **An ended peer job** (CANCELLED, FAILED, ...), when the peer jobs that have not ended can no
   longer bring ``MIN`` nodes (``SLURM_NNODES`` agents per job: a spare job, or enough peers for an
-  elastic ``MIN``, keep the wait going), fails every waiting agent's rendezvous at once with :class:`fsmingle.errors.PeerJobEndedError` (exit code 13 for ``fsmingle``, the same error
-  ``fsmingle run`` raises), naming job, state and reason.  Not a torch ``RendezvousError``
+  elastic ``MIN``, keep the wait going), fails every waiting agent's rendezvous at once with
+  :class:`fsmingle.errors.PeerJobEndedError` (exit code 13 for ``fsmingle``, the same error
+  ``fsmingle run`` raises), naming job, state and reason.  An agent that sees the run closed
+  (the asker failed first and closed it at shutdown) reads ``queue.json`` once more to say why.  Not a torch ``RendezvousError``
   subclass: torch's agent treats every exception out of ``next_rendezvous`` alike except
   ``RendezvousGracefulExitError`` (a quiet exit, wrong here), so a torch class would change
   nothing in torch's handling, and one cause keeps one error class across both faces.
+* A RUNNING peer job counts as joining (agents do not say which job they belong to; its agent is
+  starting): ``join_timeout`` runs for it as in torch.
 * ``queue_timeout`` bounds the held time: after it the wait fails with
   :class:`fsmingle.errors.RendezvousTimeoutError` naming the pending jobs.
 """
