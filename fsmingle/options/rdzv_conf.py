@@ -15,7 +15,8 @@ from .values import _is_local, local_addresses
 
 
 def from_rdzv_conf(conf: Mapping[str, Any]) -> dict[str, Any]:
-    """Parse the torchrun ``--rdzv-conf`` keys that are fsmingle options (``addr``, ``iface``, ``addr_not_local``).
+    """Parse the torchrun ``--rdzv-conf`` keys that are fsmingle options (``addr``, ``iface``, ``addr_not_local``,
+    ``peer_jobs``, ``queue_timeout``, ``queue_poll``).
 
     Args:
         conf (Mapping[str, Any]): torch's ``RendezvousParameters.config``.

@@ -46,18 +46,20 @@ ENDED = frozenset(
         "GONE",  # ours: reported before, now unknown to squeue and sacct (purged after it ended)
     }
 )
-_ID = re.compile(r"^(\d+)(?:_(\d+|\[[0-9,\-%]+\]))?$")
+_ID = re.compile(r"^(\d+)(?:_(\d+|\[[0-9,:\-%]+\]))?$")
 
 
 def parse_peer_jobs(spec: str) -> tuple[str, ...]:
-    """``--peer-jobs``: job ids and array expressions, comma- or space-separated:
+    """``--peer-jobs``: job ids and array expressions, comma-, colon- or space-separated:
     ``4300,4301``, ``4242_[0-3]``, ``4242_[1,3-5]``, ``4242`` (a whole array or one job).
+    Colons because torchrun's ``--rdzv-conf`` splits its value on commas: ``peer_jobs=4300:4301``,
+    ``peer_jobs=4242_[1:3-5]``.
 
     Raises:
         ConfigError: an entry that is not one of these.
     """
     out: list[str] = []
-    for tok in re.findall(r"\d+_\[[^\]]*\]|[^\s,]+", spec or ""):
+    for tok in re.findall(r"\d+_\[[^\]]*\]|[^\s,:]+", spec or ""):
         m = _ID.match(tok)
         if not m:
             raise ConfigError(f"--peer-jobs: {tok!r} is not a job id (4242), a task (4242_3) or an array (4242_[0-3])")
@@ -65,7 +67,7 @@ def parse_peer_jobs(spec: str) -> tuple[str, ...]:
         if task is None or not task.startswith("["):
             out.append(tok)
             continue
-        for part in task[1:-1].split("%")[0].split(","):
+        for part in re.split(r"[,:]", task[1:-1].split("%")[0]):
             lo, _, hi = part.partition("-")
             if not lo.isdigit() or (hi and not hi.isdigit()) or int(hi or lo) - int(lo) > 100_000:
                 raise ConfigError(f"--peer-jobs: {tok!r}: {part!r} is not a task index or range")

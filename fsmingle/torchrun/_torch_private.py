@@ -27,6 +27,7 @@ MODULE_NAMES = {
     "_RendezvousState": "the state the backend stores as JSON (codec)",
     "_RendezvousContext": "argument of the close/leave operations (handler)",
     "_Action": "results of the close/leave operations (handler)",
+    "_RendezvousJoinOp": "the join operation whose deadline peer jobs in the queue hold (queuehold)",
 }
 
 # _Action members returned by fsmingle's own operations (handler)
@@ -55,7 +56,7 @@ HANDLER_ATTRIBUTES = {
     "_this_node": "this agent's node descriptor",
     "_settings": "run id and timeouts",
     "_state_holder": "the state of the round just joined",
-    "_op_executor": "runs the close/leave operations",
+    "_op_executor": "runs the close/leave operations; wrapped to hold the join deadline (queuehold)",
     "_heartbeat_lock": "serialises shutdown with keep-alives",
     "_bootstrap_store_info": "reset every round (new TCPStore per round)",
     "_shared_tcp_store_server": "reset every round (new TCPStore per round)",
@@ -130,10 +131,12 @@ NodeDesc = _require("_NodeDesc")
 RendezvousState = _require("_RendezvousState")
 RendezvousContext = _require("_RendezvousContext")
 Action = _require("_Action")
+JoinOp = _require("_RendezvousJoinOp")
 
 __all__ = [
     "DR_MODULE",
     "Action",
+    "JoinOp",
     "NodeDesc",
     "RendezvousContext",
     "RendezvousState",

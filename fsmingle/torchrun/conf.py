@@ -8,7 +8,8 @@ Two kinds of keys:
   They have no ``fsmingle run`` counterpart (``--timeout`` bounds a whole
   rendezvous of the beacon protocol, ``join_timeout`` torch's round), so they
   are declared here and not in :mod:`fsmingle.options`.
-* Keys that are fsmingle options (``addr``, ``iface``, ``addr_not_local``):
+* Keys that are fsmingle options (``addr``, ``iface``, ``addr_not_local``, ``peer_jobs``,
+  ``queue_timeout``, ``queue_poll``):
   parsed by :func:`fsmingle.options.from_rdzv_conf`, the one declaration the
   CLI and the Python API use too.
 
@@ -144,5 +145,13 @@ def markdown_table() -> str:
     rows.append(f"| `store` | tcp | {STORE_HELP} |")
     for o in options.OPTIONS:
         if o.conf_key:
-            rows.append(f"| `{o.conf_key}` | — | {o.help} |")
+            rows.append(f"| `{o.conf_key}` | {_shown_default(o)} | {o.help} |")
     return "\n".join(rows) + "\n"
+
+
+def _shown_default(o: options.Option) -> str:
+    if o.default_text:
+        return o.default_text
+    if isinstance(o.default, bool):
+        return str(o.default).lower()
+    return "—" if o.default is None else f"{o.default:g}" if isinstance(o.default, float) else str(o.default)

@@ -40,6 +40,7 @@ from ._torch_private import Action, RendezvousContext
 from .backend import FsRendezvousBackend, sleep_jitter
 from .codec import StoreAddress
 from .heartbeat import HeartbeatWriter
+from .queuehold import HoldingExecutor, queue_watch
 from .storeaddr import StoreAddressBoard
 
 __all__ = ["FsRendezvousHandler", "create_rdzv_handler", "handler"]
@@ -216,8 +217,13 @@ class FsRendezvousHandler(DynamicRendezvousHandler):
                 exited), or an earlier run with this id stayed closed with live
                 members for ``join_timeout`` seconds.
             RendezvousTimeoutError: the round did not complete within
-                ``join_timeout`` seconds, or rank 0's store address did not
-                appear within ``read_timeout`` seconds.
+                ``join_timeout`` seconds (not counting time held by peer jobs
+                pending in the scheduler's queue), or rank 0's store address did
+                not appear within ``read_timeout`` seconds; fsmingle's
+                ``RendezvousTimeoutError`` when peer jobs stayed pending past
+                ``queue_timeout`` seconds.
+            PeerJobEndedError: a peer job ended without joining while fewer
+                than ``MIN`` nodes had joined (names job, state and reason).
             RendezvousGracefulExitError: this node was redundant (``max``
                 reached) and the run closed.
             RendezvousStateError: the state on disk is corrupt.
@@ -413,7 +419,8 @@ def create_rdzv_handler(params: RendezvousParameters) -> FsRendezvousHandler:
     Raises:
         ConfigError: the endpoint is missing or not an absolute path, the run
             id is not a safe directory name, a ``--rdzv-conf`` value is not an
-            integer or out of range, or ``addr``/``iface`` is invalid.
+            integer or out of range, ``addr``/``iface`` is invalid, or
+            ``peer_jobs``/``queue_timeout``/``queue_poll`` is refused by its option.
         StorageError: the endpoint's parent does not exist (shared filesystem
             not mounted?) or the directory cannot be created or written.
         UnsafeDirectoryError: the endpoint is world-writable without the
@@ -454,4 +461,10 @@ def create_rdzv_handler(params: RendezvousParameters) -> FsRendezvousHandler:
     )
     assert isinstance(h, FsRendezvousHandler)
     h._fs_setup(backend, c.read_timeout, c.store)
+    watch = queue_watch(params.config, os.environ, params.max_nodes)
+    if watch is not None:  # peer jobs in the scheduler's queue hold join_timeout (queuehold's doc)
+        per_job = os.environ.get("SLURM_NNODES", "")
+        h._op_executor = HoldingExecutor(
+            h._op_executor, watch, store, backend, run_id, int(per_job) if per_job.isdigit() else 1
+        )
     return h
