@@ -18,7 +18,8 @@ fresh private UTS + mount namespace, where it has
 Inside a host there is NO default route (only ``lo`` and ``eth0``): a tool that
 picks its own address by "route to 8.8.8.8" must fall back to ``eth0``.
 
-``SlurmCluster`` runs a real Slurm (munged + slurmctld + one slurmd per host)
+``SlurmCluster`` runs a real Slurm (munged + slurmctld + one slurmd per host;
+with ``accounting=True`` also slurmdbd on a MariaDB of its own, for ``sacct``)
 on top of such a cluster; ``sbatch``/``wait``/``output`` drive it.
 
 Network rule: traffic goes only to loopback and to namespaces created here.
@@ -1466,7 +1467,8 @@ _MARIADB_TUNING = [
 
 
 class SlurmCluster:
-    """A real Slurm (munged, slurmctld, one slurmd per host) on a ``Cluster``.
+    """A real Slurm (munged, slurmctld, one slurmd per host; slurmdbd and MariaDB on ``ctl`` with
+    ``accounting``) on a ``Cluster``.
 
     The "login node" is the ``ctl`` namespace: ``sbatch``/``scontrol`` run there
     (``nsenter --net``) with ``SLURM_CONF`` set.  Jobs inherit the submit

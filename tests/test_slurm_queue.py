@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from cluster import PYTHON_BIN, SlurmCluster, require_capabilities
+from cluster import KEEP_ENV, PYTHON_BIN, SlurmCluster, require_capabilities
 from helpers import REPO, run_cli, slurm_job_env, wait_for
 
 from fsmingle.rendezvous.queue import ENDED
@@ -40,6 +40,10 @@ def slurm_acct():
     with SlurmCluster(3, accounting=True, min_job_age=2) as s:
         print(f"Slurm with accounting up in {s.setup_seconds:.1f} s (MariaDB + slurmdbd: {s.accounting_seconds:.1f} s)")
         yield s
+    # torn down with the cluster: no database daemon left, its datadir and socket gone with the work dir
+    left = {name: p.pid for name, p in s.daemons.items() if name in ("mariadbd", "slurmdbd") and p.poll() is None}
+    assert not left, left
+    assert os.environ.get(KEEP_ENV) == "1" or not s.db_socket.parent.exists(), s.db_socket
 
 
 def _env(s, **extra) -> dict:
