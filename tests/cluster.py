@@ -18,7 +18,8 @@ fresh private UTS + mount namespace, where it has
 Inside a host there is NO default route (only ``lo`` and ``eth0``): a tool that
 picks its own address by "route to 8.8.8.8" must fall back to ``eth0``.
 
-``SlurmCluster`` runs a real Slurm (munged + slurmctld + one slurmd per host)
+``SlurmCluster`` runs a real Slurm (munged + slurmctld + one slurmd per host;
+with ``accounting=True`` also slurmdbd on a MariaDB of its own, for ``sacct``)
 on top of such a cluster; ``sbatch``/``wait``/``output`` drive it.
 
 Network rule: traffic goes only to loopback and to namespaces created here.
@@ -102,8 +103,9 @@ def _sh(argv: Sequence[str], check: bool = True, timeout: float = 30, **kw) -> s
     return p
 
 
-def missing_capabilities(slurm: bool = False, fs: str = "bindfs") -> list[str]:
-    """What this machine lacks to build a cluster on filesystem ``fs`` (empty list: all present)."""
+def missing_capabilities(slurm: bool = False, fs: str = "bindfs", accounting: bool = False) -> list[str]:
+    """What this machine lacks to build a cluster on filesystem ``fs`` (empty list: all present);
+    ``accounting``: a Slurm with slurmdbd and MariaDB (``SlurmCluster(accounting=True)``)."""
     missing = []
     if os.geteuid() != 0:
         missing.append("root (network namespaces and mounts)")
@@ -114,6 +116,8 @@ def missing_capabilities(slurm: bool = False, fs: str = "bindfs") -> list[str]:
         missing.append("fusermount (package fuse3)")
     if slurm:
         tools += ["munged", "slurmctld", "slurmd", "sbatch", "scontrol", "srun"]
+    if accounting:
+        tools += ["slurmdbd", "sacct", "sacctmgr", "mariadbd", "mariadb-install-db"]
     if fs != "bindfs":
         tools += fs_tools(fs)
     if fs == "s3fs" and not os.access(moto_server_path(), os.X_OK):
@@ -124,9 +128,9 @@ def missing_capabilities(slurm: bool = False, fs: str = "bindfs") -> list[str]:
     return missing
 
 
-def require_capabilities(slurm: bool = False, fs: str = "bindfs") -> None:
+def require_capabilities(slurm: bool = False, fs: str = "bindfs", accounting: bool = False) -> None:
     """pytest.skip (or fail if $FSMINGLE_REQUIRE_CLUSTER=1) naming what is missing."""
-    missing = missing_capabilities(slurm, fs)
+    missing = missing_capabilities(slurm, fs, accounting)
     if missing:
         msg = "cluster-on-one-machine needs: " + ", ".join(missing)
         if os.environ.get(REQUIRE_ENV) == "1":
@@ -1448,8 +1452,23 @@ def _parse_scontrol(text: str) -> list[dict]:
     return jobs
 
 
+# slurmdbd's port (its default) on ctl's address: ctl is a network namespace of its own, so runs
+# side by side do not collide.
+DBD_PORT = 6819
+
+# InnoDB sized for a test database, without fsyncs (its data dies with the cluster): the datadir
+# is made in 1.6 s instead of 3.7 s here.
+_MARIADB_TUNING = [
+    "--innodb-log-file-size=4M",
+    "--innodb-buffer-pool-size=16M",
+    "--innodb-flush-method=nosync",
+    "--innodb-doublewrite=0",
+]
+
+
 class SlurmCluster:
-    """A real Slurm (munged, slurmctld, one slurmd per host) on a ``Cluster``.
+    """A real Slurm (munged, slurmctld, one slurmd per host; slurmdbd and MariaDB on ``ctl`` with
+    ``accounting``) on a ``Cluster``.
 
     The "login node" is the ``ctl`` namespace: ``sbatch``/``scontrol`` run there
     (``nsenter --net``) with ``SLURM_CONF`` set.  Jobs inherit the submit
@@ -1457,8 +1476,21 @@ class SlurmCluster:
     namespaces with its hostname and see the shared directory at ``cluster.shared``.
     """
 
-    def __init__(self, n_nodes: int = 3, cluster: Cluster | None = None, cpus_per_node: int = 2, **cluster_kw):
+    def __init__(
+        self,
+        n_nodes: int = 3,
+        cluster: Cluster | None = None,
+        cpus_per_node: int = 2,
+        accounting: bool = False,
+        min_job_age: int = 3600,
+        **cluster_kw,
+    ):
+        """``accounting``: also run MariaDB and slurmdbd on ``ctl`` (``sacct`` works; see
+        :meth:`_start_accounting`).  ``min_job_age``: seconds slurmctld keeps an ended job
+        (``squeue``/``scontrol show job``; Slurm's least is 2); :meth:`jobs` and :meth:`wait`
+        need it above the test's polling, so keep the default unless a test wants jobs purged."""
         self._own_cluster = cluster is None
+        self.accounting, self.min_job_age = accounting, min_job_age
         self.cluster = cluster or Cluster(n_nodes, extra_hosts=["ctl"], **cluster_kw)
         if "ctl" not in self.cluster.extra_names:
             raise ValueError("the Cluster must be created with extra_hosts=['ctl']")
@@ -1467,6 +1499,8 @@ class SlurmCluster:
         self.conf = self.dir / "slurm.conf"
         self.outdir = self.dir / "out"
         self.munge_socket = self.dir / "munge" / "munge.socket"
+        self.db_socket = self.dir / "mariadb" / "mariadb.sock"
+        self.accounting_seconds: float | None = None  # start-up cost of MariaDB + slurmdbd
         self.daemons: dict[str, subprocess.Popen] = {}
         self._nscript = 0
         self._closed = False
@@ -1500,6 +1534,8 @@ class SlurmCluster:
         try:
             self._start_munge()
             self._write_conf()
+            if self.accounting:  # before slurmctld, which registers with slurmdbd when it starts
+                self._start_accounting(probe_timeout)
             self.daemons["slurmctld"] = self.ctl.popen(
                 [_which("slurmctld"), "-D", "-i", "-f", str(self.conf)],
                 stdout=open(self.dir / "slurmctld.stdout", "w"),
@@ -1581,12 +1617,22 @@ class SlurmCluster:
             "SelectTypeParameters=CR_Core",
             "SchedulerParameters=batch_sched_delay=0",
             "JobAcctGatherType=jobacct_gather/none",
-            "AccountingStorageType=accounting_storage/none",
+            *(
+                [
+                    "AccountingStorageType=accounting_storage/slurmdbd",
+                    f"AccountingStorageHost={self.ctl.ip}",
+                    f"AccountingStoragePort={DBD_PORT}",
+                    # the munge socket of clients' messages to slurmdbd (AuthInfo covers slurmctld's)
+                    f"AccountingStoragePass={self.munge_socket}",
+                ]
+                if self.accounting
+                else ["AccountingStorageType=accounting_storage/none"]
+            ),
             "JobCompType=jobcomp/none",
             "MpiDefault=none",
             "SlurmdParameters=config_overrides",
             "ReturnToService=2",
-            "MinJobAge=3600",
+            f"MinJobAge={self.min_job_age}",
             "KillWait=2",
             "InactiveLimit=0",
             "MailProg=/bin/true",
@@ -1601,6 +1647,89 @@ class SlurmCluster:
         lines.append("PartitionName=debug Nodes=ALL Default=YES State=UP MaxTime=INFINITE")
         self.conf.write_text("\n".join(lines) + "\n")
         self.conf.chmod(0o644)
+
+    def _start_accounting(self, timeout: float) -> None:
+        """MariaDB (its own datadir and socket under ``dir``, no TCP port) and slurmdbd (port
+        ``DBD_PORT`` on ctl's address, in ctl's network namespace), both on ``ctl``; returns once
+        ``sacctmgr`` gets an answer from slurmdbd.  Stopped with the other daemons."""
+        t0 = time.monotonic()
+        d = self.db_socket.parent
+        d.mkdir()
+        datadir = d / "data"
+        _sh(
+            [
+                _which("mariadb-install-db"),
+                "--no-defaults",
+                f"--datadir={datadir}",
+                "--user=root",
+                "--auth-root-authentication-method=normal",  # root, no password, over the socket
+                "--skip-test-db",
+                *_MARIADB_TUNING,
+            ],
+            timeout=120,
+        )
+        self.daemons["mariadbd"] = self.ctl.popen(
+            [
+                _which("mariadbd"),
+                "--no-defaults",
+                "--user=root",
+                f"--datadir={datadir}",
+                f"--socket={self.db_socket}",
+                "--skip-networking",  # the socket only: no port to collide with another run
+                f"--pid-file={d / 'mariadbd.pid'}",
+                f"--log-error={self.dir / 'mariadbd.log'}",
+                *_MARIADB_TUNING,
+            ],
+            stdout=open(self.dir / "mariadbd.stdout", "w"),
+            stderr=subprocess.STDOUT,
+        )
+        self._wait_until(lambda: self.db_socket.exists(), 60, "mariadbd", "mariadbd.log")
+        conf = self.dir / "slurmdbd.conf"  # slurmdbd reads it next to $SLURM_CONF; it insists on 0600
+        conf.write_text(
+            "\n".join(
+                [
+                    "AuthType=auth/munge",
+                    f"AuthInfo=socket={self.munge_socket}",
+                    "DbdHost=ctl",  # slurmdbd checks it against its hostname
+                    f"DbdAddr={self.ctl.ip}",
+                    f"DbdPort={DBD_PORT}",
+                    "SlurmUser=root",
+                    f"PidFile={self.dir / 'slurmdbd.pid'}",
+                    f"LogFile={self.dir / 'slurmdbd.log'}",
+                    "DebugLevel=info",
+                    "StorageType=accounting_storage/mysql",
+                    "StorageHost=localhost",  # localhost: libmariadb takes $MYSQL_UNIX_PORT
+                    "StorageUser=root",
+                    "StorageLoc=slurm_acct_db",
+                ]
+            )
+            + "\n"
+        )
+        conf.chmod(0o600)
+        self.daemons["slurmdbd"] = self.ctl.popen(
+            [_which("slurmdbd"), "-D"],
+            env={"SLURM_CONF": str(self.conf), "MYSQL_UNIX_PORT": str(self.db_socket)},
+            stdout=open(self.dir / "slurmdbd.stdout", "w"),
+            stderr=subprocess.STDOUT,
+        )
+
+        def answers() -> bool:
+            p = self.login(["sacctmgr", "-n", "-P", "list", "cluster", "format=cluster"], timeout=5)
+            return p.returncode == 0
+
+        self._wait_until(answers, timeout, "slurmdbd", "slurmdbd.log")
+        self.accounting_seconds = time.monotonic() - t0
+
+    def _wait_until(self, ready: Callable[[], bool], timeout: float, daemon: str, log: str) -> None:
+        """Poll ``ready`` until true; RuntimeError with ``log``'s tail if ``daemon`` exits or
+        ``timeout`` seconds pass first."""
+        deadline = time.monotonic() + timeout
+        while not ready():
+            p = self.daemons[daemon]
+            if p.poll() is not None or time.monotonic() > deadline:
+                state = f"exited rc={p.returncode}" if p.returncode is not None else f"not ready after {timeout} s"
+                raise RuntimeError(f"{daemon} {state}:\n" + self._tail(log) + self._tail(f"{daemon}.stdout"))
+            time.sleep(0.05)
 
     def _probe(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout

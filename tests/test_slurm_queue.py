@@ -3,6 +3,9 @@
 slurm/join_job.sbatch is submitted unchanged as a 3-task array with every task held
 (``sbatch --hold``); the test releases tasks one by one with ``scontrol release`` as an operator
 would.  Timeouts are seconds-scale (FSMINGLE_TIMEOUT=10, FSMINGLE_QUEUE_POLL=1).
+
+The last tests run on a second Slurm with accounting (slurmdbd on MariaDB) and ``MinJobAge=2``:
+a peer job that ended leaves squeue within seconds, and only ``sacct`` still knows it.
 """
 
 from __future__ import annotations
@@ -13,7 +16,10 @@ import time
 from pathlib import Path
 
 import pytest
+from cluster import KEEP_ENV, PYTHON_BIN, SlurmCluster, require_capabilities
 from helpers import REPO, run_cli, slurm_job_env, wait_for
+
+from fsmingle.rendezvous.queue import ENDED
 
 pytest.importorskip("torch")
 
@@ -25,6 +31,19 @@ RUN_TIMEOUT = 150
 @pytest.fixture(scope="module")
 def slurm(slurm_cluster_module):
     return slurm_cluster_module
+
+
+@pytest.fixture(scope="module")
+def slurm_acct():
+    """3-node Slurm with accounting whose ended jobs leave squeue after 2 s (MinJobAge=2)."""
+    require_capabilities(slurm=True, accounting=True)
+    with SlurmCluster(3, accounting=True, min_job_age=2) as s:
+        print(f"Slurm with accounting up in {s.setup_seconds:.1f} s (MariaDB + slurmdbd: {s.accounting_seconds:.1f} s)")
+        yield s
+    # torn down with the cluster: no database daemon left, its datadir and socket gone with the work dir
+    left = {name: p.pid for name, p in s.daemons.items() if name in ("mariadbd", "slurmdbd") and p.poll() is None}
+    assert not left, left
+    assert os.environ.get(KEEP_ENV) == "1" or not s.db_socket.parent.exists(), s.db_socket
 
 
 def _env(s, **extra) -> dict:
@@ -137,18 +156,21 @@ def test_cancelled_pending_task_fails_everyone_at_once(slurm):
         assert f"peer job {jid}_2 CANCELLED" in text, text[-3000:]
 
 
-def test_no_squeue_on_path_is_todays_timeout_with_one_warning(slurm, tmp_path):
-    """The jobs' PATH has every command but squeue and sacct: a held peer no longer holds the
-    timeout; one warning says why."""
-    from cluster import PYTHON_BIN
-
+def _path_without(tmp_path: Path, *hidden: str) -> str:
+    """A PATH for jobs with this Python first and every system command but ``hidden``."""
     shadow = tmp_path / "bin"
     shadow.mkdir()
     for d in ("/usr/local/bin", "/usr/bin", "/usr/sbin"):
         for name in os.listdir(d):
-            if name not in ("squeue", "sacct") and not (shadow / name).exists():
+            if name not in hidden and not (shadow / name).exists():
                 (shadow / name).symlink_to(os.path.join(d, name))
     shadow.chmod(0o755)
+    return f"{PYTHON_BIN}:{shadow}"
+
+
+def test_no_squeue_on_path_is_todays_timeout_with_one_warning(slurm, tmp_path):
+    """The jobs' PATH has every command but squeue and sacct: a held peer no longer holds the
+    timeout; one warning says why."""
     argv = [
         "sbatch",
         "--parsable",
@@ -158,7 +180,9 @@ def test_no_squeue_on_path_is_todays_timeout_with_one_warning(slurm, tmp_path):
         f"--chdir={slurm.cluster.shared}",
         str(REPO / "slurm" / "join_job.sbatch"),
     ]
-    p = slurm.login(argv, env=_env(slurm, PATH=f"{PYTHON_BIN}:{shadow}", FSMINGLE_TIMEOUT=4), timeout=15)
+    p = slurm.login(
+        argv, env=_env(slurm, PATH=_path_without(tmp_path, "squeue", "sacct"), FSMINGLE_TIMEOUT=4), timeout=15
+    )
     assert p.returncode == 0, p.stderr
     jid = p.stdout.strip().split(";")[0]
     _scontrol(slurm, "release", f"{jid}_0")
@@ -169,3 +193,85 @@ def test_no_squeue_on_path_is_todays_timeout_with_one_warning(slurm, tmp_path):
     assert text.count("cannot ask the scheduler about peer jobs (squeue is not on PATH)") == 1, text[-3000:]
     print(f"task 0 failed {time.monotonic() - t0:.1f} s after its release")
     slurm.login(["scancel", jid], timeout=15)
+
+
+# ---------------------------------------------------------------- ended peers purged from squeue: sacct
+
+
+def _squeue(s, jid: str) -> tuple[int, str]:
+    """(exit code, one line per job or task: ``id|state|reason`` or squeue's error) of ``squeue -j``."""
+    p = s.login(["squeue", "-h", "-r", "-t", "all", "-j", jid, "-o", "%i|%T|%r"], timeout=15)
+    return p.returncode, (p.stdout + p.stderr).strip()
+
+
+def _sacct(s, jid: str) -> dict[str, tuple[str, str, str]]:
+    """``{job or task id: (state, reason, exit code)}`` as sacct reports ``jid``."""
+    p = s.login(["sacct", "-n", "-X", "-P", "-j", jid, "-o", "JobID,State,Reason,ExitCode"], timeout=15)
+    rows = [line.split("|") for line in p.stdout.splitlines()]
+    return {r[0]: (r[1].split()[0], r[2], r[3]) for r in rows if len(r) == 4}
+
+
+def _wait_purged(s, jid: str) -> None:
+    """Until slurmctld forgot ``jid`` (an ended job, after MinJobAge) and only sacct knows it."""
+    wait_for(lambda: _squeue(s, jid) == (1, "slurm_load_jobs error: Invalid job id specified"), 60, f"{jid} purged")
+    assert _sacct(s, jid), f"sacct does not know job {jid}"
+
+
+def _submit_node(s, name: str, nnodes: int, peers: str, **extra) -> str:
+    """One node of a training made of separate jobs (slurm/join_job.sbatch), ``peers`` its peer jobs."""
+    env = _env(s, FSMINGLE_JOB_ID=name, NNODES=nnodes, FSMINGLE_PEER_JOBS=peers, FSMINGLE_TIMEOUT=100, **extra)
+    return s.sbatch(REPO / "slurm" / "join_job.sbatch", env=env)
+
+
+def _wait_failed_13(s, jid: str, timeout: float) -> str:
+    """Until sacct says job ``jid`` ended; asserts it FAILED with exit code 13; returns its output."""
+    got = wait_for(lambda: (lambda j: j if j and j[0] in ENDED else None)(_sacct(s, jid).get(jid)), timeout, "end")
+    text = (Path(s.outdir) / f"slurm-{jid}.out").read_text(errors="replace")
+    assert got[0] == "FAILED" and got[2] == "13:0", (got, text[-3000:])
+    return text
+
+
+def test_peers_that_ended_and_left_squeue_fail_the_first_node_at_once(slurm_acct):
+    """Every peer job ended and was purged from squeue before the training's first node starts: a
+    held array cancelled whole (sacct has one line, ``<id>_[0-1]``, and answers only about the
+    array), a job that COMPLETED without joining, and a whole array whose tasks FAILED.  sacct
+    reports them: the node exits 13 long before its --timeout (100 s), naming each one."""
+    s = slurm_acct
+    held = s.sbatch("#!/bin/sh\nsleep 300\n", "--hold", "--array=0-1")
+    # the reason reaches slurmdbd with the job's first record, a second or two after squeue shows it
+    wait_for(lambda: "JobHeldUser" in str(_sacct(s, held)), 30, "the held array's reason in sacct")
+    assert s.login(["scancel", held], timeout=15).returncode == 0
+    done = s.sbatch("#!/bin/sh\ntrue\n")
+    failed = s.sbatch("#!/bin/sh\nexit 3\n", "--array=0-1")
+    for jid in (held, done, failed):
+        _wait_purged(s, jid)
+    assert f"{held}_[0-1]" in _sacct(s, held) and _sacct(s, f"{held}_1") == {}  # what squeue() expands
+    node = _submit_node(s, "ended-peers", 4, f"{held}_1,{done},{failed}")
+    text = _wait_failed_13(s, node, 60)
+    assert "timed out" not in text, text[-3000:]
+    for want in (
+        f"peer job {held}_1 CANCELLED (JobHeldUser) without joining",
+        f"peer job {done} COMPLETED without joining",
+        f"peer job {failed}_0 FAILED without joining",
+        f"peer job {failed}_1 FAILED without joining",
+    ):
+        assert want in text, text[-3000:]
+
+
+def test_peer_seen_pending_then_unknown_to_squeue_and_sacct_counts_as_ended(slurm_acct, tmp_path):
+    """The rule for a cluster without accounting: the node's PATH has no sacct; rank 0 saw its peer
+    PENDING, the peer is cancelled and purged from squeue before rank 0's next query (every
+    FSMINGLE_QUEUE_POLL=20 s; purged ~6 s after scancel here): the peer is GONE, the node exits 13."""
+    s = slurm_acct
+    peer = s.sbatch("#!/bin/sh\nsleep 300\n", "--hold")
+    wait_for(lambda: "JobHeldUser" in _squeue(s, peer)[1], 30, "the held peer's reason")
+    path = _path_without(tmp_path, "sacct")
+    node = _submit_node(s, "gone-peer", 2, peer, PATH=path, FSMINGLE_QUEUE_POLL=20)
+    wait_for(lambda: f"job {peer} PENDING (JobHeldUser)" in json.dumps(_status(s, "gone-peer")), 60, "rank 0 saw it")
+    t0 = time.monotonic()
+    assert s.login(["scancel", peer], timeout=15).returncode == 0
+    _wait_purged(s, peer)
+    print(f"job {peer} purged from squeue {time.monotonic() - t0:.1f} s after scancel")
+    text = _wait_failed_13(s, node, 60)
+    assert f"peer job {peer} GONE (no longer known to squeue or sacct) without joining" in text, text[-3000:]
+    assert "cannot ask the scheduler" not in text, text[-3000:]  # squeue was there: no fallback

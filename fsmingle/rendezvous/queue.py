@@ -93,8 +93,23 @@ class JobState:
 
 
 def squeue(ids: tuple[str, ...], timeout: float = 20.0) -> dict[str, JobState] | str:
-    """One ``squeue`` call for all ``ids`` (base ids; array tasks one per line), then ``sacct`` for
-    ids squeue no longer knows.  Returns ``{id: JobState}``, or a string saying why it could not ask."""
+    """One ``squeue`` call for all ``ids`` (base ids; array tasks one per line), then one ``sacct``
+    call for the ids squeue no longer knows (slurmctld purges an ended job after ``MinJobAge``).
+
+    Slurm 22.05, measured: ``squeue -j`` with one purged id exits 1 ("Invalid job id specified"),
+    with several ids it prints nothing and exits 0; ``sacct`` answers an array task that never
+    left the array's pending record (a held array cancelled whole) only when asked about the
+    array, on one line ``4242_[0-3]``: sacct is asked about base ids and such lines are expanded.
+    Without accounting sacct fails: squeue's view stands (a peer seen before and now unknown to
+    both is :class:`QueueWatch`'s ``GONE``).
+
+    Args:
+        ids: job ids, ``4242`` or ``4242_3`` (:func:`parse_peer_jobs`).
+        timeout: seconds each command may take.
+
+    Returns:
+        ``{id: JobState}`` (array tasks by task id), or a string saying why squeue could not be
+        asked (no squeue, it failed or timed out).  Raises nothing."""
     exe = shutil.which("squeue")
     if exe is None:
         return "squeue is not on PATH"
@@ -120,15 +135,22 @@ def squeue(ids: tuple[str, ...], timeout: float = 20.0) -> dict[str, JobState] |
     if unknown and sacct:
         try:
             r = subprocess.run(
-                [sacct, "-n", "-X", "-P", "-j", ",".join(unknown), "-o", "JobID,State,Reason"],
+                [sacct, "-n", "-X", "-P", "-j", ",".join(sorted({i.split("_", 1)[0] for i in unknown}))]
+                + ["-o", "JobID,State,Reason"],
                 capture_output=True,
                 text=True,
                 timeout=timeout,
             )
             for line in r.stdout.splitlines() if r.returncode == 0 else ():
                 f = line.strip().split("|")
-                if len(f) == 3 and f[0] not in found:
-                    found[f[0]] = JobState(f[0], f[1].split()[0], f[2])
+                if len(f) != 3 or not f[1]:
+                    continue
+                try:  # "4242_[0-3]": the tasks still in the array's own record
+                    tasks = parse_peer_jobs(f[0]) if "_[" in f[0] else (f[0],)
+                except ConfigError:
+                    tasks = (f[0],)
+                for t in tasks:
+                    found.setdefault(t, JobState(t, f[1].split()[0], f[2]))
         except (OSError, subprocess.SubprocessError):
             pass  # accounting is optional: squeue's view stands
     return found
