@@ -5,6 +5,12 @@
   (exit 6, naming the holder); dead -> void the generation and claim in the next.
 * **World full** (first-come, every rank claimed): watch the holders; a dead
   one voids the generation; a release without us means we arrived late.
+* **A spare** (world full, or waiting in the next generation after a release without us, with
+  nobody else there yet): its ``--timeout`` is held (a spare waits for a world that runs for
+  hours, not for peers that are late), bounded by ``--spare-timeout`` instead; once another
+  participant is present where it waits, a world forms with it, and ``--timeout`` starts over
+  in full.  A restarted survivor looks the same (it too finds the generation released without
+  its new process): it holds until a peer joins it.
 
 Mixed into :class:`fsmingle.rendezvous.participant.Participant`.
 """
@@ -13,7 +19,7 @@ from __future__ import annotations
 
 import logging
 
-from ..errors import RankConflictError, RecordError
+from ..errors import RankConflictError, RecordError, RendezvousTimeoutError
 from ..fs.layout import claimed_ranks, gen_name
 from ..fs.records import Release
 from .decision import Placement
@@ -91,3 +97,60 @@ class OutsideWorld:
                 if r < self.size and self.void_if_dead(r, now, "is dead or stopped heartbeating"):
                     return None
         return None
+
+    # ------------------------------------------------------------------ spares
+    def spare_backing(self) -> int:
+        """The generation this participant backs as a spare now, 0 if it is not one (module doc).
+
+        Returns:
+            int: the generation found full (world full), or released without it (``spare_for``)
+            while it waits where nobody else is present yet; 0 otherwise.
+        """
+        if self.state is State.WORLD_FULL:
+            return self.gen or 0
+        if not self.spare_for or self.state not in (State.JOIN, State.WAIT):
+            return 0
+        # Rank 0 counts itself present; a member hears who is present from rank 0, itself included.
+        return self.spare_for if self.present is None or len(self.present) <= 1 else 0
+
+    def spare_tick(self, now: float) -> bool:
+        """Hold ``--timeout`` while this participant is a spare; say so when that starts or ends.
+
+        Args:
+            now (float): monotonic seconds.
+
+        Returns:
+            bool: True once it waited ``--spare-timeout`` as a spare (:meth:`_spare_timeout`).
+        """
+        backs = self.spare_backing()
+        was, self.spare_backs = self.spare_backs, backs
+        if backs and not was:
+            bound = self.spare_hold.bound
+            limit = f"up to --spare-timeout {bound:g} s" if bound is not None else "with no limit (--spare-timeout)"
+            held = f"a spare for generation {backs}: --timeout is held while it waits for a place, {limit}"
+            self.set_note(f"{self.note}; {held}" if self.note else held)
+        elif was and not backs:
+            # A place opened: peers wait for this one now, so it gets the whole --timeout from here.
+            self.deadline = max(self.deadline, now + self.timeout)
+            self.set_note(
+                f"no longer a spare for generation {was}: a place opened; --timeout ({self.timeout:g} s) runs from now"
+            )
+        return self.spare_hold.tick(self, now, True, bool(backs))
+
+    def _spare_timeout(self) -> Placement | None:
+        """``--spare-timeout`` passed: leave (voiding a generation it holds a rank in), then fail.
+
+        Raises:
+            RendezvousTimeoutError: naming the generation it backed (exit 7).
+        """
+        backs, bound, gen = self.spare_backs, self.spare_hold.bound, self.gen
+        placement = self.withdraw(f"a spare for generation {backs} waited --spare-timeout {bound:g} s")
+        if placement is not None:
+            return placement  # released with it after all (the commit window): the release stands
+        raise RendezvousTimeoutError(
+            f"rendezvous for job {self.job_id}: waited {self.spare_hold.held_for:.0f} s as a spare for generation "
+            f"{backs} (--spare-timeout {bound:g} s) and no place opened: the world of generation {backs} neither "
+            f"lost a member nor came back for one. Directory: {self.store_path(gen_name(gen) if gen else '')}. "
+            "Raise --spare-timeout, or start the spare again when the world needs one",
+            present=len(self.present or ()),
+        )
