@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import time
 
-from helpers import run_cli, wait_for
+from helpers import assert_one_world, release_of, results, run_cli, wait_claimed, wait_for, wait_text
 
 
 def _status(d, job: str) -> dict:
@@ -21,16 +21,20 @@ def test_spare_takes_the_place_of_a_dead_member(procs, d):
     assert {r["generation"] for r in first} == {1}
     # The world of generation 1 is running (its fsmingle processes exec'd or returned). A third
     # node arrives: a spare, waiting in generation 2.
-    c = procs.env(d, "sp", "--nnodes", 2, timeout=60, name="c")
+    # Its --timeout (3 s) does not run while it is a spare: it outlives it.
+    c = procs.env(d, "sp", "--nnodes", 2, timeout=3, name="c")
     st = wait_for(
         lambda: (lambda s: s if s.get("generation") == 2 and s["participants"] else None)(_status(d, "sp")), 20, "c"
     )
     assert [p["spare_for"] for p in st["participants"]] == [1], st
     text = run_cli("status", "sp", "--dir", d).stdout
     assert "generation 2" in text
-    assert "as a spare" in c.stderr() or wait_for(lambda: "as a spare" in c.stderr(), 5, "note")
+    assert "is a spare for generation 1: its --timeout is held" in " ".join(text.split()), text
+    wait_text(c, "a spare for gen 1, timeout held")  # its progress line
+    while c.elapsed < 6:  # twice its --timeout
+        assert c.poll() is None, c.stderr()
+        time.sleep(0.2)
     # Member b's training dies; a's restart loop runs fsmingle again: the spare takes b's place.
-    time.sleep(1)
     t0 = time.monotonic()
     a2 = procs.env(d, "sp", "--nnodes", 2, timeout=60, name="a2")
     second = [a2.result(30), c.result(30)]
@@ -41,3 +45,34 @@ def test_spare_takes_the_place_of_a_dead_member(procs, d):
     assert {r["generation"] for r in second} == {2}
     assert sorted(r["node_rank"] for r in second) == [0, 1]
     assert took < 10
+
+
+def test_a_member_killed_before_the_release_leaves_its_place_to_the_waiting_spare(procs, d):
+    """A world of 2, full but not released (member b claimed its rank and wrote its beacon, then
+    holds before its hello: ``FSMINGLE_TEST_PAUSE=beacon``), a third participant watching it as a
+    spare past its own --timeout; b is SIGKILLed: the survivor and the spare are released together
+    in a later generation, with a live master."""
+    a = procs.env(d, "kb", "--nnodes", 2, timeout=60, name="a")
+    wait_claimed(d, "kb", 1, [0], procs=[a])
+    b = procs.env(d, "kb", "--nnodes", 2, timeout=60, name="b", extra_env={"FSMINGLE_TEST_PAUSE": "beacon:60"})
+    wait_claimed(d, "kb", 1, [0, 1], procs=[a, b])
+    c = procs.env(d, "kb", "--nnodes", 2, timeout=5, name="c")
+    wait_text(c, "all 2 ranks of generation 1 are claimed")
+    wait_text(c, "a spare for gen 1, timeout held")
+    # Its beacon (written at its first heartbeat) shows it as the spare of generation 1.
+    wait_for(lambda: [p["spare_for"] for p in _status(d, "kb")["participants"] if p["rank"] is None] == [1], 10, "c")
+    while c.elapsed < 8:  # past its --timeout: a spare's does not run
+        assert c.poll() is None and a.poll() is None, c.stderr()
+        time.sleep(0.2)
+    assert release_of(d, "kb", 1) is None  # still full, not released
+    b.kill()
+    t0 = time.monotonic()
+    res = results([a, c], timeout=30)
+    took = time.monotonic() - t0
+    print(f"survivor and spare released {took:.2f} s after the member's SIGKILL (generation {res[0]['generation']})")
+    assert_one_world(res, 2)
+    assert res[0]["generation"] >= 2
+    assert release_of(d, "kb", 1)["state"] == "restart"  # nobody was released with the dead member
+    master = [p for p, r in zip((a, c), res) if r["node_rank"] == 0][0]
+    assert master.pid != b.pid and "a place opened" in c.stderr(), c.stderr()
+    assert took < 15

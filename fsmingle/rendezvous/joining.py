@@ -1,4 +1,5 @@
-"""Joining: choosing the generation to join and claiming a rank in it, and joining again when its directory vanished (mixed into ``Participant``).
+"""Joining: choosing the generation to join and claiming a rank in it, and joining again when its
+directory vanished (mixed into ``Participant``).
 
 Rules (``docs/protocol.md``): a decided generation is never joined; directories are made with
 ``mkdir`` before anyone looks their names up (a name looked up too early stays "absent" in a

@@ -64,6 +64,7 @@ from .leaving import Leaving
 from .liveness import Judge
 from .outside import OutsideWorld
 from .states import Progress, RankSet, State
+from .testhooks import pause
 from .timing import Clock, SystemClock, Timing
 
 log = logging.getLogger("fsmingle")
@@ -236,6 +237,7 @@ class Participant(Joining, Leaving, GenerationReader, OutsideWorld):
 
     def publish_beacon(self) -> None:
         self.store.publish(beacon_name(self.gen, self.instance), encode(self.beacon()))
+        pause("beacon")  # tests only: a member whose claim and beacon are written, before its hello
 
     def heartbeat_if_due(self, now: float, period: float | None = None) -> None:
         if now >= self.next_hb:
