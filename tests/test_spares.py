@@ -76,3 +76,20 @@ def test_a_member_killed_before_the_release_leaves_its_place_to_the_waiting_spar
     master = [p for p, r in zip((a, c), res) if r["node_rank"] == 0][0]
     assert master.pid != b.pid and "a place opened" in c.stderr(), c.stderr()
     assert took < 15
+
+
+def test_a_spare_that_waits_past_spare_timeout_fails_naming_the_generation_it_backs(procs, d):
+    a = procs.env(d, "sb", "--nnodes", 2, timeout=60, name="a")
+    b = procs.env(d, "sb", "--nnodes", 2, timeout=60, name="b")
+    results([a, b])
+    # `fsmingle run` as users start a spare: its --timeout (60 s) is held, --spare-timeout (2 s) is not.
+    c = procs.env(d, "sb", "--nnodes", 2, "--spare-timeout", 2, "--", "true", timeout=60, name="c", cmd="run")
+    rc = c.wait(30)
+    err = c.stderr()
+    assert rc == 7, err
+    assert "as a spare for generation 1 (--spare-timeout 2 s) and no place opened" in err, err
+    assert c.elapsed < 20
+    # It held rank 0 of generation 2 and voided it on leaving: a survivor coming back later is not
+    # kept waiting for a dead claimer.
+    rel = release_of(d, "sb", 2)
+    assert rel["state"] == "restart" and "--spare-timeout" in rel["reason"], rel
