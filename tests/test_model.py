@@ -305,9 +305,16 @@ class World:
 
     # ------------------------------------------------------------------ processes
     def start(
-        self, slot: int | None, *, rank: int | None = None, new_host: bool = False, timeout: float | None = None
+        self,
+        slot: int | None,
+        *,
+        rank: int | None = None,
+        new_host: bool = False,
+        timeout: float | None = None,
+        spare_timeout: float | None = None,
     ) -> Proc:
-        """Start a process for ``slot`` (its requested rank), or an intruder with ``rank``."""
+        """Start a process for ``slot`` (its requested rank), or an intruder with ``rank`` (a
+        first-come one, ``rank`` None: a spare when the world is full or released)."""
         size = self.size
         if slot is not None:
             if new_host:
@@ -344,6 +351,7 @@ class World:
             cleaner=self._cleaner_for(host.store) if self.use_cleaner else None,
             rng=random.Random(self._counter),
             rank_order=self.rank_order,
+            spare_timeout=spare_timeout,
         )
         self.procs.append(q)
         self.by_instance[instance] = q
@@ -619,7 +627,13 @@ class World:
         if self.is_injected(e):
             return  # raised by the test inside the process (a signal, an I/O error)
         if isinstance(e, RendezvousTimeoutError):
-            assert q.host.clock.monotonic() >= p.deadline, f"timeout before the deadline: {e}"
+            # A spare's --timeout is held (its deadline moves on); only --spare-timeout ends its wait.
+            held, bound = p.spare_hold.held_for, p.spare_hold.bound
+            assert (
+                q.host.clock.monotonic() >= p.deadline
+                if "--spare-timeout" not in str(e)
+                else bound is not None and held >= bound
+            ), f"timeout before the deadline: {e}"
             # leaving must not be contradicted by a release naming us
             rel = self.releases.get(p.gen) if p.gen is not None else None
             assert rel is None or all(m.instance != q.instance for m in rel.members), (
