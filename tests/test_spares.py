@@ -5,9 +5,21 @@ died, the survivors re-run under their restart loop)."""
 from __future__ import annotations
 
 import json
+import shlex
+import sys
 import time
 
-from helpers import assert_one_world, release_of, results, run_cli, wait_claimed, wait_for, wait_text
+from helpers import (
+    FSMINGLE,
+    assert_one_world,
+    clean_env,
+    release_of,
+    results,
+    run_cli,
+    wait_claimed,
+    wait_for,
+    wait_text,
+)
 
 
 def _status(d, job: str) -> dict:
@@ -93,3 +105,58 @@ def test_a_spare_that_waits_past_spare_timeout_fails_naming_the_generation_it_ba
     # kept waiting for a dead claimer.
     rel = release_of(d, "sb", 2)
     assert rel["state"] == "restart" and "--spare-timeout" in rel["reason"], rel
+
+
+# A training stand-in for `fsmingle run` (no torch: a collective's one property that matters here):
+# rank 0 listens on MASTER_PORT, the member connects, and each exits 1 when its peer goes away, as a
+# collective fails when a rank dies.  It records when it started, in which world.
+TRAIN = """
+import json, os, socket, sys, time
+rank, gen, who = int(os.environ["NODE_RANK"]), int(os.environ["FSMINGLE_GENERATION"]), os.environ["WHO"]
+with open(os.path.join(sys.argv[1], f"{who}-gen{gen}.json"), "w") as f:
+    json.dump({"rank": rank, "t": time.time(), "port": int(os.environ["MASTER_PORT"])}, f)
+addr = (os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))
+if rank == 0:
+    conn = socket.create_server(addr).accept()[0]
+else:
+    for _ in range(400):
+        try:
+            conn = socket.create_connection(addr)
+            break
+        except OSError:
+            time.sleep(0.05)
+try:
+    while conn.recv(1):
+        pass
+except OSError:
+    pass
+sys.exit(1)
+"""
+
+
+def test_a_spare_replaces_a_dead_member_under_fsmingle_runs_restart_loop(procs, d, tmp_path):
+    """Node a runs `fsmingle run` in a restart loop (as a Slurm script does); b once; c arrives as a
+    spare; b dies: a's training fails, its loop runs fsmingle again, and c takes b's place."""
+    (tmp_path / "train.py").write_text(TRAIN)
+    out = tmp_path / "out"
+    out.mkdir()
+    args = ["run", "--dir", d, "--job-id", "rl", "--nnodes", 2, "--stale-after", 3, "--addr", "127.0.0.1"]
+    train = ["--", sys.executable, tmp_path / "train.py", out]
+    once = shlex.join(str(x) for x in [*FSMINGLE, *args, "--timeout", 60, *train])
+    a = procs.spawn(["bash", "-c", f"for i in 1 2 3; do {once}; done"], name="a", env=clean_env({"WHO": "a"}))
+    b = procs.spawn([*FSMINGLE, *map(str, [*args, "--timeout", 60, *train])], name="b", env=clean_env({"WHO": "b"}))
+    wait_for(lambda: (out / "a-gen1.json").exists() and (out / "b-gen1.json").exists(), 30, "generation 1 training")
+    c = procs.spawn([*FSMINGLE, *map(str, [*args, "--timeout", 3, *train])], name="c", env=clean_env({"WHO": "c"}))
+    wait_text(c, "a spare for gen 1, timeout held")
+    while c.elapsed < 5:  # past its --timeout
+        assert c.poll() is None, c.stderr()
+        time.sleep(0.2)
+    b.kill()
+    killed = time.time()
+    wait_for(lambda: (out / "a-gen2.json").exists() and (out / "c-gen2.json").exists(), 30, "the new world")
+    world = [json.loads((out / f"{w}-gen2.json").read_text()) for w in "ac"]
+    took = max(w["t"] for w in world) - killed
+    print(f"the new world's training started {took:.2f} s after a member's SIGKILL (restart loop, python start-up)")
+    assert sorted(w["rank"] for w in world) == [0, 1] and world[0]["port"] == world[1]["port"], world
+    assert not (out / "a-gen3.json").exists() and a.poll() is None and c.poll() is None, a.stderr()
+    assert took < 15
