@@ -144,7 +144,7 @@ class Joining:
         )
 
     def _note_released(self, g: int, rel) -> None:
-        if isinstance(rel, Release) and rel.state == "released":
+        if isinstance(rel, Release) and rel.state == "released" and self.spare_of(g, rel):
             self.spare_for = g  # a spare: takes a place when the running world comes back for one
             self.set_note(
                 f"generation {g} was already released to {rel.size} participant(s) before this one "

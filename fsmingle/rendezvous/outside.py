@@ -20,8 +20,8 @@ from __future__ import annotations
 import logging
 
 from ..errors import RankConflictError, RecordError, RendezvousTimeoutError
-from ..fs.layout import claimed_ranks, gen_name
-from ..fs.records import Release
+from ..fs.layout import beacon_name, claimed_ranks, gen_name
+from ..fs.records import Beacon, Release
 from .decision import Placement
 from .liveness import Verdict
 from .states import State
@@ -80,7 +80,7 @@ class OutsideWorld:
     def _step_world_full(self) -> Placement | None:
         rel = self._poll_decision()
         if rel is not None:
-            if rel.state == "released":
+            if rel.state == "released" and self.spare_of(self.gen, rel):
                 self.spare_for = self.gen
                 self.set_note(
                     f"generation {self.gen} was released to {self.size} participants without this one "
@@ -99,6 +99,28 @@ class OutsideWorld:
         return None
 
     # ------------------------------------------------------------------ spares
+    def spare_of(self, g: int, rel: Release) -> bool:
+        """Whether generation ``g``, released (``rel``) without this participant, makes it a spare.
+
+        Not when that world is a later run of this same job (a Slurm requeue: its rank 0's beacon
+        names this job with a higher ``SLURM_RESTART_COUNT``, the rule of
+        :class:`~fsmingle.rendezvous.liveness.Judge`): this process is a leftover of the run that
+        was requeued away, which no world will come back for, so its ``--timeout`` runs (then it
+        fails, exit 7).  One read, once per released generation found; unreadable: a spare.
+        """
+        if not rel.members:
+            return True  # members in chunk files: rank 0 unknown without reading them; a spare
+        b = self._load(beacon_name(g, rel.members[0].instance), Beacon)
+        later_run = isinstance(b, Beacon) and b.restart_count > self.restart_count
+        if later_run and b.slurm_job_id == self.slurm_job_id:
+            self.set_note(
+                f"generation {g} was released to run {b.restart_count} of this job (SLURM_RESTART_COUNT); "
+                f"this process belongs to run {self.restart_count}, requeued away: not a spare, --timeout runs",
+                logging.WARNING,
+            )
+            return False
+        return True
+
     def spare_backing(self) -> int:
         """The generation this participant backs as a spare now, 0 if it is not one (module doc).
 
