@@ -153,7 +153,7 @@ class QueueWatch:
         self.seen: set[str] = set()  # ids the scheduler reported at least once
         self.broken = False  # the scheduler could not be asked: today's behaviour
         self.hold, self.lines, self.ended = False, [], ""
-        self.held = DeadlineHold(queue_timeout)  # the time --timeout was held, for --queue-timeout
+        self.held_time = DeadlineHold(queue_timeout)  # the time --timeout was held, for --queue-timeout
         self.next_query = 0.0
         self._thread: threading.Thread | None = None
         self._result = None
@@ -233,7 +233,7 @@ class QueueWatch:
             raise PeerJobEndedError(
                 f"rendezvous for job {p.job_id} cannot complete: {self.ended} (generation {p.gen})", self.ended
             )
-        if self.held.tick(p, now, waiting, self.hold):
+        if self.held_time.tick(p, now, waiting, self.hold):
             from ..errors import RendezvousTimeoutError
 
             raise RendezvousTimeoutError(
