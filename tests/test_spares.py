@@ -107,6 +107,20 @@ def test_a_spare_that_waits_past_spare_timeout_fails_naming_the_generation_it_ba
     assert rel["state"] == "restart" and "--spare-timeout" in rel["reason"], rel
 
 
+def test_a_spare_of_a_full_world_leaves_it_untouched_at_spare_timeout(procs, d):
+    """World full, not released (b holds before its hello); a spare watching it fails at
+    --spare-timeout naming generation 1, and voids nothing: it holds no rank there."""
+    a = procs.env(d, "fb", "--nnodes", 2, timeout=60, name="a")
+    wait_claimed(d, "fb", 1, [0], procs=[a])
+    b = procs.env(d, "fb", "--nnodes", 2, timeout=60, name="b", extra_env={"FSMINGLE_TEST_PAUSE": "beacon:60"})
+    wait_claimed(d, "fb", 1, [0, 1], procs=[a, b])
+    c = procs.env(d, "fb", "--nnodes", 2, "--spare-timeout", 5, timeout=4, name="c")
+    assert c.wait(30) == 7, c.stderr()
+    assert "as a spare for generation 1 (--spare-timeout 5 s) and no place opened" in c.stderr(), c.stderr()
+    assert c.elapsed > 5  # its --timeout (4 s) was held
+    assert release_of(d, "fb", 1) is None and a.poll() is None and b.poll() is None  # the world is as it was
+
+
 # A training stand-in for `fsmingle run` (no torch: a collective's one property that matters here):
 # rank 0 listens on MASTER_PORT, the member connects, and each exits 1 when its peer goes away, as a
 # collective fails when a rank dies.  It records when it started, in which world.
