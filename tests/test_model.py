@@ -966,6 +966,13 @@ class RendezvousMachine(RuleBasedStateMachine):
         if self.w.intruders < 1 and r % self.w.size in self.w.ranks:
             self.w.start(None, rank=r % self.w.size)
 
+    @rule(bounded=st.booleans())
+    def spare(self, bounded):
+        """A first-come process beyond the world's size: a spare once the world is full or released
+        without it (its --timeout held; ``bounded``: a short --timeout and a --spare-timeout)."""
+        if self.w.intruders < 1 and None in self.w.ranks:
+            self.w.start(None, timeout=5.0 if bounded else None, spare_timeout=20.0 if bounded else None)
+
     @rule(i=st.integers(0, 15), n=st.integers(1, 4))
     def step(self, i, n):
         """Step one process now, out of its schedule (as a slow or early scheduler might)."""
