@@ -335,6 +335,7 @@ def rendezvous(dir: str | None = None, job_id: str | None = None, **kwargs) -> R
         slurm_job_id=s.slurm_job_id,
         scheduler=s.scheduler,
         queue=queue,
+        spare_timeout=v.spare_timeout,
         clock=SystemClock(),
         local_alive=local_process_alive,
         transport=TcpTransport(ping_interval=timing.ping_interval),

@@ -305,9 +305,16 @@ class World:
 
     # ------------------------------------------------------------------ processes
     def start(
-        self, slot: int | None, *, rank: int | None = None, new_host: bool = False, timeout: float | None = None
+        self,
+        slot: int | None,
+        *,
+        rank: int | None = None,
+        new_host: bool = False,
+        timeout: float | None = None,
+        spare_timeout: float | None = None,
     ) -> Proc:
-        """Start a process for ``slot`` (its requested rank), or an intruder with ``rank``."""
+        """Start a process for ``slot`` (its requested rank), or an intruder with ``rank`` (a
+        first-come one, ``rank`` None: a spare when the world is full or released)."""
         size = self.size
         if slot is not None:
             if new_host:
@@ -344,6 +351,7 @@ class World:
             cleaner=self._cleaner_for(host.store) if self.use_cleaner else None,
             rng=random.Random(self._counter),
             rank_order=self.rank_order,
+            spare_timeout=spare_timeout,
         )
         self.procs.append(q)
         self.by_instance[instance] = q
@@ -619,7 +627,13 @@ class World:
         if self.is_injected(e):
             return  # raised by the test inside the process (a signal, an I/O error)
         if isinstance(e, RendezvousTimeoutError):
-            assert q.host.clock.monotonic() >= p.deadline, f"timeout before the deadline: {e}"
+            # A spare's --timeout is held (its deadline moves on); only --spare-timeout ends its wait.
+            held, bound = p.spare_hold.held_for, p.spare_hold.bound
+            assert (
+                q.host.clock.monotonic() >= p.deadline
+                if "--spare-timeout" not in str(e)
+                else bound is not None and held >= bound
+            ), f"timeout before the deadline: {e}"
             # leaving must not be contradicted by a release naming us
             rel = self.releases.get(p.gen) if p.gen is not None else None
             assert rel is None or all(m.instance != q.instance for m in rel.members), (
@@ -951,6 +965,13 @@ class RendezvousMachine(RuleBasedStateMachine):
         """A process asks for an explicit rank some slot asks for too (a user error)."""
         if self.w.intruders < 1 and r % self.w.size in self.w.ranks:
             self.w.start(None, rank=r % self.w.size)
+
+    @rule(bounded=st.booleans())
+    def spare(self, bounded):
+        """A first-come process beyond the world's size: a spare once the world is full or released
+        without it (its --timeout held; ``bounded``: a short --timeout and a --spare-timeout)."""
+        if self.w.intruders < 1 and None in self.w.ranks:
+            self.w.start(None, timeout=5.0 if bounded else None, spare_timeout=20.0 if bounded else None)
 
     @rule(i=st.integers(0, 15), n=st.integers(1, 4))
     def step(self, i, n):

@@ -48,11 +48,11 @@ def describe(p: Progress) -> str:
         waiting = f"rank {p.rank if p.rank is not None else ''} is claimed; checking its holder".replace("  ", " ")
     elif p.state == "world-full":
         waiting = "all ranks claimed by others; watching for a free place"
+    timeout = f"timeout in {fmt_duration(p.remaining)}"
+    if p.spare_for:  # a spare: its --timeout does not run, and starts over once a world forms with it
+        timeout = f"a spare for gen {p.spare_for}, timeout held"
     me = f" [this: {'node rank' if p.mode == 'node' else 'rank'} {p.rank}]" if p.rank is not None else ""
-    return (
-        f"{p.job_id} gen {p.generation}: {count} — {waiting}{me} "
-        f"({fmt_duration(p.elapsed)}, timeout in {fmt_duration(p.remaining)})"
-    )
+    return f"{p.job_id} gen {p.generation}: {count} — {waiting}{me} ({fmt_duration(p.elapsed)}, {timeout})"
 
 
 class Reporter:

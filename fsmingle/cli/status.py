@@ -97,7 +97,7 @@ def job_summary(base: str, job: str, stale_after: float = 30.0, warnings: WarnOn
                 "instance": b.instance,
                 "scheduler": dict(b.scheduler),  # this participant's job ({} if its environment has none)
                 "queue": list(b.queue),  # rank 0's: peer jobs the scheduler says are not here yet
-                # a spare: arrived when generation spare_for was full or released without it
+                # a spare, --timeout held: generation spare_for was full or released without it
                 "spare_for": b.spare_for or None,
             }
         )
@@ -178,9 +178,10 @@ def _render(base: str, jobs: list[str], detail: bool, stale_after: float, warnin
         t.add_column(c)
     for p in s["participants"]:
         word = p["liveness"] + ("" if p["same_host"] else " (remote)")
-        spare = f"spare (gen {p['spare_for']} full)" if p.get("spare_for") else "-"
+        spare = "spare" if p.get("spare_for") else ""
+        rank = str(p["rank"]) + (f" ({spare})" if spare else "") if p["rank"] is not None else spare or "-"
         t.add_row(
-            str(p["rank"] if p["rank"] is not None else spare),
+            rank,
             p["host"],
             p["addr"],
             str(p["pid"]),
@@ -190,6 +191,15 @@ def _render(base: str, jobs: list[str], detail: bool, stale_after: float, warnin
         )
     parts = [x for x in (head, t) if x is not None]
     parts += [Text(line) for x in s["participants"] if x["rank"] == 0 for line in x["queue"]]
+    # A spare waits with its --timeout held (fsmingle.rendezvous.outside): say so, rank or not.
+    parts += [
+        Text(
+            f"{'rank ' + str(x['rank']) if x['rank'] is not None else 'a participant'} (pid {x['pid']} on "
+            f"{x['host']}) is a spare for generation {x['spare_for']}: its --timeout is held until a place opens"
+        )
+        for x in s["participants"]
+        if x.get("spare_for")
+    ]
     if r and r["state"] == "released":
         parts.append(
             Text(

@@ -139,8 +139,8 @@ class Beacon:
         queue (tuple[str, ...]): rank 0's only: what the scheduler says about peer jobs that have
             not joined (``missing rank 3: job 4242_3 PENDING (Priority), expected start 14:05``;
             :mod:`fsmingle.rendezvous.queue`), for ``fsmingle status``; left out when empty.
-        spare_for (int): a spare's: the generation it found full or released without it (it
-            waits for a place in a later one); 0 (left out of the JSON) for everyone else.
+        spare_for (int): a spare's, its --timeout held: the generation it found full or released
+            without it (it waits for a place); 0 (left out of the JSON) for everyone else.
     """
 
     job_id: str

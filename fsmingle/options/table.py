@@ -171,6 +171,18 @@ OPTIONS: tuple[Option, ...] = (
         default_text="no limit",
     ),
     Option(
+        "spare_timeout",
+        ("--spare-timeout",),
+        float,
+        "Seconds a spare (arrived when the world was full or already released) may wait for a place; "
+        "--timeout is held while it does, and runs in full once a world forms with it (exit 7 after).",
+        env=("FSMINGLE_SPARE_TIMEOUT",),
+        envvar="FSMINGLE_SPARE_TIMEOUT",
+        unit="s",
+        check=_positive,
+        default_text="no limit",
+    ),
+    Option(
         "queue_poll",
         ("--queue-poll",),
         float,

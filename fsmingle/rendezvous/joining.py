@@ -1,4 +1,5 @@
-"""Joining: choosing the generation to join and claiming a rank in it (mixed into ``Participant``).
+"""Joining: choosing the generation to join and claiming a rank in it, and joining again when its
+directory vanished (mixed into ``Participant``).
 
 Rules (``docs/protocol.md``): a decided generation is never joined; directories are made with
 ``mkdir`` before anyone looks their names up (a name looked up too early stays "absent" in a
@@ -82,6 +83,29 @@ class Joining:
         self._enoent_since = None
         return self._claim(created)  # which reports progress (hold(), or a note): after the first write
 
+    def _on_enoent(self) -> None:
+        # ENOENT on our generation directory: either it was retired (cleaned as
+        # stale) or a negative lookup cache lies about it.  A listing of the
+        # parent is answered from the server (GlusterFS nl-cache and NFS
+        # lookupcache hide a looked-up-too-early name for up to their timeout,
+        # while readdir shows it at once), so only a listing may confirm it.
+        g = self.gen
+        if g is not None and gen_name(g) in self.store.listdir(""):
+            now = self.clock.monotonic()
+            if self._enoent_since is None:
+                self._enoent_since = now
+            self.set_note(
+                f"generation {g} exists but this node's filesystem cache says it does not; retrying "
+                f"(for {now - self._enoent_since:.0f} s so far)"
+            )
+            self.delay = min(self.timing.poll_max, max(self.delay, self.timing.poll_min) * self.timing.backoff)
+            return None
+        self._enoent_since = None
+        if self.state is State.WAIT and self.rank is not None:
+            log.info("job %s: generation %s was removed while this node waited in it; joining again", self.job_id, g)
+        self.rejoin()
+        return None
+
     def _newer_than(self, g: int) -> int | None:
         """The newest generation above ``g`` in a fresh listing of the job directory, or None.
 
@@ -120,7 +144,7 @@ class Joining:
         )
 
     def _note_released(self, g: int, rel) -> None:
-        if isinstance(rel, Release) and rel.state == "released":
+        if isinstance(rel, Release) and rel.state == "released" and self.spare_of(g, rel):
             self.spare_for = g  # a spare: takes a place when the running world comes back for one
             self.set_note(
                 f"generation {g} was already released to {rel.size} participant(s) before this one "

@@ -5,6 +5,12 @@
   (exit 6, naming the holder); dead -> void the generation and claim in the next.
 * **World full** (first-come, every rank claimed): watch the holders; a dead
   one voids the generation; a release without us means we arrived late.
+* **A spare** (world full, or waiting in the next generation after a release without us, with
+  nobody else there yet): its ``--timeout`` is held (a spare waits for a world that runs for
+  hours, not for peers that are late), bounded by ``--spare-timeout`` instead; once another
+  participant is present where it waits, a world forms with it, and ``--timeout`` starts over
+  in full.  A restarted survivor looks the same (it too finds the generation released without
+  its new process): it holds until a peer joins it.
 
 Mixed into :class:`fsmingle.rendezvous.participant.Participant`.
 """
@@ -13,9 +19,9 @@ from __future__ import annotations
 
 import logging
 
-from ..errors import RankConflictError, RecordError
-from ..fs.layout import claimed_ranks, gen_name
-from ..fs.records import Release
+from ..errors import RankConflictError, RecordError, RendezvousTimeoutError
+from ..fs.layout import beacon_name, claimed_ranks, gen_name
+from ..fs.records import Beacon, Release
 from .decision import Placement
 from .liveness import Verdict
 from .states import State
@@ -74,7 +80,7 @@ class OutsideWorld:
     def _step_world_full(self) -> Placement | None:
         rel = self._poll_decision()
         if rel is not None:
-            if rel.state == "released":
+            if rel.state == "released" and self.spare_of(self.gen, rel):
                 self.spare_for = self.gen
                 self.set_note(
                     f"generation {self.gen} was released to {self.size} participants without this one "
@@ -91,3 +97,82 @@ class OutsideWorld:
                 if r < self.size and self.void_if_dead(r, now, "is dead or stopped heartbeating"):
                     return None
         return None
+
+    # ------------------------------------------------------------------ spares
+    def spare_of(self, g: int, rel: Release) -> bool:
+        """Whether generation ``g``, released (``rel``) without this participant, makes it a spare.
+
+        Not when that world is a later run of this same job (a Slurm requeue: its rank 0's beacon
+        names this job with a higher ``SLURM_RESTART_COUNT``, the rule of
+        :class:`~fsmingle.rendezvous.liveness.Judge`): this process is a leftover of the run that
+        was requeued away, which no world will come back for, so its ``--timeout`` runs (then it
+        fails, exit 7).  One read, once per released generation found; unreadable: a spare.
+        """
+        if not rel.members:
+            return True  # members in chunk files: rank 0 unknown without reading them; a spare
+        b = self._load(beacon_name(g, rel.members[0].instance), Beacon)
+        later_run = isinstance(b, Beacon) and b.restart_count > self.restart_count
+        if later_run and b.slurm_job_id == self.slurm_job_id:
+            self.set_note(
+                f"generation {g} was released to run {b.restart_count} of this job (SLURM_RESTART_COUNT); "
+                f"this process belongs to run {self.restart_count}, requeued away: not a spare, --timeout runs",
+                logging.WARNING,
+            )
+            return False
+        return True
+
+    def spare_backing(self) -> int:
+        """The generation this participant backs as a spare now, 0 if it is not one (module doc).
+
+        Returns:
+            int: the generation found full (world full), or released without it (``spare_for``)
+            while it waits where nobody else is present yet; 0 otherwise.
+        """
+        if self.state is State.WORLD_FULL:
+            return self.gen or 0
+        if not self.spare_for or self.state not in (State.JOIN, State.WAIT):
+            return 0
+        # Rank 0 counts itself present; a member hears who is present from rank 0, itself included.
+        return self.spare_for if self.present is None or len(self.present) <= 1 else 0
+
+    def spare_tick(self, now: float) -> bool:
+        """Hold ``--timeout`` while this participant is a spare; say so when that starts or ends.
+
+        Args:
+            now (float): monotonic seconds.
+
+        Returns:
+            bool: True once it waited ``--spare-timeout`` as a spare (:meth:`_spare_timeout`).
+        """
+        backs = self.spare_backing()
+        was, self.spare_backs = self.spare_backs, backs
+        if backs and not was:
+            bound = self.spare_hold.bound
+            limit = f"up to --spare-timeout {bound:g} s" if bound is not None else "with no limit (--spare-timeout)"
+            held = f"a spare for generation {backs}: --timeout is held while it waits for a place, {limit}"
+            self.set_note(f"{self.note}; {held}" if self.note else held)
+        elif was and not backs:
+            # A place opened: peers wait for this one now, so it gets the whole --timeout from here.
+            self.deadline = max(self.deadline, now + self.timeout)
+            self.set_note(
+                f"no longer a spare for generation {was}: a place opened; --timeout ({self.timeout:g} s) runs from now"
+            )
+        return self.spare_hold.tick(self, now, True, bool(backs))
+
+    def _spare_timeout(self) -> Placement | None:
+        """``--spare-timeout`` passed: leave (voiding a generation it holds a rank in), then fail.
+
+        Raises:
+            RendezvousTimeoutError: naming the generation it backed (exit 7).
+        """
+        backs, bound, gen = self.spare_backs, self.spare_hold.bound, self.gen
+        placement = self.withdraw(f"a spare for generation {backs} waited --spare-timeout {bound:g} s")
+        if placement is not None:
+            return placement  # released with it after all (the commit window): the release stands
+        raise RendezvousTimeoutError(
+            f"rendezvous for job {self.job_id}: waited {self.spare_hold.held_for:.0f} s as a spare for generation "
+            f"{backs} (--spare-timeout {bound:g} s) and no place opened: the world of generation {backs} neither "
+            f"lost a member nor came back for one. Directory: {self.store_path(gen_name(gen) if gen else '')}. "
+            "Raise --spare-timeout, or start the spare again when the world needs one",
+            present=len(self.present or ()),
+        )

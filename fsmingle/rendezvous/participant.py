@@ -58,11 +58,13 @@ from ..fs.records import Beacon, HostId, Release, encode
 from ..fs.store import Store
 from .decision import Placement
 from .genreader import GenerationReader
+from .hold import DeadlineHold
 from .joining import Joining
 from .leaving import Leaving
 from .liveness import Judge
 from .outside import OutsideWorld
 from .states import Progress, RankSet, State
+from .testhooks import pause
 from .timing import Clock, SystemClock, Timing
 
 log = logging.getLogger("fsmingle")
@@ -91,6 +93,9 @@ class Participant(Joining, Leaving, GenerationReader, OutsideWorld):
         master_port (int | None): port rank 0 should hold (None: any free one).
         restart_count (int), slurm_job_id (str): ``SLURM_RESTART_COUNT`` and ``SLURM_JOB_ID``.
         scheduler (tuple[tuple[str, str], ...]): this job's scheduler identity, for the beacon.
+        spare_timeout (float | None): seconds this participant may wait as a spare (it found its
+            generation full, or released without it); its ``timeout`` is held meanwhile and runs
+            in full once a world forms with it (:mod:`.outside`).  None: no bound.
         clock (Clock): time source.
         local_alive (Callable[[HostId, HostId], bool | None]): direct liveness
             check of a process in our pid space (see :mod:`fsmingle.net.hostinfo`).
@@ -127,6 +132,7 @@ class Participant(Joining, Leaving, GenerationReader, OutsideWorld):
         slurm_job_id: str = "",
         scheduler: tuple = (),
         queue=None,
+        spare_timeout: float | None = None,
         clock: Clock = SystemClock(),
         local_alive: Callable[[HostId, HostId], bool | None] = lambda a, b: None,
         on_progress: Callable[[Progress], None] | None = None,
@@ -145,6 +151,8 @@ class Participant(Joining, Leaving, GenerationReader, OutsideWorld):
         self.slurm_job_id, self.clock, self.local_alive = slurm_job_id, clock, local_alive
         self.scheduler, self.queue = tuple(scheduler), queue  # queue: rendezvous.queue.QueueWatch | None
         self.spare_for = 0  # the released generation this one arrived too late for (a spare), 0: none
+        self.spare_hold = DeadlineHold(spare_timeout)  # --timeout held while a spare (OutsideWorld.spare_tick)
+        self.spare_backs = 0  # the generation it backs while that hold lasts, 0: none
         self.transport, self.on_progress, self.cleaner, self.version = transport, on_progress, cleaner, version
         self.rng = rng or random.Random()
         self.rank_order, self.topology_key, self.nodelist = rank_order, topology_key, tuple(nodelist)
@@ -222,13 +230,14 @@ class Participant(Joining, Leaving, GenerationReader, OutsideWorld):
             slurm_job_id=self.slurm_job_id,
             scheduler=self.scheduler,
             queue=tuple(self.queue.lines) if self.queue is not None and self.rank == 0 else (),
-            spare_for=self.spare_for if self.state is not State.WORLD_FULL else self.gen or 0,
+            spare_for=self.spare_backing(),
             vouch=vouch() if vouch else "",
             secret=secret,
         )
 
     def publish_beacon(self) -> None:
         self.store.publish(beacon_name(self.gen, self.instance), encode(self.beacon()))
+        pause("beacon")  # tests only: a member whose claim and beacon are written, before its hello
 
     def heartbeat_if_due(self, now: float, period: float | None = None) -> None:
         if now >= self.next_hb:
@@ -297,6 +306,7 @@ class Participant(Joining, Leaving, GenerationReader, OutsideWorld):
                 max(0.0, self.deadline - now),
                 self.state.value,
                 self.note,
+                self.spare_backs,
             )
         )
 
@@ -342,11 +352,15 @@ class Participant(Joining, Leaving, GenerationReader, OutsideWorld):
             WorldSizeMismatchError: rank 0 expects another world size or mode.
             CorruptStateError: a decision record stayed unusable for ``stale_after`` seconds.
             StorageError, UnsafeDirectoryError, UnsupportedFilesystemError: from the store.
-            RendezvousTimeoutError: the deadline passed (the generation is voided first).
+            RendezvousTimeoutError: the deadline passed, or a spare waited ``spare_timeout`` (its
+                generation is voided first).
         """
         try:
+            now = self.clock.monotonic()
+            if self.spare_tick(now):  # a spare's --timeout is held; past --spare-timeout it fails
+                return self._spare_timeout()
             if self.queue is not None:  # pending peer jobs hold the deadline; an ended one fails now
-                self.queue.tick(self, self.clock.monotonic(), self.state is State.WAIT)
+                self.queue.tick(self, now, self.state is State.WAIT and not self.spare_backs)
             if self.clock.monotonic() >= self.deadline:
                 return self._on_timeout()
             if self.state is State.JOIN:
@@ -362,29 +376,6 @@ class Participant(Joining, Leaving, GenerationReader, OutsideWorld):
             raise RuntimeError(f"step() called in state {self.state.value}")
         except FileNotFoundError:
             return self._on_enoent()
-
-    def _on_enoent(self) -> None:
-        # ENOENT on our generation directory: either it was retired (cleaned as
-        # stale) or a negative lookup cache lies about it.  A listing of the
-        # parent is answered from the server (GlusterFS nl-cache and NFS
-        # lookupcache hide a looked-up-too-early name for up to their timeout,
-        # while readdir shows it at once), so only a listing may confirm it.
-        g = self.gen
-        if g is not None and gen_name(g) in self.store.listdir(""):
-            now = self.clock.monotonic()
-            if self._enoent_since is None:
-                self._enoent_since = now
-            self.set_note(
-                f"generation {g} exists but this node's filesystem cache says it does not; retrying "
-                f"(for {now - self._enoent_since:.0f} s so far)"
-            )
-            self.delay = min(self.timing.poll_max, max(self.delay, self.timing.poll_min) * self.timing.backoff)
-            return None
-        self._enoent_since = None
-        if self.state is State.WAIT and self.rank is not None:
-            log.info("job %s: generation %s was removed while this node waited in it; joining again", self.job_id, g)
-        self.rejoin()
-        return None
 
     def next_delay(self) -> float:
         """Seconds to wait before the next :meth:`step` (backoff with jitter)."""

@@ -26,6 +26,7 @@ import threading
 from dataclasses import dataclass
 
 from ..errors import ConfigError, PeerJobEndedError
+from .hold import DeadlineHold
 
 log = logging.getLogger("fsmingle")
 
@@ -176,12 +177,11 @@ class QueueWatch:
         self.seen: set[str] = set()  # ids the scheduler reported at least once
         self.broken = False  # the scheduler could not be asked: today's behaviour
         self.hold, self.lines, self.ended = False, [], ""
-        self.held_for = 0.0  # seconds the timeout was held, for --queue-timeout
+        self.held_time = DeadlineHold(queue_timeout)  # the time --timeout was held, for --queue-timeout
         self.next_query = 0.0
         self._thread: threading.Thread | None = None
         self._result = None
         self._asked: tuple[str, ...] = ()
-        self._last_tick: float | None = None
 
     # ---------------------------------------------------------------- rank 0: ask, judge
     def poll(self, now: float, present_jobs, nmissing: int) -> None:
@@ -253,16 +253,11 @@ class QueueWatch:
     def tick(self, p, now: float, waiting: bool = True) -> None:
         """Hold ``p.deadline`` while pending peers account for every missing rank (only while
         ``waiting`` in a generation); fail on an ended peer."""
-        last, self._last_tick = self._last_tick, (now if waiting else None)
         if self.ended:
             raise PeerJobEndedError(
                 f"rendezvous for job {p.job_id} cannot complete: {self.ended} (generation {p.gen})", self.ended
             )
-        if not self.hold or last is None:
-            return
-        p.deadline += now - last
-        self.held_for += now - last
-        if self.queue_timeout is not None and self.held_for >= self.queue_timeout:
+        if self.held_time.tick(p, now, waiting, self.hold):
             from ..errors import RendezvousTimeoutError
 
             raise RendezvousTimeoutError(

@@ -84,6 +84,8 @@ class Progress:
         remaining (float): seconds until the timeout.
         state (str): a :class:`State` value.
         note (str): the latest notable event ("generation 3 voided: ...").
+        spare_for (int): while this participant waits as a spare with its timeout held, the
+            generation it backs (``remaining`` then does not run down); 0 otherwise.
     """
 
     job_id: str
@@ -97,3 +99,4 @@ class Progress:
     remaining: float
     state: str
     note: str = ""
+    spare_for: int = 0

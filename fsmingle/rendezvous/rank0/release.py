@@ -241,8 +241,12 @@ class Releasing:
 
     def _end(self, why: str, *, write: bool) -> None:
         p = self.p
-        if write:
-            p.void(why)
+        if write and not p.void(why):
+            # Decided first by another (a spare or a contester that saw a holder die): its reason
+            # is what happened; ours (a newer generation in use, say) is only how we noticed.
+            rel = p.read_release(p.gen)
+            if isinstance(rel, Release) and rel.state == "restart" and rel.writer != p.instance and rel.reason:
+                why = rel.reason
         self.leaving(why)
         unconnected = self._unconnected()
         later = f" (in it, {unconnected})" if unconnected else ""

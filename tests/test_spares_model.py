@@ -1,0 +1,79 @@
+"""Issue 24, spares, on the model (the real ``Participant`` on :mod:`fakefs` and :mod:`fakenet`,
+:class:`test_model.World`): a spare's ``--timeout`` is held while it waits for a place, runs in full
+once a world forms with it, and ``--spare-timeout`` bounds the wait.  The world's oracles check
+every step (one world, nobody left out of a release that names it) and every timeout
+(``World._check_exception``: a ``--timeout`` only past the deadline, a ``--spare-timeout`` only
+after that long held)."""
+
+from __future__ import annotations
+
+try:
+    from test_model import World
+except ImportError:  # tests/ imported as a package
+    from tests.test_model import World
+
+from fsmingle.errors import RendezvousTimeoutError
+from fsmingle.rendezvous.participant import State
+
+
+def _trainings_run(*qs) -> None:
+    """Released processes exec their training: they are no participants any more (the world's
+    one-world oracle is about the participants of one rendezvous, the spare's comes next)."""
+    for q in qs:
+        assert q.status == "done"
+        q.status, q.result = "exited", None
+
+
+def _released_world_of_two() -> World:
+    w = World(2, staleness=1.0)
+    a, b = w.start(0), w.start(1)
+    w.tick(30.0, stop=lambda: a.status == b.status == "done")
+    assert set(w.releases) == {1}
+    _trainings_run(a, b)
+    return w
+
+
+def test_a_spare_outlives_its_timeout_and_takes_the_place_a_restart_opens():
+    w = _released_world_of_two()
+    spare = w.start(None, timeout=5.0)  # a third node on a host of its own
+    w.tick(60.0)  # twelve times its --timeout
+    p = spare.p
+    assert spare.status == "running" and p.gen == 2 and p.state is State.WAIT and p.spare_backs == 1, w.log[-20:]
+    assert p.spare_hold.held_for > 50 and p.deadline > p.clock.monotonic()
+    # b's training died; its restart loop runs fsmingle again: the spare takes b's place.
+    b2 = w.start(1)
+    start = w.fs.now
+    w.tick(30.0, stop=lambda: spare.status != "running" and b2.status != "running")
+    assert spare.status == b2.status == "done", w.log[-30:]
+    assert spare.result.generation == b2.result.generation == 2
+    assert {spare.result.rank, b2.result.rank} == {0, 1}
+    assert w.fs.now - start < 5.0  # within its --timeout, which runs from the moment b2 joined
+
+
+def test_a_spare_whose_world_forms_gets_its_whole_timeout_then_times_out_as_usual():
+    # The spare takes a place in a world that still misses a rank: --timeout runs again, in full.
+    w = World(3, staleness=1.0)
+    a, b, c = w.start(0), w.start(1), w.start(2)
+    w.tick(30.0, stop=lambda: a.status == b.status == c.status == "done")
+    _trainings_run(a, b, c)
+    spare = w.start(None, timeout=5.0)
+    w.tick(20.0)
+    assert spare.status == "running" and spare.p.spare_backs == 1
+    b2 = w.start(1)  # one survivor comes back; the third never does
+    w.tick(2.0, stop=lambda: not spare.p.spare_backs)
+    assert spare.p.spare_backs == 0 and "a place opened" in spare.p.note
+    joined = w.fs.now
+    w.tick(30.0, stop=lambda: spare.status != "running")
+    assert spare.status == "exited" and isinstance(spare.error, RendezvousTimeoutError), spare.error
+    assert "--spare-timeout" not in str(spare.error)
+    assert 4.0 <= w.fs.now - joined <= 8.0  # its full --timeout (5 s), counted from when the world formed
+    assert b2.status in ("running", "exited")
+
+
+def test_a_spare_fails_after_spare_timeout_naming_the_generation_it_backs():
+    w = _released_world_of_two()
+    spare = w.start(None, spare_timeout=10.0)  # --timeout: never (LONG)
+    w.tick(30.0, stop=lambda: spare.status != "running")
+    assert spare.status == "exited" and isinstance(spare.error, RendezvousTimeoutError), spare.error
+    assert "as a spare for generation 1 (--spare-timeout 10 s)" in str(spare.error)
+    assert w.decided[2].state == "restart" and "--spare-timeout" in w.decided[2].reason  # it left gen 2 voided
