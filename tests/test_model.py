@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import math
 import os
 import random
 from dataclasses import dataclass
@@ -971,7 +972,7 @@ class RendezvousMachine(RuleBasedStateMachine):
         """A first-come process beyond the world's size: a spare once the world is full or released
         without it (its --timeout held; ``bounded``: a short --timeout and a --spare-timeout)."""
         if self.w.intruders < 1 and None in self.w.ranks:
-            self.w.start(None, timeout=5.0 if bounded else None, spare_timeout=20.0 if bounded else None)
+            self.w.start(None, timeout=5.0 if bounded else None, spare_timeout=20.0 if bounded else math.inf)
 
     @rule(i=st.integers(0, 15), n=st.integers(1, 4))
     def step(self, i, n):

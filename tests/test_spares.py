@@ -33,8 +33,8 @@ def test_spare_takes_the_place_of_a_dead_member(procs, d):
     assert {r["generation"] for r in first} == {1}
     # The world of generation 1 is running (its fsmingle processes exec'd or returned). A third
     # node arrives: a spare, waiting in generation 2.
-    # Its --timeout (3 s) does not run while it is a spare: it outlives it.
-    c = procs.env(d, "sp", "--nnodes", 2, timeout=3, name="c")
+    # Given --spare-timeout, its --timeout (3 s) does not run while it is a spare: it outlives it.
+    c = procs.env(d, "sp", "--nnodes", 2, "--spare-timeout", "inf", timeout=3, name="c")
     st = wait_for(
         lambda: (lambda s: s if s.get("generation") == 2 and s["participants"] else None)(_status(d, "sp")), 20, "c"
     )
@@ -68,7 +68,7 @@ def test_a_member_killed_before_the_release_leaves_its_place_to_the_waiting_spar
     wait_claimed(d, "kb", 1, [0], procs=[a])
     b = procs.env(d, "kb", "--nnodes", 2, timeout=60, name="b", extra_env={"FSMINGLE_TEST_PAUSE": "beacon:60"})
     wait_claimed(d, "kb", 1, [0, 1], procs=[a, b])
-    c = procs.env(d, "kb", "--nnodes", 2, timeout=5, name="c")
+    c = procs.env(d, "kb", "--nnodes", 2, "--spare-timeout", 3600, timeout=5, name="c")
     wait_text(c, "all 2 ranks of generation 1 are claimed")
     wait_text(c, "a spare for gen 1, timeout held")
     # Its beacon (written at its first heartbeat) shows it as the spare of generation 1.
@@ -160,7 +160,8 @@ def test_a_spare_replaces_a_dead_member_under_fsmingle_runs_restart_loop(procs, 
     a = procs.spawn(["bash", "-c", f"for i in 1 2 3; do {once}; done"], name="a", env=clean_env({"WHO": "a"}))
     b = procs.spawn([*FSMINGLE, *map(str, [*args, "--timeout", 60, *train])], name="b", env=clean_env({"WHO": "b"}))
     wait_for(lambda: (out / "a-gen1.json").exists() and (out / "b-gen1.json").exists(), 30, "generation 1 training")
-    c = procs.spawn([*FSMINGLE, *map(str, [*args, "--timeout", 3, *train])], name="c", env=clean_env({"WHO": "c"}))
+    spare = [*args, "--timeout", 3, "--spare-timeout", 3600, *train]
+    c = procs.spawn([*FSMINGLE, *map(str, spare)], name="c", env=clean_env({"WHO": "c"}))
     wait_text(c, "a spare for gen 1, timeout held")
     while c.elapsed < 5:  # past its --timeout
         assert c.poll() is None, c.stderr()
@@ -174,3 +175,18 @@ def test_a_spare_replaces_a_dead_member_under_fsmingle_runs_restart_loop(procs, 
     assert sorted(w["rank"] for w in world) == [0, 1] and world[0]["port"] == world[1]["port"], world
     assert not (out / "a-gen3.json").exists() and a.poll() is None and c.poll() is None, a.stderr()
     assert took < 15
+
+
+def test_without_spare_timeout_a_rerun_whose_peer_never_comes_times_out_naming_it(procs, d):
+    """A re-run with the same job id finds generation 1 released without it, exactly as a spare
+    does; without --spare-timeout nothing is held: it fails after --timeout, naming the rank that
+    never came (a spare's wait is asked for, never the default)."""
+    a = procs.env(d, "rr", "--nnodes", 2, timeout=60, name="a")
+    b = procs.env(d, "rr", "--nnodes", 2, timeout=60, name="b")
+    assert {a.result(30)["generation"], b.result(30)["generation"]} == {1}
+    again = procs.env(d, "rr", "--nnodes", 2, timeout=3, name="again")  # its peer is never started
+    assert again.wait(30) == 7, again.stderr()
+    err = " ".join(again.stderr().split())
+    assert 3 <= again.elapsed < 3 + 10, again.elapsed
+    assert "timed out after 3 s in generation 2: missing node ranks 1" in err, err
+    assert "as a spare" in err and "--spare-timeout" not in err.split("timed out", 1)[1].split(".")[0], err

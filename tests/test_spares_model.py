@@ -7,6 +7,8 @@ after that long held)."""
 
 from __future__ import annotations
 
+import math
+
 try:
     from test_model import World
 except ImportError:  # tests/ imported as a package
@@ -35,7 +37,7 @@ def _released_world_of_two() -> World:
 
 def test_a_spare_outlives_its_timeout_and_takes_the_place_a_restart_opens():
     w = _released_world_of_two()
-    spare = w.start(None, timeout=5.0)  # a third node on a host of its own
+    spare = w.start(None, timeout=5.0, spare_timeout=math.inf)  # a third node on a host of its own
     w.tick(60.0)  # twelve times its --timeout
     p = spare.p
     assert spare.status == "running" and p.gen == 2 and p.state is State.WAIT and p.spare_backs == 1, w.log[-20:]
@@ -56,7 +58,7 @@ def test_a_spare_whose_world_forms_gets_its_whole_timeout_then_times_out_as_usua
     a, b, c = w.start(0), w.start(1), w.start(2)
     w.tick(30.0, stop=lambda: a.status == b.status == c.status == "done")
     _trainings_run(a, b, c)
-    spare = w.start(None, timeout=5.0)
+    spare = w.start(None, timeout=5.0, spare_timeout=math.inf)
     w.tick(20.0)
     assert spare.status == "running" and spare.p.spare_backs == 1
     b2 = w.start(1)  # one survivor comes back; the third never does

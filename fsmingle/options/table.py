@@ -174,13 +174,14 @@ OPTIONS: tuple[Option, ...] = (
         "spare_timeout",
         ("--spare-timeout",),
         float,
-        "Seconds a spare (arrived when the world was full or already released) may wait for a place; "
-        "--timeout is held while it does, and runs in full once a world forms with it (exit 7 after).",
+        "Seconds a spare (arrived when the world was full or already released) may wait for a place, "
+        "`inf` for as long as the world runs; --timeout is held while it does, and runs in full once a "
+        "world forms with it (exit 7 after). Unset: a spare waits --timeout like anyone (a re-run looks the same).",
         env=("FSMINGLE_SPARE_TIMEOUT",),
         envvar="FSMINGLE_SPARE_TIMEOUT",
         unit="s",
         check=_positive,
-        default_text="no limit",
+        default_text="--timeout",
     ),
     Option(
         "queue_poll",

@@ -6,11 +6,13 @@
 * **World full** (first-come, every rank claimed): watch the holders; a dead
   one voids the generation; a release without us means we arrived late.
 * **A spare** (world full, or waiting in the next generation after a release without us, with
-  nobody else there yet): its ``--timeout`` is held (a spare waits for a world that runs for
-  hours, not for peers that are late), bounded by ``--spare-timeout`` instead; once another
-  participant is present where it waits, a world forms with it, and ``--timeout`` starts over
-  in full.  A restarted survivor looks the same (it too finds the generation released without
-  its new process): it holds until a peer joins it.
+  nobody else there yet): given ``--spare-timeout``, its ``--timeout`` is held (a spare waits for
+  a world that runs for hours, not for peers that are late), bounded by ``--spare-timeout``
+  instead; once another participant is present where it waits, a world forms with it, and
+  ``--timeout`` starts over in full.  Without ``--spare-timeout`` a spare waits ``--timeout``
+  like anyone: a re-run, or a survivor restarted by its loop, looks the same (it too finds the
+  generation released without its new process), and must still fail after ``--timeout`` naming
+  the ranks that never came.
 
 Mixed into :class:`fsmingle.rendezvous.participant.Participant`.
 """
@@ -128,6 +130,12 @@ class OutsideWorld:
             int: the generation found full (world full), or released without it (``spare_for``)
             while it waits where nobody else is present yet; 0 otherwise.
         """
+        if self.spare_hold.bound is None:
+            # No --spare-timeout: a spare waits --timeout like anyone (today's rule).  A re-run, or a
+            # survivor restarted by its loop, finds the last generation released without it too and
+            # cannot be told from a spare: holding by default would let a re-run whose peers never
+            # come wait until its job's time limit instead of failing after --timeout, naming them.
+            return 0
         if self.state is State.WORLD_FULL:
             return self.gen or 0
         if not self.spare_for or self.state not in (State.JOIN, State.WAIT):

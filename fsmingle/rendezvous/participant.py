@@ -95,7 +95,8 @@ class Participant(Joining, Leaving, GenerationReader, OutsideWorld):
         scheduler (tuple[tuple[str, str], ...]): this job's scheduler identity, for the beacon.
         spare_timeout (float | None): seconds this participant may wait as a spare (it found its
             generation full, or released without it); its ``timeout`` is held meanwhile and runs
-            in full once a world forms with it (:mod:`.outside`).  None: no bound.
+            in full once a world forms with it (:mod:`.outside`); ``math.inf``: no bound.  None: a
+            spare waits ``timeout`` like anyone (nothing held).
         clock (Clock): time source.
         local_alive (Callable[[HostId, HostId], bool | None]): direct liveness
             check of a process in our pid space (see :mod:`fsmingle.net.hostinfo`).
