@@ -222,6 +222,7 @@ class Participant(Joining, Leaving, GenerationReader, OutsideWorld):
             slurm_job_id=self.slurm_job_id,
             scheduler=self.scheduler,
             queue=tuple(self.queue.lines) if self.queue is not None and self.rank == 0 else (),
+            queue_word=self.queue.relay.word(self.queue) if self.queue is not None and self.rank else None,
             spare_for=self.spare_for if self.state is not State.WORLD_FULL else self.gen or 0,
             vouch=vouch() if vouch else "",
             secret=secret,
@@ -297,6 +298,7 @@ class Participant(Joining, Leaving, GenerationReader, OutsideWorld):
                 max(0.0, self.deadline - now),
                 self.state.value,
                 self.note,
+                **(self.queue.progress() if self.queue is not None else {}),
             )
         )
 

@@ -84,6 +84,9 @@ class Progress:
         remaining (float): seconds until the timeout.
         state (str): a :class:`State` value.
         note (str): the latest notable event ("generation 3 voided: ...").
+        held (float | None): seconds the timeout has been held by peer jobs pending in the
+            scheduler's queue (:mod:`fsmingle.rendezvous.queue`), while it is held; None otherwise.
+        queue_left (float | None): seconds of ``--queue-timeout`` left while held (None: no bound).
     """
 
     job_id: str
@@ -97,3 +100,5 @@ class Progress:
     remaining: float
     state: str
     note: str = ""
+    held: float | None = None
+    queue_left: float | None = None
