@@ -94,8 +94,8 @@ def _held_longer_than_the_timeout(s, jid: str, held: int) -> tuple[dict, str]:
     _release_all_but(s, jid, held)
     want = f"missing rank {held}: job {jid}_{held} PENDING (JobHeldUser)"
     t0 = time.monotonic()
-    st = wait_for(
-        lambda: (lambda x: x if want in json.dumps(x) and len(x.get("claimed", [])) == 2 else None)(_status(s, jid)),
+    wait_for(
+        lambda: want in json.dumps(x := _status(s, jid)) and len(x.get("claimed", [])) == 2,
         60,
         "status naming the held task",
     )
@@ -106,7 +106,7 @@ def _held_longer_than_the_timeout(s, jid: str, held: int) -> tuple[dict, str]:
     text = run_cli("status", jid, "--dir", f"{s.cluster.shared}/rdzv").stdout
     print(text)  # the real `status` output quoted in docs/slurm.md
     assert want in text
-    return st, text
+    return later, text
 
 
 def _world_completes(s, jid: str, held: int) -> list[str]:
