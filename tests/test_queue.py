@@ -287,3 +287,46 @@ def test_array_tasks_are_peers_only_when_the_training_spans_jobs():
     assert q.peers == ("4242_1", "4242_2") and q.mine == "4242_3" and q.rank_of_task == ("4242", 1)
     own = {**ARRAY_TASK, "SLURM_NNODES": "2"}  # each task a 2-node training of its own
     assert _queue_watch(v, resolve(dir="/x", job_id="t3", nnodes=2, env=own), own) is None
+
+
+def test_the_askers_word_in_the_beacon_is_optional_and_tolerated():
+    """``queue_word`` (the scheduler asker's findings while rank 0 is missing): left out when None,
+    so older readers see the same record; an older writer's beacon reads as no word; junk in it
+    is dropped, never a reason to refuse the beacon."""
+    word = {"hold": True, "lines": ["missing rank 0: job 4242_0 PENDING (JobHeldUser)"], "ended": ""}
+    raw = json.loads(encode(_beacon(queue_word=word)))
+    assert raw["queue_word"] == word and decode(encode(_beacon(queue_word=word)), Beacon).queue_word == word
+    assert "queue_word" not in json.loads(encode(_beacon()))
+    assert decode(encode(_beacon()), Beacon).queue_word is None
+    raw["queue_word"] = {"hold": "yes", "lines": "x", "ended": 5, "extra": 1}
+    assert decode(json.dumps(raw).encode(), Beacon).queue_word == {"hold": False, "lines": [], "ended": ""}
+    raw["queue_word"] = ["nonsense"]
+    assert decode(json.dumps(raw).encode(), Beacon).queue_word is None
+
+
+def test_a_restart_record_of_an_asker_on_an_ended_peer_fails_the_reader():
+    from fsmingle.rendezvous.queue_relay import ENDED_VOID
+
+    q = QueueWatch(("4242_0", "4242_1"), "4242_1")
+    q.from_void("rank 2 lost its connection to the master: reset")
+    assert q.ended == ""
+    q.from_void(f"{ENDED_VOID}peer job 4242_0 CANCELLED without joining")
+    assert q.ended == "peer job 4242_0 CANCELLED without joining"
+    q.forget()  # a new generation: an ended peer stays ended
+    assert q.ended
+
+
+def test_the_progress_line_says_the_timeout_is_held():
+    from fsmingle.cli.progress import describe
+    from fsmingle.rendezvous.states import Progress, RankSet
+
+    p = Progress("exp", 1, "node", 3, RankSet(3, [0]), (0,), 1, 130.0, 20.0, "waiting", "missing rank 0: ...")
+    assert describe(p).endswith("(2m10s, timeout in 20s)")
+    held = Progress("exp", 1, "node", 3, RankSet(3, [0]), (0,), 1, 130.0, 20.0, "waiting", "", 120.0, None)
+    assert describe(held).endswith("(2m10s, timeout held: peer jobs pending (held 2m00s))")
+    bound = Progress("exp", 1, "node", 3, RankSet(3, [0]), (0,), 1, 130.0, 20.0, "waiting", "", 120.0, 480.0)
+    assert "timeout held: peer jobs pending (held 2m00s, --queue-timeout in 8m00s)" in describe(bound)
+    q = QueueWatch(("4242_0",), "4242_1", queue_timeout=600.0)
+    assert q.progress() == {}
+    q.hold, q.held_for = True, 120.0
+    assert q.progress() == {"held": 120.0, "queue_left": 480.0}
