@@ -21,7 +21,8 @@ while a member holds a rank but knows no rank 0 endpoint (not connected), and on
   job, state and reason.  The record, not the asker's beacon: the beacon is removed as the asker
   withdraws, a read of it may come too late, and a non-asker failing on a beacon could void the
   generation first with a reason that tells nobody why; the restart record is created once and
-  read by every member that is not connected anyway (every heartbeat period).
+  read by every member that is not connected anyway (every heartbeat period; a follower whose
+  asker's beacon is gone reads it at once).
 * **Rank 0 appears**: the members connect to it and stop (a connected member never runs this;
   rank 0's status messages carry its word); the asker rewrites its beacon without the word at once.
 
@@ -37,6 +38,7 @@ from __future__ import annotations
 import logging
 
 from ..fs.layout import beacon_name, claimed_ranks, gen_name
+from ..fs.records import Release
 from .liveness import Verdict
 
 log = logging.getLogger("fsmingle")
@@ -137,6 +139,8 @@ class Relay:
             self._find(p, now)
         elif b is not None and b.queue_word is not None:
             q.from_wire(b.queue_word)
+        elif b is None and isinstance(rel := p.read_release(p.gen), Release) and rel.state == "restart":
+            q.from_void(rel.reason)  # its beacon is gone: it withdrew; on an ended peer job, fail now
         elif now >= self.next_find:
             self.next_find = now + p.timing.stale_after / 2
             self._find(p, now)
