@@ -141,6 +141,9 @@ class Relay:
             q.from_wire(b.queue_word)
         elif b is None and isinstance(rel := p.read_release(p.gen), Release) and rel.state == "restart":
             q.from_void(rel.reason)  # its beacon is gone: it withdrew; on an ended peer job, fail now
-        elif now >= self.next_find:
-            self.next_find = now + p.timing.stale_after / 2
-            self._find(p, now)
+        else:
+            if b is not None:  # it gives no word (rank 0 is there, a lower rank asks, an older version)
+                q.hold, q.lines = False, []  # so nothing holds this timeout on its word any more
+            if now >= self.next_find:
+                self.next_find = now + p.timing.stale_after / 2
+                self._find(p, now)
