@@ -672,7 +672,7 @@ class World:
         if isinstance(e, CorruptStateError) and p.gen is not None and release_name(p.gen) in self.corrupted:
             return
         if isinstance(e, PeerJobEndedError):
-            ended = [j for j, st in (self.scheduler.states if self.scheduler else {}).items() if st in ENDED]
+            ended = self.scheduler.ever_ended if self.scheduler is not None else set()
             assert any(f"peer job {j} " in str(e) for j in ended), f"PeerJobEndedError but none ended: {e}"
             return
         if (
@@ -708,6 +708,8 @@ class World:
         """Partitions heal, lost replies stop, negative caches stop growing (existing entries expire)."""
         self.partitioned_slots.clear()
         self.net.heal()
+        if self.scheduler is not None:
+            self.scheduler.states.clear()  # every job running
         for h in self.hosts.values():
             h.store.neg_ttl = 0.0
             h.store._lost_reply_at = None
@@ -726,6 +728,8 @@ class World:
             return "rank 0's endpoint record was corrupted"
         if self.intruders:
             return "a duplicate explicit rank"
+        if self.scheduler is not None and self.scheduler.ever_ended:
+            return "a peer job ended (everyone may fail, exit 13)"
         explicit = [r for r in self.ranks if r is not None]
         if explicit and len(explicit) != self.size:
             return "explicit and first-come ranks mixed"
@@ -841,6 +845,7 @@ class RendezvousMachine(RuleBasedStateMachine):
         joined=st.integers(0, 5),
         initial_lag=st.sampled_from([0.0, 0.5, 1.0]),
         rank_order=st.sampled_from(["arrival", "arrival", "host"]),
+        peers=st.sampled_from([False, False, True]),
     )
     def setup(
         self,
@@ -857,6 +862,7 @@ class RendezvousMachine(RuleBasedStateMachine):
         joined,
         initial_lag,
         rank_order,
+        peers,
     ):
         if rank_policy == "explicit":
             ranks = list(range(size))
@@ -877,10 +883,12 @@ class RendezvousMachine(RuleBasedStateMachine):
             initial_lag=initial_lag,
             rank_order=rank_order,
         )
+        if peers and rank_policy == "explicit":  # issue 24: every slot an array task (scheduler_says)
+            self.w.scheduler = FakeScheduler(lambda: self.w.fs.now)
         note(
             f"World(size={size}, mode={mode!r}, ranks={ranks}, rank_order={rank_order!r}, staleness={staleness}, pidns={pidns!r}, "
             f"cleaner={cleaner}, partitioned={partitioned}, fixed_port={fixed_port}, "
-            f"timeout={self.w.timeout}, joined={joined})"
+            f"timeout={self.w.timeout}, joined={joined}, peers={self.w.scheduler is not None})"
         )
         for slot in range(min(joined, size)):
             self.w.start(slot)
@@ -956,6 +964,12 @@ class RendezvousMachine(RuleBasedStateMachine):
         cur = self.w.current(s)
         if cur is not None and not cur.alive and not self.w.released_any():
             self._first_step(self.w.start(s, new_host=new_host), crash_at)
+
+    @rule(i=st.integers(0, 4), state=st.sampled_from(["PENDING", "PENDING", "RUNNING", "CANCELLED"]))
+    def scheduler_says(self, i, state):
+        """What squeue says of a slot's job from now on (whether or not its process runs)."""
+        if self.w.scheduler is not None:
+            self.w.scheduler.say(f"j_{self._slot(i)}", state)
 
     @rule(r=st.integers(0, 4))
     def intrude(self, r):
@@ -1868,6 +1882,12 @@ class FakeScheduler:
         self.now, self.states, self.interval = w_now, dict(states or {}), interval
         self.calls: list[tuple[str, float]] = []
         self.raise_in: tuple | None = None  # (a QueueWatch.mine, a factory of what its next query raises)
+        self.ever_ended = {j for j, st in self.states.items() if st in ENDED}
+
+    def say(self, job: str, state: str) -> None:
+        self.states[job] = state
+        if state in ENDED:
+            self.ever_ended.add(job)
 
     def watch(self, size: int, slot: int) -> QueueWatch:
         mine = f"j_{slot}"
@@ -1932,7 +1952,7 @@ def test_missing_rank0_the_asker_dies_and_the_next_lowest_takes_over():
 def test_missing_rank0_cancelled_fails_the_asker_and_the_others_at_once():
     w, sched = _rank0_held()
     w.tick(40.0)
-    sched.states["j_0"] = "CANCELLED"
+    sched.say("j_0", "CANCELLED")
     t = w.fs.now
     w.tick(TIMING.heartbeat_period + 2 * sched.interval + 2 * w.fs.max_staleness + 1)
     for s in (1, 2):
