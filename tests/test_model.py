@@ -862,7 +862,7 @@ class RendezvousMachine(RuleBasedStateMachine):
         joined,
         initial_lag,
         rank_order,
-        peers,
+        peers=False,
     ):
         if rank_policy == "explicit":
             ranks = list(range(size))
