@@ -1982,29 +1982,40 @@ def test_an_old_members_beacon_without_a_word_is_not_followed_for_ever(monkeypat
     assert two.status == "exited" and isinstance(two.error, RendezvousTimeoutError), two.error
 
 
+def _asker_due_afresh(w: World) -> Proc:
+    """Rank 1, the asker, about to take up asking as if new: its next step lists the generation,
+    reads rank 2's beacon (its scheduler job), asks the scheduler, and writes its word."""
+    from fsmingle.rendezvous.queue_relay import Relay
+
+    one = w.current(1)
+    assert one.p.queue.relay.asking
+    relay = one.p.queue.relay = Relay()
+    relay.gen = one.p.gen
+    one.p.queue.next_query = 0.0
+    one.wake = w.fs.now
+    return one
+
+
 @pytest.mark.parametrize("kind", ["interrupt", "storage", "oserror"])
 def test_a_fault_at_every_call_of_the_asker(kind):
-    """An exception or interrupt at each store operation of the asker's relay step, and in its
+    """An exception or interrupt at each store operation of the asker's step, and in its
     scheduler call: it withdraws (voiding the generation), the others regroup, the next lowest
     asks (the asker's job requeued: pending), nobody times out, and once every slot runs the
     world is released.  A scheduler call that fails (not an interrupt) degrades to --timeout only."""
-    for k in range(7):
+    for k in range(8):
         w, sched = _rank0_held()
         w.tick(12.0)
-        one = w.current(1)
-        assert one.p.queue.relay.asking
-        one.p.queue.relay.next_at = 0.0  # due now: its listing, claim and beacon reads, then squeue
-        if k == 6:
+        one = _asker_due_afresh(w)
+        if k == 7:
             sched.raise_in = ("j_1", w.exc_factory(kind))
-            one.p.queue.next_query = 0.0
             w.step(one)
         else:
             w.step(one, fault=("store", k, kind), after_effect=bool(k % 2))
         if one.status != "running":
-            sched.states["j_1"] = "PENDING"  # requeued (a job that ended would fail everyone: exit 13)
+            sched.say("j_1", "PENDING")  # requeued (a job that ended would fail everyone: exit 13)
         w.tick(45.0)  # past --timeout 30 s: only a hold keeps the others waiting
         two = w.current(2)
-        if k == 6 and kind != "interrupt":
+        if k == 7 and kind != "interrupt":
             # A scheduler call that fails degrades, as on rank 0: one warning, then --timeout only
             # (the asker's word says no hold; nobody holds on a scheduler nobody can ask).
             assert one.p.queue.broken and not two.p.queue.hold
@@ -2013,6 +2024,29 @@ def test_a_fault_at_every_call_of_the_asker(kind):
         assert two.status == "running", (k, two.error, w.log[-20:])
         if one.status == "exited":
             assert two.p.queue.hold and "j_2" in sched.askers(since=w.fs.now - 20.0), (k, sched.calls[-5:])
-        sched.states["j_0"] = "RUNNING"
+        sched.say("j_0", "RUNNING")
         w.start(0)
         w.run_to_completion()
+
+
+@pytest.mark.parametrize("kind", ["interrupt", "storage"])
+def test_a_fault_at_every_call_of_the_asker_that_finds_rank0s_job_ended(kind):
+    """Rank 0's job is cancelled and the asker fails at each store operation of the steps that
+    find it (its listing, beacon read and word; then, taking the answer, the void's mkdirs and
+    create): whichever way it leaves, rank 2 fails with exit 13 naming the job -- on the asker's
+    restart record, or by asking itself in the next generation -- and never waits out --timeout."""
+    for step, k in [(0, k) for k in range(4)] + [(1, k) for k in range(7)]:
+        w, sched = _rank0_held()
+        w.tick(12.0)
+        one = _asker_due_afresh(w)
+        sched.say("j_0", "CANCELLED")
+        if step == 1:
+            w.step(one)  # asks; the answer is taken at its next step (the query runs in a thread)
+            assert one.status == "running" and w.fs.current(release_name(1)) is None
+            one.wake = w.fs.now
+        w.step(one, fault=("store", k, kind), after_effect=bool(k % 2))
+        w.tick(25.0)  # under --timeout 30 s from here
+        for q in (one, w.current(2)):
+            assert q.status == "exited", (k, q.slot, q.status, w.log[-20:])
+        two = w.current(2)
+        assert isinstance(two.error, PeerJobEndedError) and "peer job j_0 CANCELLED" in str(two.error), two.error
