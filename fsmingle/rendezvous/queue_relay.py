@@ -30,7 +30,9 @@ Cost (metadata operations, per ``period`` = the smaller of ``--queue-poll`` and 
 period, 10 s by default): the asker one listing, plus one claim and one beacon read per claimer
 once per generation (their scheduler job); every other member one beacon read.  Next to the
 listing of ``master/`` an unconnected member makes every ``poll_max`` (0.28 s) anyway, that is
-under 3 % more -- and nothing at all when there are no peer jobs or once rank 0 is there.
+under 3 % more (measured on the model's filesystem with the default timing: 3.78 -> 3.88
+operations per second per waiting member) -- and nothing at all when there are no peer jobs or
+once rank 0 is there.
 """
 
 from __future__ import annotations
