@@ -149,9 +149,8 @@ OPTIONS: tuple[Option, ...] = (
         "peer_jobs",
         ("--peer-jobs",),
         str,
-        "Scheduler jobs this training waits for (Slurm: 4300,4301 or 4242_[0-3]); rank 0 (while it is "
-        "missing, the lowest present rank) asks squeue about those not joined: pending ones hold "
-        "--timeout, an ended one fails the wait (exit 13).",
+        "Scheduler jobs this training waits for (Slurm: 4300,4301 or 4242_[0-3]); rank 0 asks squeue "
+        "about those not joined: pending ones hold --timeout, an ended one fails the wait (exit 13).",
         env=("FSMINGLE_PEER_JOBS",),
         envvar="FSMINGLE_PEER_JOBS",
         check=_peer_jobs,
@@ -173,8 +172,7 @@ OPTIONS: tuple[Option, ...] = (
         "queue_poll",
         ("--queue-poll",),
         float,
-        "Seconds between scheduler queries about peer jobs (one squeue call for all, by rank 0 or, "
-        "while it is missing, the lowest present rank).",
+        "Seconds between rank 0's scheduler queries about peer jobs (one squeue call for all).",
         default=30.0,
         env=("FSMINGLE_QUEUE_POLL",),
         envvar="FSMINGLE_QUEUE_POLL",
