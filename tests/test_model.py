@@ -54,6 +54,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from fsmingle.errors import (
     ConfigError,
     CorruptStateError,
+    PeerJobEndedError,
     RankConflictError,
     RendezvousTimeoutError,
     StorageError,
@@ -73,6 +74,7 @@ from fsmingle.rendezvous.cleanup import retire_decided_below
 from fsmingle.rendezvous.decision import Placement, placements
 from fsmingle.rendezvous.joining import RETIRED_NUMBER
 from fsmingle.rendezvous.participant import Participant, State, Timing
+from fsmingle.rendezvous.queue import ENDED, JobState, QueueWatch
 
 try:
     import fakefs
@@ -156,6 +158,8 @@ class World:
         addrs (dict[int, str]): slots announcing an address other than their host's (``--addr``).
         rank_order (str): ``--rank-order`` (``host``: rank 0 may hand the master's place to a member).
         initial_lag (float): fraction of the staleness bound new hosts' views lag by.
+        scheduler (FakeScheduler | None): every slot is a job of it (issue 24: peer jobs pending in
+            its queue hold the timeout; one that ended fails everyone, PeerJobEndedError).
     """
 
     def __init__(
@@ -175,8 +179,10 @@ class World:
         initial_lag: float = 0.0,
         addrs=None,
         rank_order: str = "arrival",
+        scheduler=None,
     ):
         self.size, self.mode, self.pidns, self.timing = size, mode, pidns, timing
+        self.scheduler = scheduler
         self.ranks = list(ranks) if ranks is not None else [None] * size
         self.sizes = list(sizes) if sizes is not None else [size] * size
         self.fs = FakeFS(staleness)
@@ -353,6 +359,7 @@ class World:
             rng=random.Random(self._counter),
             rank_order=self.rank_order,
             spare_timeout=spare_timeout,
+            queue=self.scheduler.watch(self.size, slot) if self.scheduler is not None and slot is not None else None,
         )
         self.procs.append(q)
         self.by_instance[instance] = q
@@ -679,6 +686,10 @@ class World:
             return
         if isinstance(e, CorruptStateError) and p.gen is not None and release_name(p.gen) in self.corrupted:
             return
+        if isinstance(e, PeerJobEndedError):
+            ended = self.scheduler.ever_ended if self.scheduler is not None else set()
+            assert any(f"peer job {j} " in str(e) for j in ended), f"PeerJobEndedError but none ended: {e}"
+            return
         if (
             isinstance(e, ConfigError)
             and "already in use" in str(e)
@@ -712,6 +723,8 @@ class World:
         """Partitions heal, lost replies stop, negative caches stop growing (existing entries expire)."""
         self.partitioned_slots.clear()
         self.net.heal()
+        if self.scheduler is not None:
+            self.scheduler.states.clear()  # every job running
         for h in self.hosts.values():
             h.store.neg_ttl = 0.0
             h.store._lost_reply_at = None
@@ -730,6 +743,8 @@ class World:
             return "rank 0's endpoint record was corrupted"
         if self.intruders:
             return "a duplicate explicit rank"
+        if self.scheduler is not None and self.scheduler.ever_ended:
+            return "a peer job ended (everyone may fail, exit 13)"
         explicit = [r for r in self.ranks if r is not None]
         if explicit and len(explicit) != self.size:
             return "explicit and first-come ranks mixed"
@@ -845,6 +860,7 @@ class RendezvousMachine(RuleBasedStateMachine):
         joined=st.integers(0, 5),
         initial_lag=st.sampled_from([0.0, 0.5, 1.0]),
         rank_order=st.sampled_from(["arrival", "arrival", "host"]),
+        peers=st.sampled_from([False, False, True]),
     )
     def setup(
         self,
@@ -861,6 +877,7 @@ class RendezvousMachine(RuleBasedStateMachine):
         joined,
         initial_lag,
         rank_order,
+        peers=False,
     ):
         if rank_policy == "explicit":
             ranks = list(range(size))
@@ -881,10 +898,12 @@ class RendezvousMachine(RuleBasedStateMachine):
             initial_lag=initial_lag,
             rank_order=rank_order,
         )
+        if peers and rank_policy == "explicit":  # issue 24: every slot an array task (scheduler_says)
+            self.w.scheduler = FakeScheduler(lambda: self.w.fs.now)
         note(
             f"World(size={size}, mode={mode!r}, ranks={ranks}, rank_order={rank_order!r}, staleness={staleness}, pidns={pidns!r}, "
             f"cleaner={cleaner}, partitioned={partitioned}, fixed_port={fixed_port}, "
-            f"timeout={self.w.timeout}, joined={joined})"
+            f"timeout={self.w.timeout}, joined={joined}, peers={self.w.scheduler is not None})"
         )
         for slot in range(min(joined, size)):
             self.w.start(slot)
@@ -960,6 +979,12 @@ class RendezvousMachine(RuleBasedStateMachine):
         cur = self.w.current(s)
         if cur is not None and not cur.alive and not self.w.released_any():
             self._first_step(self.w.start(s, new_host=new_host), crash_at)
+
+    @rule(i=st.integers(0, 4), state=st.sampled_from(["PENDING", "PENDING", "RUNNING", "CANCELLED"]))
+    def scheduler_says(self, i, state):
+        """What squeue says of a slot's job from now on (whether or not its process runs)."""
+        if self.w.scheduler is not None:
+            self.w.scheduler.say(f"j_{self._slot(i)}", state)
 
     @rule(r=st.integers(0, 4))
     def intrude(self, r):
@@ -1864,3 +1889,186 @@ def test_busy_port_on_one_host_lets_another_take_rank0():
     w.run_to_completion()
     rel = _released_same_world(w)
     assert rel.members[0].instance != first.instance and first.status == "done"
+
+
+# ---------------------------------------------------------------------------------------------
+# Issue 24: peer jobs in the scheduler's queue while the one missing is rank 0's (explicit ranks,
+# as array tasks started with --node-rank from the task index).
+
+
+class FakeScheduler:
+    """Slot ``s`` is array task ``j_s``; ``states`` what squeue says (absent: RUNNING); ``calls`` who
+    asked (``mine``) and when (fake seconds)."""
+
+    def __init__(self, w_now, states=None, interval: float = 2.0):
+        self.now, self.states, self.interval = w_now, dict(states or {}), interval
+        self.calls: list[tuple[str, float]] = []
+        self.raise_in: tuple | None = None  # (a QueueWatch.mine, a factory of what its next query raises)
+        self.ever_ended = {j for j, st in self.states.items() if st in ENDED}
+
+    def say(self, job: str, state: str) -> None:
+        self.states[job] = state
+        if state in ENDED:
+            self.ever_ended.add(job)
+
+    def watch(self, size: int, slot: int) -> QueueWatch:
+        mine = f"j_{slot}"
+
+        def query(ids, mine=mine):
+            self.calls.append((mine, self.now()))
+            if self.raise_in is not None and self.raise_in[0] == mine:
+                make, self.raise_in = self.raise_in[1], None
+                raise make(f"{mine}'s squeue call")
+            return {i: JobState(i, self.states.get(i, "RUNNING"), "JobHeldUser") for i in ids}
+
+        peers = tuple(f"j_{i}" for i in range(size))
+        return QueueWatch(peers, mine, self.interval, None, ("j", 0), query=query, threaded=False)
+
+    def askers(self, since: float = 0.0) -> set[str]:
+        return {m for m, t in self.calls if t >= since}
+
+
+def _rank0_held(**kw) -> tuple[World, FakeScheduler]:
+    """Ranks 1 and 2 of 3 waiting (timeout 30 s) while rank 0's job is PENDING."""
+    w = World(3, ranks=[0, 1, 2], staleness=1.0, pidns="pod", timeout=30.0, **kw)
+    w.scheduler = FakeScheduler(lambda: w.fs.now, {"j_0": "PENDING"})
+    w.start(1)
+    w.start(2)
+    return w, w.scheduler
+
+
+def test_missing_rank0_the_lowest_present_rank_asks_and_everyone_holds():
+    w, sched = _rank0_held()
+    w.tick(120.0)  # four times --timeout
+    one, two = w.current(1), w.current(2)
+    assert one.status == two.status == "running", (one.error, two.error)
+    assert sched.askers() == {"j_1"}, sched.calls  # one asker, never every node
+    assert len(sched.calls) <= 120 / sched.interval + 2
+    for q in (one, two):
+        assert q.p.queue.hold and "missing rank 0: job j_0 PENDING (JobHeldUser)" in q.p.note, q.p.note
+    # rank 0 starts: it asks from now on, the asker stops (its beacon drops the word), the world completes
+    sched.states["j_0"] = "RUNNING"
+    w.start(0)
+    w.tick(5.0)
+    t = w.fs.now
+    w.run_to_completion()
+    assert _released_same_world(w).generation == 1
+    assert "j_1" not in sched.askers(since=t), sched.calls
+
+
+def test_missing_rank0_the_asker_dies_and_the_next_lowest_takes_over():
+    w, sched = _rank0_held()
+    w.tick(20.0)
+    w.crash(w.current(1))
+    t = w.fs.now
+    w.tick(90.0)
+    two = w.current(2)
+    assert two.status == "running", two.error  # held all along: rank 1's word, then its own
+    assert sched.askers(since=t + TIMING.stale_after + 2 * TIMING.heartbeat_period) == {"j_2"}, sched.calls
+    assert two.p.queue.hold
+    sched.states["j_0"] = "RUNNING"
+    w.start(0)
+    w.run_to_completion()  # restarts slot 1; rank 0 voids its dead claim, the next generation releases
+
+
+def test_missing_rank0_cancelled_fails_the_asker_and_the_others_at_once():
+    w, sched = _rank0_held()
+    w.tick(40.0)
+    sched.say("j_0", "CANCELLED")
+    t = w.fs.now
+    w.tick(TIMING.heartbeat_period + 2 * sched.interval + 2 * w.fs.max_staleness + 1)
+    for s in (1, 2):
+        q = w.current(s)
+        assert q.status == "exited" and isinstance(q.error, PeerJobEndedError), (s, q.status, q.error)
+        assert "peer job j_0 CANCELLED (JobHeldUser) without joining" in str(q.error)
+        assert q.died_at - t < TIMING.heartbeat_period + 2 * sched.interval + 2 * w.fs.max_staleness + 1
+    assert w.decided[1].reason.startswith("the scheduler says: peer job j_0 CANCELLED")
+    assert sched.askers() == {"j_1"}
+
+
+def test_an_old_members_beacon_without_a_word_is_not_followed_for_ever(monkeypatch):
+    """Rank 1 runs a version without the asker (its beacon never carries a word): rank 2 lists
+    the generation again at most every stale_after / 2, and waits with --timeout (no hold, no
+    scheduler call: rank 1 is present and not dead, so rank 2 is not the lowest)."""
+    from fsmingle.rendezvous import queue_relay
+
+    finds = _count_calls(monkeypatch, queue_relay.Relay, "_find")
+    w, sched = _rank0_held()
+    w.current(1).p.queue = None  # an older fsmingle: no QueueWatch, no queue_word
+    w.tick(25.0)
+    two = w.current(2)
+    assert two.status == "running" and not two.p.queue.hold and sched.calls == []
+    assert two.p.queue.relay.asker[0] == 1 and not two.p.queue.relay.asking
+    assert 1 <= len(finds) <= 25.0 / (TIMING.stale_after / 2) + 2, len(finds)
+    w.tick(10.0)
+    assert two.status == "exited" and isinstance(two.error, RendezvousTimeoutError), two.error
+
+
+def _asker_due_afresh(w: World) -> Proc:
+    """Rank 1, the asker, about to take up asking as if new: its next step lists the generation,
+    reads rank 2's beacon (its scheduler job), asks the scheduler, and writes its word."""
+    from fsmingle.rendezvous.queue_relay import Relay
+
+    one = w.current(1)
+    assert one.p.queue.relay.asking
+    relay = one.p.queue.relay = Relay()
+    relay.gen = one.p.gen
+    one.p.queue.next_query = 0.0
+    one.wake = w.fs.now
+    return one
+
+
+@pytest.mark.parametrize("kind", ["interrupt", "storage", "oserror"])
+def test_a_fault_at_every_call_of_the_asker(kind):
+    """An exception or interrupt at each store operation of the asker's step, and in its
+    scheduler call: it withdraws (voiding the generation), the others regroup, the next lowest
+    asks (the asker's job requeued: pending), nobody times out, and once every slot runs the
+    world is released.  A scheduler call that fails (not an interrupt) degrades to --timeout only."""
+    for k in range(8):
+        w, sched = _rank0_held()
+        w.tick(12.0)
+        one = _asker_due_afresh(w)
+        if k == 7:
+            sched.raise_in = ("j_1", w.exc_factory(kind))
+            w.step(one)
+        else:
+            w.step(one, fault=("store", k, kind), after_effect=bool(k % 2))
+        if one.status != "running":
+            sched.say("j_1", "PENDING")  # requeued (a job that ended would fail everyone: exit 13)
+        w.tick(45.0)  # past --timeout 30 s: only a hold keeps the others waiting
+        two = w.current(2)
+        if k == 7 and kind != "interrupt":
+            # A scheduler call that fails degrades, as on rank 0: one warning, then --timeout only
+            # (the asker's word says no hold; nobody holds on a scheduler nobody can ask).
+            assert one.p.queue.broken and not two.p.queue.hold
+            assert all(isinstance(q.error, RendezvousTimeoutError) for q in (one, two)), (one.error, two.error)
+            continue
+        assert two.status == "running", (k, two.error, w.log[-20:])
+        if one.status == "exited":
+            assert two.p.queue.hold and "j_2" in sched.askers(since=w.fs.now - 20.0), (k, sched.calls[-5:])
+        sched.say("j_0", "RUNNING")
+        w.start(0)
+        w.run_to_completion()
+
+
+@pytest.mark.parametrize("kind", ["interrupt", "storage"])
+def test_a_fault_at_every_call_of_the_asker_that_finds_rank0s_job_ended(kind):
+    """Rank 0's job is cancelled and the asker fails at each store operation of the steps that
+    find it (its listing, beacon read and word; then, taking the answer, the void's mkdirs and
+    create): whichever way it leaves, rank 2 fails with exit 13 naming the job -- on the asker's
+    restart record, or by asking itself in the next generation -- and never waits out --timeout."""
+    for step, k in [(0, k) for k in range(4)] + [(1, k) for k in range(7)]:
+        w, sched = _rank0_held()
+        w.tick(12.0)
+        one = _asker_due_afresh(w)
+        sched.say("j_0", "CANCELLED")
+        if step == 1:
+            w.step(one)  # asks; the answer is taken at its next step (the query runs in a thread)
+            assert one.status == "running" and w.fs.current(release_name(1)) is None
+            one.wake = w.fs.now
+        w.step(one, fault=("store", k, kind), after_effect=bool(k % 2))
+        w.tick(25.0)  # under --timeout 30 s from here
+        for q in (one, w.current(2)):
+            assert q.status == "exited", (k, q.slot, q.status, w.log[-20:])
+        two = w.current(2)
+        assert isinstance(two.error, PeerJobEndedError) and "peer job j_0 CANCELLED" in str(two.error), two.error

@@ -134,7 +134,7 @@ def test_queue_watch_judges_pending_running_ended():
 
 
 FAKE_SQUEUE = """#!/bin/sh
-echo "$@" >> {log}
+echo "$@ by=$SLURM_JOB_ID" >> {log}
 cat {table}
 """
 
@@ -209,6 +209,70 @@ def test_cancelled_peer_fails_everyone_at_once(procs, d, fake_squeue):
         assert "peer job 102 CANCELLED without joining" in p.stderr(), p.stderr()
 
 
+def _sole_asker_holds(d, job: str) -> dict:
+    """Wait until rank 1 alone asks the scheduler and its word holds the timeout; its status.  Rank 2
+    may arrive first and ask until it sees rank 1 (a --queue-poll later); rank 1 may look before
+    rank 2 claimed: its first word is then "no hold" (a running peer job has not joined)."""
+
+    def holds():
+        st = json.loads(_status_text(d, job) or "{}")
+        asker = [x for x in st.get("participants", []) if x["asks_scheduler"]]
+        return st if [(x["rank"], x["timeout_held"]) for x in asker] == [(1, True)] else None
+
+    return wait_for(holds, 15, "rank 1 alone asks, and its word holds the timeout")
+
+
+def test_missing_rank0_the_lowest_present_rank_asks_and_the_others_hold(procs, d, fake_squeue):
+    """Explicit ranks; the job that holds rank 0 waits in the queue for 3x --timeout.  Rank 1
+    alone asks squeue; rank 2 reads rank 1's beacon and holds its timeout too; status and both
+    progress lines say why; when job 100 starts the world completes."""
+    bindir, table, log = fake_squeue
+    table.write_text("100|PENDING|JobHeldUser|2030-01-01T14:05:00\n")
+    args = ("--nnodes", 3, "--queue-poll", 0.5)
+    b = procs.env(d, "m", *args, "--node-rank", 1, timeout=2, extra_env=_job_env(bindir, "101"), name="b")
+    c = procs.env(d, "m", *args, "--node-rank", 2, timeout=2, extra_env=_job_env(bindir, "102"), name="c")
+
+    st = _sole_asker_holds(d, "m")
+    asker = [x for x in st["participants"] if x["asks_scheduler"]]
+    assert asker[0]["queue"] == ["missing: job 100 PENDING (JobHeldUser), expected start 14:05"], st
+    text = run_cli("status", "m", "--dir", d).stdout
+    assert "rank 0 is missing: rank 1 asks the scheduler about peer jobs; timeout held" in text, text
+    before = len(log.read_text().splitlines())  # rank 2 may have asked while rank 1 was not there yet
+    time.sleep(6)  # three times --timeout
+    assert b.poll() is None and c.poll() is None, (b.stderr(), c.stderr())
+    for p in (b, c):
+        assert "job 100 PENDING (JobHeldUser)" in p.stderr() and "timeout held: peer jobs pending" in p.stderr()
+    calls = log.read_text().splitlines()[before:]
+    assert calls and all(x.endswith("by=101") for x in calls), calls  # rank 1 only, never rank 2
+    assert len(calls) <= 6 / 0.5 + 2, calls  # one per --queue-poll
+    a = procs.env(d, "m", *args, "--node-rank", 0, timeout=2, extra_env=_job_env(bindir, "100"), name="a")
+    time.sleep(1)
+    table.write_text("100|RUNNING|None|2030-01-01T14:05:00\n")
+    res = [p.result(30) for p in (a, b, c)]
+    assert [r["node_rank"] for r in res] == [0, 1, 2]
+    assert all(x.endswith(("by=101", "by=100")) for x in log.read_text().splitlines()[before:])
+
+
+def test_missing_rank0_cancelled_fails_everyone_at_once(procs, d, fake_squeue):
+    """The asker (rank 1) voids on the ended job and fails; rank 2, which never asks, fails with
+    exit 13 too, naming the job and its state (from the asker's restart record)."""
+    bindir, table, log = fake_squeue
+    table.write_text("100|PENDING|Priority|N/A\n")
+    args = ("--nnodes", 3, "--queue-poll", 0.3)
+    b = procs.env(d, "k", *args, "--node-rank", 1, timeout=60, extra_env=_job_env(bindir, "101"), name="b")
+    c = procs.env(d, "k", *args, "--node-rank", 2, timeout=60, extra_env=_job_env(bindir, "102"), name="c")
+    _sole_asker_holds(d, "k")
+    before = len(log.read_text().splitlines())
+    t0 = time.monotonic()
+    table.write_text("100|CANCELLED|None|N/A\n")
+    assert b.wait(15) == 13 and c.wait(15) == 13
+    took = time.monotonic() - t0
+    assert took < 5 + 3 / 3, took  # a heartbeat period (--stale-after 3 / 3) after the asker's void
+    for p in (b, c):
+        assert "peer job 100 CANCELLED without joining" in p.stderr(), p.stderr()
+    assert all(x.endswith("by=101") for x in log.read_text().splitlines()[before:])
+
+
 def test_no_squeue_is_todays_behaviour_with_one_warning(procs, d, tmp_path):
     env = {"SLURM_JOB_ID": "100", "SLURM_NNODES": "1", "FSMINGLE_PEER_JOBS": "100,101", "PATH": str(tmp_path)}
     env["PATH"] = os.path.dirname(os.path.realpath(__import__("sys").executable))  # python, but no squeue
@@ -237,3 +301,50 @@ def test_array_tasks_are_peers_only_when_the_training_spans_jobs():
     assert q.peers == ("4242_1", "4242_2") and q.mine == "4242_3" and q.rank_of_task == ("4242", 1)
     own = {**ARRAY_TASK, "SLURM_NNODES": "2"}  # each task a 2-node training of its own
     assert _queue_watch(v, resolve(dir="/x", job_id="t3", nnodes=2, env=own), own) is None
+
+
+def test_the_askers_word_in_the_beacon_is_optional_and_tolerated():
+    """``queue_word`` (the scheduler asker's findings while rank 0 is missing): left out when None,
+    so older readers see the same record; an older writer's beacon reads as no word; junk in it
+    is dropped, never a reason to refuse the beacon."""
+    word = {"hold": True, "lines": ["missing rank 0: job 4242_0 PENDING (JobHeldUser)"], "ended": ""}
+    raw = json.loads(encode(_beacon(queue_word=word)))
+    assert raw["queue_word"] == word and decode(encode(_beacon(queue_word=word)), Beacon).queue_word == word
+    assert "queue_word" not in json.loads(encode(_beacon()))
+    assert decode(encode(_beacon()), Beacon).queue_word is None
+    raw["queue_word"] = {"hold": "yes", "lines": "x", "ended": 5, "extra": 1}
+    assert decode(json.dumps(raw).encode(), Beacon).queue_word == {"hold": False, "lines": [], "ended": ""}
+    raw["queue_word"] = ["nonsense"]
+    assert decode(json.dumps(raw).encode(), Beacon).queue_word is None
+
+
+def test_a_restart_record_of_an_asker_on_an_ended_peer_fails_the_reader():
+    from fsmingle.rendezvous.queue_relay import ENDED_VOID
+
+    q = QueueWatch(("4242_0", "4242_1"), "4242_1")
+    q.from_void("rank 2 lost its connection to the master: reset")
+    assert q.ended == ""
+    q.from_void(f"{ENDED_VOID}peer job 4242_0 CANCELLED without joining")
+    assert q.ended == "peer job 4242_0 CANCELLED without joining"
+    q.forget()  # a new generation: an ended peer stays ended
+    assert q.ended
+
+
+def test_the_progress_line_says_the_timeout_is_held():
+    from fsmingle.cli.progress import describe
+    from fsmingle.rendezvous.states import Progress, RankSet
+
+    p = Progress("exp", 1, "node", 3, RankSet(3, [0]), (0,), 1, 130.0, 20.0, "waiting", "missing rank 0: ...")
+    assert describe(p).endswith("(2m10s, timeout in 20s)")
+    held = Progress("exp", 1, "node", 3, RankSet(3, [0]), (0,), 1, 130.0, 20.0, "waiting", "", held=120.0)
+    assert describe(held).endswith("(2m10s, timeout held: peer jobs pending (held 2m00s))")
+    bound = Progress(
+        "exp", 1, "node", 3, RankSet(3, [0]), (0,), 1, 130.0, 20.0, "waiting", "", held=120.0, queue_left=480.0
+    )
+    assert "timeout held: peer jobs pending (held 2m00s, --queue-timeout in 8m00s)" in describe(bound)
+    spare = Progress("exp", 2, "node", 3, RankSet(3, [1, 2]), (1, 2), 0, 130.0, 20.0, "waiting", "", spare_for=1)
+    assert describe(spare).endswith("(2m10s, a spare for gen 1, timeout held)")
+    q = QueueWatch(("4242_0",), "4242_1", queue_timeout=600.0)
+    assert q.progress() == {}
+    q.hold, q.held_time.held_for = True, 120.0
+    assert q.progress() == {"held": 120.0, "queue_left": 480.0}

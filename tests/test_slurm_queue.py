@@ -101,59 +101,100 @@ def _wait_done(s, jid: str, task: int, timeout: float) -> str:
     return _state(s, f"{jid}_{task}")
 
 
-def test_held_array_task_holds_the_timeout_then_the_world_completes(slurm):
-    out = Path(slurm.cluster.shared) / "out-held"
-    jid = _submit_held_array(slurm, out)
-    _scontrol(slurm, "release", f"{jid}_0")
-    _scontrol(slurm, "release", f"{jid}_1")
-    want = f"missing rank 2: job {jid}_2 PENDING (JobHeldUser)"
+def _release_all_but(s, jid: str, held: int) -> None:
+    for task in range(3):
+        if task != held:
+            _scontrol(s, "release", f"{jid}_{task}")
+
+
+def _held_longer_than_the_timeout(s, jid: str, held: int) -> tuple[dict, str]:
+    """Tasks other than ``held`` released: they wait 2.5 x FSMINGLE_TIMEOUT without timing out or
+    regrouping, and ``status`` names the held task.  Returns (status --json, status text)."""
+    _release_all_but(s, jid, held)
+    want = f"missing rank {held}: job {jid}_{held} PENDING (JobHeldUser)"
     t0 = time.monotonic()
-    st = wait_for(
-        lambda: (lambda s: s if want in json.dumps(s) and len(s.get("claimed", [])) == 2 else None)(
-            _status(slurm, jid)
-        ),
+    wait_for(
+        lambda: want in json.dumps(x := _status(s, jid)) and len(x.get("claimed", [])) == 2,
         60,
         "status naming the held task",
     )
-    rank0 = [p for p in st["participants"] if p["rank"] == 0][0]
-    assert rank0["queue"][0].startswith(want), rank0
-    assert rank0["scheduler"]["array_job"] == jid and rank0["scheduler"]["array_task"] == "0"
     time.sleep(max(0.0, 25 - (time.monotonic() - t0)))  # 2.5 times FSMINGLE_TIMEOUT=10
-    assert _state(slurm, f"{jid}_0") == "RUNNING" and _state(slurm, f"{jid}_1") == "RUNNING"
-    st = _status(slurm, jid)
-    assert st["generation"] == 1 and len(st["claimed"]) == 2, st  # nobody timed out or regrouped
-    text = run_cli("status", jid, "--dir", f"{slurm.cluster.shared}/rdzv").stdout
+    assert all(_state(s, f"{jid}_{t}") == "RUNNING" for t in range(3) if t != held)
+    later = _status(s, jid)
+    assert later["generation"] == 1 and len(later["claimed"]) == 2, later  # nobody timed out or regrouped
+    text = run_cli("status", jid, "--dir", f"{s.cluster.shared}/rdzv").stdout
     print(text)  # the real `status` output quoted in docs/slurm.md
     assert want in text
-    _scontrol(slurm, "release", f"{jid}_2")
+    return later, text
+
+
+def _world_completes(s, jid: str, held: int) -> list[str]:
+    _scontrol(s, "release", f"{jid}_{held}")
     for task in range(3):
-        assert _wait_done(slurm, jid, task, RUN_TIMEOUT + 30) == "COMPLETED", _out(slurm, jid, task)[-3000:]
-    texts = [_out(slurm, jid, t) for t in range(3)]
+        assert _wait_done(s, jid, task, RUN_TIMEOUT + 30) == "COMPLETED", _out(s, jid, task)[-3000:]
+    texts = [_out(s, jid, t) for t in range(3)]
     assert any("world_size=3 ranks_agree=True" in t for t in texts), texts
+    return texts
+
+
+def test_held_array_task_holds_the_timeout_then_the_world_completes(slurm):
+    jid = _submit_held_array(slurm, Path(slurm.cluster.shared) / "out-held")
+    st, _ = _held_longer_than_the_timeout(slurm, jid, 2)
+    rank0 = [p for p in st["participants"] if p["rank"] == 0][0]
+    assert rank0["queue"][0].startswith(f"missing rank 2: job {jid}_2 PENDING (JobHeldUser)"), rank0
+    assert rank0["scheduler"]["array_job"] == jid and rank0["scheduler"]["array_task"] == "0"
+    texts = _world_completes(slurm, jid, 2)
     assert f"job {jid}_2 PENDING (JobHeldUser)" in texts[1]  # a member's progress line said why
+    assert "timeout held: peer jobs pending (held " in texts[1]
 
 
-def test_cancelled_pending_task_fails_everyone_at_once(slurm):
-    out = Path(slurm.cluster.shared) / "out-cancel"
-    jid = _submit_held_array(slurm, out)
-    _scontrol(slurm, "release", f"{jid}_0")
-    _scontrol(slurm, "release", f"{jid}_1")
+def test_held_rank0_task_the_lowest_present_rank_asks_then_the_world_completes(slurm):
+    """Task 0 (rank 0, `--node-rank` from the task index) held longer than --timeout: nobody
+    knows a rank 0 endpoint, so rank 1 asks the scheduler and rank 2 holds on rank 1's word."""
+    jid = _submit_held_array(slurm, Path(slurm.cluster.shared) / "out-held0")
+    st, text = _held_longer_than_the_timeout(slurm, jid, 0)
+    asker = [p for p in st["participants"] if p["asks_scheduler"]]
+    assert [p["rank"] for p in asker] == [1] and asker[0]["timeout_held"], st
+    assert "rank 0 is missing: rank 1 asks the scheduler about peer jobs; timeout held" in text
+    texts = _world_completes(slurm, jid, 0)
+    for t in (1, 2):
+        assert f"missing rank 0: job {jid}_0 PENDING (JobHeldUser)" in texts[t], texts[t][-3000:]
+        assert "timeout held: peer jobs pending (held " in texts[t], texts[t][-3000:]
+    print([line for line in texts[2].splitlines() if "timeout held" in line][-1])  # quoted in docs/slurm.md
+
+
+def _cancel_fails_the_others_at_once(s, jid: str, cancelled: int) -> None:
+    _release_all_but(s, jid, cancelled)
     wait_for(
-        lambda: f"job {jid}_2 PENDING" in json.dumps(_status(slurm, jid)) and len(_status(slurm, jid)["claimed"]) == 2,
+        lambda: (
+            f"job {jid}_{cancelled} PENDING" in json.dumps(_status(s, jid)) and len(_status(s, jid)["claimed"]) == 2
+        ),
         60,
         "both running tasks waiting on the held one",
     )
     t0 = time.monotonic()
-    r = slurm.login(["scancel", f"{jid}_2"], timeout=15)
+    r = s.login(["scancel", f"{jid}_{cancelled}"], timeout=15)
     assert r.returncode == 0, r.stderr
-    for task in (0, 1):
-        assert _wait_done(slurm, jid, task, 30) == "FAILED"
+    others = [t for t in range(3) if t != cancelled]
+    for task in others:
+        assert _wait_done(s, jid, task, 30) == "FAILED"
     took = time.monotonic() - t0
     print(f"both failed {took:.1f} s after scancel")
     assert took < 15
-    for task in (0, 1):
-        text = _out(slurm, jid, task)
-        assert f"peer job {jid}_2 CANCELLED" in text, text[-3000:]
+    for task in others:
+        text = _out(s, jid, task)
+        assert f"peer job {jid}_{cancelled} CANCELLED" in text, text[-3000:]
+        assert s.jobs(f"{jid}_{task}")[0].get("ExitCode") == "13:0", s.jobs(f"{jid}_{task}")
+
+
+def test_cancelled_pending_task_fails_everyone_at_once(slurm):
+    _cancel_fails_the_others_at_once(slurm, _submit_held_array(slurm, Path(slurm.cluster.shared) / "out-cancel"), 2)
+
+
+def test_cancelled_pending_rank0_task_fails_the_others_at_once(slurm):
+    """Task 0 cancelled while pending: rank 1 (the asker) and rank 2 (on rank 1's restart record)
+    both fail with exit 13 naming the job and its state."""
+    _cancel_fails_the_others_at_once(slurm, _submit_held_array(slurm, Path(slurm.cluster.shared) / "out-cancel0"), 0)
 
 
 def _path_without(tmp_path: Path, *hidden: str) -> str:

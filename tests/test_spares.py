@@ -41,7 +41,7 @@ def test_spare_takes_the_place_of_a_dead_member(procs, d):
     assert [p["spare_for"] for p in st["participants"]] == [1], st
     text = run_cli("status", "sp", "--dir", d).stdout
     assert "generation 2" in text
-    assert "is a spare for generation 1: its --timeout is held" in " ".join(text.split()), text
+    assert "is a spare for generation 1: it takes a place when one opens" in " ".join(text.split()), text
     wait_text(c, "a spare for gen 1, timeout held")  # its progress line
     while c.elapsed < 6:  # twice its --timeout
         assert c.poll() is None, c.stderr()

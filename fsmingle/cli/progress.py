@@ -48,11 +48,20 @@ def describe(p: Progress) -> str:
         waiting = f"rank {p.rank if p.rank is not None else ''} is claimed; checking its holder".replace("  ", " ")
     elif p.state == "world-full":
         waiting = "all ranks claimed by others; watching for a free place"
-    timeout = f"timeout in {fmt_duration(p.remaining)}"
-    if p.spare_for:  # a spare: its --timeout does not run, and starts over once a world forms with it
-        timeout = f"a spare for gen {p.spare_for}, timeout held"
     me = f" [this: {'node rank' if p.mode == 'node' else 'rank'} {p.rank}]" if p.rank is not None else ""
-    return f"{p.job_id} gen {p.generation}: {count} — {waiting}{me} ({fmt_duration(p.elapsed)}, {timeout})"
+    return f"{p.job_id} gen {p.generation}: {count} — {waiting}{me} ({fmt_duration(p.elapsed)}, {timeout_word(p)})"
+
+
+def timeout_word(p: Progress) -> str:
+    """``timeout in 8m48s``; while peer jobs pending in the scheduler's queue hold it,
+    ``timeout held: peer jobs pending (held 2m00s, --queue-timeout in 8m00s)``; while a spare
+    given ``--spare-timeout`` waits for a place, ``a spare for gen 3, timeout held``."""
+    if p.spare_for:  # a spare: its --timeout does not run, and starts over once a world forms with it
+        return f"a spare for gen {p.spare_for}, timeout held"
+    if p.held is None:
+        return f"timeout in {fmt_duration(p.remaining)}"
+    bound = "" if p.queue_left is None else f", --queue-timeout in {fmt_duration(p.queue_left)}"
+    return f"timeout held: peer jobs pending (held {fmt_duration(p.held)}{bound})"
 
 
 class Reporter:
@@ -84,18 +93,19 @@ class Reporter:
     def __call__(self, p: Progress) -> None:
         if self.quiet:
             return
-        key = (p.generation, p.present, p.state, p.note, p.rank)
+        key = (p.generation, p.present, p.state, p.note, p.rank, p.held is None)
         if key != self._last_debug:
             # Shown with --verbose only (the 'fsmingle' logger at DEBUG): every change of state.
             self._last_debug = key
             log.debug(
-                "state: generation %d %s, this rank %s, claimed %s, missing %s%s",
+                "state: generation %d %s, this rank %s, claimed %s, missing %s%s%s",
                 p.generation,
                 p.state,
                 p.rank,
                 list(p.present) if p.present is not None else "?",
                 list(p.missing) if p.missing is not None else "?",
                 f", note: {p.note}" if p.note else "",
+                "" if p.held is None else f", {timeout_word(p)}",
             )
         text = describe(p)
         if self._live is not None:
@@ -103,7 +113,7 @@ class Reporter:
 
             self._live.update(Text(text), refresh=True)
             return
-        key = (p.generation, p.present, p.state, p.note)
+        key = (p.generation, p.present, p.state, p.note, p.held is None)
         now = time.monotonic()
         if key != self._last_key or now - self._last_time >= self.every:
             self._last_key, self._last_time = key, now

@@ -96,8 +96,12 @@ def job_summary(base: str, job: str, stale_after: float = 30.0, warnings: WarnOn
                 "master_port": b.master_port,
                 "instance": b.instance,
                 "scheduler": dict(b.scheduler),  # this participant's job ({} if its environment has none)
-                "queue": list(b.queue),  # rank 0's: peer jobs the scheduler says are not here yet
-                # a spare, --timeout held: generation spare_for was full or released without it
+                # peer jobs the scheduler says are not here yet: rank 0's, or while rank 0 is
+                # missing the lowest present rank's, which asks instead (rendezvous/queue_relay.py)
+                "queue": list(b.queue) or (b.queue_word or {}).get("lines", []),
+                "asks_scheduler": b.queue_word is not None,  # the asker while rank 0 is missing
+                "timeout_held": bool((b.queue_word or {}).get("hold")),
+                # a spare: arrived when generation spare_for was full or released without it
                 "spare_for": b.spare_for or None,
             }
         )
@@ -190,16 +194,20 @@ def _render(base: str, jobs: list[str], detail: bool, stale_after: float, warnin
             word,
         )
     parts = [x for x in (head, t) if x is not None]
-    parts += [Text(line) for x in s["participants"] if x["rank"] == 0 for line in x["queue"]]
-    # A spare waits with its --timeout held (fsmingle.rendezvous.outside): say so, rank or not.
+    # A spare waits for a place (fsmingle.rendezvous.outside): say so, rank or not.
     parts += [
         Text(
             f"{'rank ' + str(x['rank']) if x['rank'] is not None else 'a participant'} (pid {x['pid']} on "
-            f"{x['host']}) is a spare for generation {x['spare_for']}: its --timeout is held until a place opens"
+            f"{x['host']}) is a spare for generation {x['spare_for']}: it takes a place when one opens"
         )
         for x in s["participants"]
         if x.get("spare_for")
     ]
+    for x in s["participants"]:
+        if x.get("asks_scheduler"):
+            held = "; timeout held: peer jobs pending" if x.get("timeout_held") else ""
+            parts.append(Text(f"rank 0 is missing: rank {x['rank']} asks the scheduler about peer jobs{held}"))
+        parts += [Text(line) for line in x["queue"] if x["rank"] == 0 or x.get("asks_scheduler")]
     if r and r["state"] == "released":
         parts.append(
             Text(

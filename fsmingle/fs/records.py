@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import RecordError
+from .beacon_fields import _vouch, encode_vouch, queue_word  # noqa: F401  (encode_vouch: re-exported)
 
 SCHEMA_VERSION = 2  # 2: protocol v2 (direct channel); a v1 node must not join a v2 world
 MODES = ("node", "rank")
@@ -139,8 +140,11 @@ class Beacon:
         queue (tuple[str, ...]): rank 0's only: what the scheduler says about peer jobs that have
             not joined (``missing rank 3: job 4242_3 PENDING (Priority), expected start 14:05``;
             :mod:`fsmingle.rendezvous.queue`), for ``fsmingle status``; left out when empty.
-        spare_for (int): a spare's, its --timeout held: the generation it found full or released
-            without it (it waits for a place); 0 (left out of the JSON) for everyone else.
+        spare_for (int): a spare's: the generation it found full or released without it (it
+            waits for a place in a later one); 0 (left out of the JSON) for everyone else.
+        queue_word (dict | None): the scheduler asker's only, while no rank 0 endpoint is known:
+            its findings on peer jobs (``{"hold", "lines", "ended"}``,
+            :mod:`fsmingle.rendezvous.queue_relay`); None (left out) for everyone else.
     """
 
     job_id: str
@@ -162,6 +166,7 @@ class Beacon:
     scheduler: tuple[tuple[str, str], ...] = ()
     queue: tuple[str, ...] = ()
     spare_for: int = 0
+    queue_word: dict | None = field(default=None, compare=False)
     kind: str = field(default="beacon", init=False)
 
     @functools.cached_property
@@ -248,6 +253,8 @@ def encode(record: Beacon | Claim | Release) -> bytes:
             del d["queue"]
         if not record.spare_for:
             del d["spare_for"]
+        if record.queue_word is None:
+            del d["queue_word"]
     d["schema"] = SCHEMA_VERSION
     return (json.dumps(d, sort_keys=True, separators=(",", ":")) + "\n").encode()
 
@@ -311,29 +318,6 @@ def instance_id(v: Any) -> str:
         RecordError: otherwise.
     """
     return _instance(v)
-
-
-def encode_vouch(ranks, size: int) -> str:
-    """Ranks ``0..size-1`` as a base64 bitmap (bit ``r % 8`` of byte ``r // 8``): ``size / 6`` characters."""
-    bits = bytearray((size + 7) // 8)
-    for r in ranks:
-        if 0 <= r < size:
-            bits[r >> 3] |= 1 << (r & 7)
-    return base64.b64encode(bytes(bits)).decode("ascii")
-
-
-def _vouch(v: Any, size: int) -> str:
-    if not isinstance(v, str):
-        raise RecordError(f"vouch must be a string, not {type(v).__name__}")
-    if not v:
-        return ""
-    try:
-        bits = base64.b64decode(v, validate=True)
-    except ValueError as e:
-        raise RecordError(f"vouch is not base64: {e}") from None
-    if len(bits) > (size + 7) // 8:
-        raise RecordError(f"vouch holds {len(bits) * 8} ranks, more than the world size {size}")
-    return v
 
 
 _SCHED_KEY_RE = re.compile(r"^[a-z_]{1,32}$")
@@ -444,6 +428,7 @@ def decode(data: bytes, expect: type) -> Any:
             scheduler=_scheduler(d.get("scheduler")),
             queue=tuple(str(x)[:300] for x in d["queue"][:16]) if isinstance(d.get("queue"), list) else (),
             spare_for=d["spare_for"] if type(d.get("spare_for")) is int and d["spare_for"] > 0 else 0,
+            queue_word=queue_word(d.get("queue_word")),
             **common,
         )
     state = _req(d, "state", str)

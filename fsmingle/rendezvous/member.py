@@ -43,6 +43,7 @@ from ..net.channel import Outcome, hostport
 from ..net.mesh import mesh_probe
 from ..net.wire import WIRE_VERSION, auth_mac
 from .decision import Placement
+from .member_ending import Ending
 from .member_list import MemberList
 from .states import RankSet, State
 
@@ -54,7 +55,7 @@ log = logging.getLogger("fsmingle")
 MEMBER_BEACONS_PER_S = 50
 
 
-class Member:
+class Member(Ending):
     """The member role (rank > 0) of a :class:`~fsmingle.rendezvous.participant.Participant` in its current generation."""
 
     def __init__(self, p):
@@ -203,6 +204,8 @@ class Member:
             if isinstance(rel, Release) and rel.state == "released":
                 why = "released without this participant"
             p.set_note(f"generation {p.gen} ended: {why}")
+            if p.queue is not None:  # an asker (queue_relay) voided on a peer job that ended: fail on it too
+                p.queue.from_void(why)
             p.rejoin()
             return True
         if self.master is None and now >= self.next_claim_check:
@@ -440,14 +443,6 @@ class Member:
             return self._lost(f"rank 0 rejected this participant: {why}")
         return None
 
-    def _fail_alone(self, why: str) -> None:
-        """Before failing on a disagreement (world size, version): only a rank holder voids -- its
-        claim would hold the world up.  A participant without a rank fails alone and leaves the
-        world as it was: under a restart loop, one misconfigured node must not void every new
-        generation (voids on evidence of death, ``OutsideWorld``, are another matter)."""
-        if self.p.rank is not None:
-            self.p.void(why)
-
     def _on_status(self, m: dict) -> None:
         p = self.p
         raw = m.get("missing")
@@ -457,26 +452,6 @@ class Member:
         p.queue_news(m.get("queue"))  # rank 0's word on peer jobs in the scheduler's queue
         if isinstance(nmissing, int) and nmissing == len(missing):
             p.set_present(RankSet(p.size, missing))
-
-    def missing_description(self) -> str | None:
-        """What kept the world from completing, as this member knows it (for the timeout message)."""
-        p = self.p
-        if self.master is None:
-            if p.missing_hint:
-                return None  # rank 0 of an earlier generation of this attempt said who is missing
-            if p.note.startswith("cannot reach"):
-                return "this node never got a connection to the master"  # the note says where and why
-            who = "node ranks" if p.mode == "node" else "ranks"
-            return (
-                f"missing {who} 0 (the master): it never published its endpoint in generation {p.gen} "
-                "(other ranks are not known to a member before it connects)"
-            )
-        if not self.welcomed:
-            return (
-                f"connected to the master {hostport(self.master.addr, self.master.master_port)} but it never "
-                "confirmed this participant's claim"
-            )
-        return None  # rank 0's last status (p.missing_hint) names the missing ranks
 
     def _lost(self, why: str) -> Placement | None:
         p = self.p

@@ -130,18 +130,23 @@ class OutsideWorld:
             int: the generation found full (world full), or released without it (``spare_for``)
             while it waits where nobody else is present yet; 0 otherwise.
         """
-        if self.spare_hold.bound is None:
-            # No --spare-timeout: a spare waits --timeout like anyone (today's rule).  A re-run, or a
-            # survivor restarted by its loop, finds the last generation released without it too and
-            # cannot be told from a spare: holding by default would let a re-run whose peers never
-            # come wait until its job's time limit instead of failing after --timeout, naming them.
-            return 0
         if self.state is State.WORLD_FULL:
             return self.gen or 0
         if not self.spare_for or self.state not in (State.JOIN, State.WAIT):
             return 0
         # Rank 0 counts itself present; a member hears who is present from rank 0, itself included.
         return self.spare_for if self.present is None or len(self.present) <= 1 else 0
+
+    def spare_holding(self) -> int:
+        """:meth:`spare_backing` while its ``--timeout`` is held, 0 otherwise.
+
+        Held only when given ``--spare-timeout``: without it a spare waits ``--timeout`` like
+        anyone (today's rule).  A re-run, or a survivor restarted by its loop, finds the last
+        generation released without it too and cannot be told from a spare: holding by default
+        would let a re-run whose peers never come wait until its job's time limit instead of
+        failing after ``--timeout``, naming them.
+        """
+        return self.spare_backing() if self.spare_hold.bound is not None else 0
 
     def spare_tick(self, now: float) -> bool:
         """Hold ``--timeout`` while this participant is a spare; say so when that starts or ends.
@@ -152,7 +157,7 @@ class OutsideWorld:
         Returns:
             bool: True once it waited ``--spare-timeout`` as a spare (:meth:`_spare_timeout`).
         """
-        backs = self.spare_backing()
+        backs = self.spare_holding()
         was, self.spare_backs = self.spare_backs, backs
         if backs and not was:
             bound = self.spare_hold.bound

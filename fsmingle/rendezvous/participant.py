@@ -231,6 +231,7 @@ class Participant(Joining, Leaving, GenerationReader, OutsideWorld):
             slurm_job_id=self.slurm_job_id,
             scheduler=self.scheduler,
             queue=tuple(self.queue.lines) if self.queue is not None and self.rank == 0 else (),
+            queue_word=self.queue.relay.word(self.queue) if self.queue is not None and self.rank else None,
             spare_for=self.spare_backing(),
             vouch=vouch() if vouch else "",
             secret=secret,
@@ -308,6 +309,7 @@ class Participant(Joining, Leaving, GenerationReader, OutsideWorld):
                 self.state.value,
                 self.note,
                 self.spare_backs,
+                **(self.queue.progress() if self.queue is not None else {}),
             )
         )
 
@@ -361,7 +363,10 @@ class Participant(Joining, Leaving, GenerationReader, OutsideWorld):
             if self.spare_tick(now):  # a spare's --timeout is held; past --spare-timeout it fails
                 return self._spare_timeout()
             if self.queue is not None:  # pending peer jobs hold the deadline; an ended one fails now
-                self.queue.tick(self, now, self.state is State.WAIT and not self.spare_backs)
+                waiting = self.state is State.WAIT and not self.spare_backs
+                if self.queue.peers:  # rank 0 missing: the lowest present rank asks (queue_relay)
+                    self.queue.relay.step(self.queue, self, now, waiting)
+                self.queue.tick(self, now, waiting)
             if self.clock.monotonic() >= self.deadline:
                 return self._on_timeout()
             if self.state is State.JOIN:

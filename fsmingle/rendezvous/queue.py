@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 from ..errors import ConfigError, PeerJobEndedError
 from .hold import DeadlineHold
+from .queue_relay import ENDED_VOID, Relay
 
 log = logging.getLogger("fsmingle")
 
@@ -167,9 +168,12 @@ class QueueWatch:
         rank_of_task: (array job id, min task) when ranks are array task indexes, for
             "missing rank 3: job 4242_3 ..."; None otherwise.
         query: the scheduler call (:func:`squeue`; tests pass a fake).
+        threaded (bool): run ``query`` in a thread (False: inline, for tests on a fake clock).
+
+    While rank 0 is missing, the lowest present rank asks instead (:mod:`.queue_relay`).
     """
 
-    def __init__(self, peers, mine, interval=30.0, queue_timeout=None, rank_of_task=None, query=squeue):
+    def __init__(self, peers, mine, interval=30.0, queue_timeout=None, rank_of_task=None, query=squeue, threaded=True):
         self.peers = tuple(p for p in peers if p != mine)
         self.mine, self.interval, self.queue_timeout = mine, interval, queue_timeout
         self.rank_of_task, self.query = rank_of_task, query
@@ -182,6 +186,9 @@ class QueueWatch:
         self._thread: threading.Thread | None = None
         self._result = None
         self._asked: tuple[str, ...] = ()
+        self.threaded = threaded
+        self._next_emit = 0.0
+        self.relay = Relay()
 
     # ---------------------------------------------------------------- rank 0: ask, judge
     def poll(self, now: float, present_jobs, nmissing: int) -> None:
@@ -204,7 +211,10 @@ class QueueWatch:
             self.next_query = now + self.interval
             ask = self._asked = tuple(j for j in self.peers if j not in present_jobs)  # the ones not here yet
             self._thread = threading.Thread(target=self._run, args=(ask,), name="fsmingle-squeue", daemon=True)
-            self._thread.start()
+            if self.threaded:
+                self._thread.start()
+            else:
+                self._run(ask)  # the thread object stays unstarted: not alive, taken at the next poll
         self.judge(present_jobs, nmissing)
 
     def _run(self, ask) -> None:
@@ -234,6 +244,14 @@ class QueueWatch:
                 return f"missing rank {int(task) - self.rank_of_task[1]}: {j.describe()}"
         return f"missing: {j.describe()}"
 
+    def progress(self) -> dict:
+        """``held`` and ``queue_left`` (seconds) for :class:`~fsmingle.rendezvous.states.Progress` while held."""
+        if not self.hold:
+            return {}
+        held = self.held_time.held_for
+        left = None if self.queue_timeout is None else max(0.0, self.queue_timeout - held)
+        return {"held": held, "queue_left": left}
+
     def as_wire(self) -> dict:
         return {"hold": self.hold, "lines": self.lines, "ended": self.ended}
 
@@ -244,20 +262,33 @@ class QueueWatch:
             self.lines = [str(x)[:300] for x in q.get("lines", [])[:16]] if isinstance(q.get("lines"), list) else []
             self.ended = str(q.get("ended") or "")[:2000]
 
+    def from_void(self, reason: str) -> None:
+        """A restart record's reason: if a scheduler asker wrote it on a peer job that ended
+        (:data:`~fsmingle.rendezvous.queue_relay.ENDED_VOID`), this participant fails on it too."""
+        if reason.startswith(ENDED_VOID) and reason[len(ENDED_VOID) :].strip():
+            self.ended = reason[len(ENDED_VOID) :][:2000]
+
     def forget(self) -> None:
-        """A new generation: nothing is held until its rank 0 says so (an ended peer stays ended:
-        rank 0 voids right after telling the members, and they must still fail on it)."""
+        """A new generation: nothing is held until its rank 0 (or asker) says so (an ended peer
+        stays ended: rank 0 voids right after telling the members, and they must still fail on it)."""
         self.hold, self.lines = False, []
+        self.relay = Relay()
 
     # ---------------------------------------------------------------- everyone: the deadline
     def tick(self, p, now: float, waiting: bool = True) -> None:
         """Hold ``p.deadline`` while pending peers account for every missing rank (only while
-        ``waiting`` in a generation); fail on an ended peer."""
+        ``waiting`` in a generation); fail on an ended peer.  ``p`` needs ``deadline``, ``job_id``,
+        ``gen``, ``missing_hint`` and ``emit()`` (a Participant, or the torchrun backend's shim).
+        While rank 0 is missing, a participant runs ``self.relay.step`` first (:mod:`.queue_relay`)."""
         if self.ended:
             raise PeerJobEndedError(
                 f"rendezvous for job {p.job_id} cannot complete: {self.ended} (generation {p.gen})", self.ended
             )
-        if self.held_time.tick(p, now, waiting, self.hold):
+        bound_reached = self.held_time.tick(p, now, waiting, self.hold)
+        if self.hold and waiting and now >= self._next_emit:  # the progress line says how long, per --queue-poll
+            self._next_emit = now + self.interval
+            p.emit()
+        if bound_reached:
             from ..errors import RendezvousTimeoutError
 
             raise RendezvousTimeoutError(

@@ -86,6 +86,9 @@ class Progress:
         note (str): the latest notable event ("generation 3 voided: ...").
         spare_for (int): while this participant waits as a spare with its timeout held, the
             generation it backs (``remaining`` then does not run down); 0 otherwise.
+        held (float | None): seconds the timeout has been held by peer jobs pending in the
+            scheduler's queue (:mod:`fsmingle.rendezvous.queue`), while it is held; None otherwise.
+        queue_left (float | None): seconds of ``--queue-timeout`` left while held (None: no bound).
     """
 
     job_id: str
@@ -100,3 +103,5 @@ class Progress:
     state: str
     note: str = ""
     spare_for: int = 0
+    held: float | None = None
+    queue_left: float | None = None

@@ -90,6 +90,9 @@ class _Held:
         self.deadline = 0.0  # seconds held so far (tick adds to it)
         self.job_id, self.gen, self.missing_hint = job_id, 0, []
 
+    def emit(self) -> None:
+        """No progress line under torchrun: :meth:`HoldingExecutor.step` logs the lines on change."""
+
 
 class HoldingExecutor:
     """``DynamicRendezvousHandler._op_executor`` with the join operation's deadline held (module doc).
