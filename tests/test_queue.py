@@ -292,6 +292,24 @@ def test_a_peer_reported_then_purged_counts_as_ended():
     assert "peer job 4242_2 GONE (no longer known to squeue or sacct) without joining" in q.ended
 
 
+def test_a_task_of_a_whole_array_peer_reported_then_purged_counts_as_ended():
+    """--peer-jobs 4300 (a whole array): squeue reports its tasks one by one; a task reported
+    pending, then unknown to squeue and sacct, ended (the GONE rule, per task)."""
+    answers = iter(
+        [{"4300_0": JobState("4300_0", "PENDING", "JobHeldUser"), "4300_1": JobState("4300_1", "PENDING", "")}]
+        + [{"4300_0": JobState("4300_0", "PENDING", "JobHeldUser")}] * 3
+    )
+    q = QueueWatch(("4300",), "4242", interval=0.0, query=lambda ids: next(answers))
+    q.poll(0.0, {"4242"}, 2)
+    q._thread.join()
+    q.poll(1.0, {"4242"}, 2)
+    assert q.hold and not q.ended
+    q._thread.join()
+    q.poll(2.0, {"4242"}, 2)
+    assert "peer job 4300_1 GONE (no longer known to squeue or sacct) without joining" in q.ended, q.ended
+    assert "4300_0" not in q.ended
+
+
 def test_array_tasks_are_peers_only_when_the_training_spans_jobs():
     from fsmingle import options
     from fsmingle.api import _queue_watch

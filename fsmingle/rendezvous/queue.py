@@ -203,7 +203,10 @@ class QueueWatch:
                 log.warning("cannot ask the scheduler about peer jobs (%s); waiting with --timeout only", res)
                 return
             asked = set(self._asked)
-            for gone in (self.seen & asked) - set(res):  # reported before, now unknown: purged
+            # Reported before, now unknown: purged.  A peer given as a whole array ("4242") is
+            # reported task by task ("4242_3"): its tasks count as asked about too.
+            was = {k for k in self.seen if k in asked or k.split("_", 1)[0] in asked}
+            for gone in was - set(res):
                 res[gone] = JobState(gone, "GONE", "no longer known to squeue or sacct")
             self.seen |= {k for k, j in res.items() if j.state != "GONE"}
             self.jobs = res
