@@ -1,0 +1,195 @@
+"""Issue 24, the adversary's pass: the scheduler asker (``rendezvous/queue_relay.py``) and spares
+(``outside.py`` spare_*, ``hold.py``) attacked on the model's stale filesystem and network
+(:class:`test_model.World`: the real ``Participant``, every invariant checked at every step).
+
+Each test is an attack that found nothing when written, kept so a later change cannot reopen it:
+faults at every call of a follower, a stalled asker whose word goes stale, ``--queue-timeout`` on
+followers, hostile ``queue_word`` values, an ended peer relayed while rank 0 appears.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+try:
+    from test_model import TIMING, FakeScheduler, World, _asker_due_afresh, _rank0_held
+except ImportError:  # tests/ imported as a package
+    from tests.test_model import TIMING, FakeScheduler, World, _asker_due_afresh, _rank0_held
+
+from fsmingle.errors import PeerJobEndedError, RendezvousTimeoutError
+from fsmingle.fs.records import Beacon, decode, encode
+from fsmingle.rendezvous.hold import DeadlineHold
+from fsmingle.rendezvous.queue import QueueWatch
+
+EXAMPLES = int(os.environ.get("FSMINGLE_FUZZ_EXAMPLES", "80"))
+
+
+def _follower_due(w: World):
+    """Rank 2, following rank 1's word: its next step reads rank 1's beacon."""
+    two = w.current(2)
+    relay = two.p.queue.relay
+    assert not relay.asking and relay.asker is not None and relay.asker[0] == 1, relay.asker
+    relay.next_at = 0.0
+    two.wake = w.fs.now
+    return two
+
+
+@pytest.mark.parametrize("kind", ["interrupt", "storage"])
+def test_a_fault_at_every_call_of_a_follower(kind):
+    """An exception at each store operation of a follower's step (its read of the asker's beacon,
+    then whatever its step does next): it withdraws, voiding the generation; rank 1 regroups and
+    holds on, rank 2's job requeued (pending); nobody waits out --timeout on the way, and once
+    rank 0 and rank 2 run the world is released."""
+    for k in range(6):
+        for after in (False, True):
+            w, sched = _rank0_held()
+            w.tick(12.0)
+            two = _follower_due(w)
+            w.step(two, fault=("store", k, kind), after_effect=after)
+            if two.status != "running":
+                sched.say("j_2", "PENDING")
+            w.tick(45.0)  # past --timeout 30 s: only the hold keeps rank 1 waiting
+            one = w.current(1)
+            assert one.status == "running", (k, after, one.error, w.log[-20:])
+            assert one.p.queue.hold, (k, after, one.p.note)
+            sched.say("j_0", "RUNNING")
+            sched.say("j_2", "RUNNING")
+            w.start(0)
+            w.run_to_completion()
+
+
+@pytest.mark.parametrize("kind", ["interrupt", "storage"])
+def test_a_fault_at_every_call_of_a_follower_when_rank0s_job_ended(kind):
+    """Rank 0's job is cancelled and the asker voids on it; the follower fails at each store
+    operation of the step that reads the void (its read of the asker's beacon, then the restart
+    record): whichever way it leaves, it never waits out --timeout, and rank 1 fails with exit 13."""
+    for k in range(5):
+        w, sched = _rank0_held()
+        w.tick(12.0)
+        one = _asker_due_afresh(w)
+        sched.say("j_0", "CANCELLED")
+        w.step(one)  # asks; the answer is taken at its next step
+        one.wake = w.fs.now
+        w.step(one)  # the void (ENDED_VOID), then PeerJobEndedError
+        assert one.status == "exited" and isinstance(one.error, PeerJobEndedError), one.error
+        two = _follower_due(w)
+        w.step(two, fault=("store", k, kind), after_effect=bool(k % 2))
+        w.tick(25.0)  # under --timeout
+        assert two.status == "exited", (k, two.status, w.log[-20:])
+        assert w.is_injected(two.error) or isinstance(two.error, PeerJobEndedError), (k, two.error)
+
+
+def test_a_stalled_askers_word_does_not_hold_the_others_for_ever():
+    """Rank 1 asks, says "hold", then stops stepping (SIGSTOP, swapping) with its beacon left saying
+    so: rank 2 judges it dead after stale_after, asks itself, and -- rank 0's job running now but
+    its process never coming -- waits out --timeout and fails naming rank 0, instead of holding on
+    the stale word for ever."""
+    w, sched = _rank0_held()
+    w.tick(12.0)
+    one, two = w.current(1), w.current(2)
+    assert one.p.queue.relay.asking and two.p.queue.hold
+    w.stall(one, 10_000.0)
+    t = w.fs.now
+    w.tick(TIMING.stale_after + 3 * TIMING.heartbeat_period + 2 * sched.interval + 2 * w.fs.max_staleness)
+    assert two.status == "running" and two.p.queue.relay.asking, (two.error, two.p.queue.relay.asker)
+    assert "j_2" in sched.askers(since=t), sched.calls[-4:]
+    sched.say("j_0", "RUNNING")  # its job started, its process does not come: no hold any more
+    w.tick(30.0 + 2 * sched.interval + 1.0)
+    assert two.status == "exited" and isinstance(two.error, RendezvousTimeoutError), (two.status, two.error)
+    assert "--queue-timeout" not in str(two.error)
+
+
+def test_queue_timeout_bounds_the_followers_hold_too():
+    """Rank 0's job pending for ever, every node given --queue-timeout 60 s: the asker and its
+    follower each fail (exit 7) once they held 60 s -- a follower holding on the asker's word is
+    bounded like the asker, never only by the asker's own bound."""
+    w = World(3, ranks=[0, 1, 2], staleness=1.0, pidns="pod", timeout=30.0)
+    w.scheduler = FakeScheduler(lambda: w.fs.now, {"j_0": "PENDING"})
+    for s in (1, 2):
+        q = w.start(s).p.queue
+        q.queue_timeout, q.held_time = 60.0, DeadlineHold(60.0)
+    w.tick(60.0 + 30.0 + 5.0)
+    for s in (1, 2):
+        q = w.current(s)
+        assert q.status == "exited" and isinstance(q.error, RendezvousTimeoutError), (s, q.status, q.error)
+        assert "--queue-timeout 60 s" in str(q.error) and "missing rank 0: job j_0 PENDING" in str(q.error)
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.6, 2.0])
+def test_an_ended_peer_relayed_while_rank0_appears(delay):
+    """The scheduler tells the asker that rank 0's job was cancelled, and right after rank 0's process
+    (the job requeued: running again) starts; the asker takes that answer ``delay`` seconds later.
+    Three outcomes, all acceptable, never a split: the asker voids before anyone connected (both
+    fail, exit 13); the asker voids while rank 2 is connected (rank 2 and rank 0 regroup and, rank
+    1 gone, fail after --timeout, exit 7 -- rank 0 is alive, so its job's "cancelled" was stale and
+    rank 0 rightly does not fail on it); or the asker connected first (the world is released).
+    The model's oracles check every step (PeerJobEndedError only naming a job that ended)."""
+    w, sched = _rank0_held()
+    w.tick(12.0)
+    one = _asker_due_afresh(w)
+    sched.say("j_0", "CANCELLED")
+    w.step(one)  # asks; the answer is taken at its next step
+    sched.states["j_0"] = "RUNNING"
+    one.wake = w.fs.now + delay
+    w.start(0)
+    w.tick(30.0 + 2 * TIMING.heartbeat_period + 2 * w.fs.max_staleness)
+    outcomes = {q.slot: (q.status, type(q.error).__name__) for q in w.procs}
+    rel = w.releases.get(1)
+    if rel is not None:
+        assert all(q.status == "done" for q in w.procs), outcomes
+        return
+    assert all(q.status == "exited" for q in w.procs), outcomes
+    assert isinstance(one.error, PeerJobEndedError), outcomes
+    assert all(isinstance(q.error, (PeerJobEndedError, RendezvousTimeoutError)) for q in w.procs), outcomes
+    assert w.decided[1].reason.startswith("the scheduler says: peer job j_0 CANCELLED"), w.decided[1]
+
+
+# ---------------------------------------------------------------------------------------------
+# A hostile or broken writer's queue_word.
+
+WORD = st.recursive(
+    st.one_of(
+        st.none(),
+        st.booleans(),
+        st.integers(-(2**70), 2**70),
+        st.floats(allow_nan=True),
+        st.text(max_size=400),
+    ),
+    lambda kids: st.one_of(st.lists(kids, max_size=20), st.dictionaries(st.text(max_size=8), kids, max_size=4)),
+    max_leaves=30,
+)
+WORDS = st.one_of(
+    WORD,
+    st.fixed_dictionaries({}, optional={"hold": WORD, "lines": WORD, "ended": WORD, "x": WORD}),
+)
+
+
+def test_a_hostile_queue_word_is_read_as_a_bounded_word_or_none():
+    """Any JSON value in a beacon's ``queue_word``: the beacon still decodes (the field never refuses
+    it), and a follower takes from it at most a boolean hold (True only for JSON ``true``), 16 lines
+    of 300 characters and an ``ended`` of 2000 -- never an exception."""
+    good = json.loads(encode(Beacon("job", 1, "ab" * 8, "node", 3, 1, "10.0.0.1", None, 3, 0, _host(), 1.7e9)))
+
+    @settings(max_examples=EXAMPLES, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(word=WORDS)
+    def fuzz(word):
+        d = dict(good, queue_word=word)
+        b = decode(json.dumps(d).encode(), Beacon)
+        q = QueueWatch(("j_0", "j_1"), "j_2")
+        q.from_wire(b.queue_word)
+        assert q.hold is (isinstance(word, dict) and word.get("hold") is True)
+        assert len(q.lines) <= 16 and all(isinstance(x, str) and len(x) <= 300 for x in q.lines)
+        assert isinstance(q.ended, str) and len(q.ended) <= 2000
+
+    fuzz()
+
+
+def _host():
+    from fsmingle.fs.records import HostId
+
+    return HostId(hostname="n1", boot_id="b" * 8, pidns="pid:[1]", pid=1, pid_start=0.0)
