@@ -193,3 +193,72 @@ def _host():
     from fsmingle.fs.records import HostId
 
     return HostId(hostname="n1", boot_id="b" * 8, pidns="pid:[1]", pid=1, pid_start=0.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Spares.
+
+
+def _spare_joining_a_restarted_world() -> tuple[World, object, object]:
+    """A world of 2 (first-come) released in generation 1; slot 0's restart loop runs a new process
+    (rank 0 of generation 2), and a spare (``--spare-timeout``) arrives 1 s later: it finds
+    generation 1 released without it and joins generation 2 as a member, completing it."""
+    w = World(2, ranks=[None, None], timeout=60.0)
+    w.start(0), w.start(1)
+    w.tick(20.0, stop=lambda: all(q.status == "done" for q in w.procs))
+    assert w.releases[1].state == "released"
+    # Generation 1's world trains on; the model checks one world at a time: from here, generation 2's.
+    w.procs = [q for q in w.procs if q.status != "done"]
+    del w.releases[1]
+    again = w.start(0)
+    w.tick(1.0)
+    spare = w.start(None, timeout=60.0, spare_timeout=1e6)
+    return w, again, spare
+
+
+@pytest.mark.parametrize("k", range(10))
+def test_spare_timeout_at_every_step_of_joining_a_world_never_splits_it(k):
+    """The spare's --spare-timeout passes at its k-th step (the fake network is instantaneous, so
+    its bound is set to the time it held so far just before that step): finding generation 1
+    released, rejoining, connecting, its hello, its acknowledgement, the commit window.  It is
+    either released with rank 0, or fails alone (exit 7) after withdrawing, with rank 0 not
+    released -- never a release naming a participant that left (the model's oracles, every step)."""
+    w, again, spare = _spare_joining_a_restarted_world()
+    n = 0
+    while spare.status == "running" and again.status == "running" and n <= k:
+        q = min(w.running(), key=lambda x: (x.wake, x.instance))
+        w.fs.now = max(w.fs.now, q.wake)
+        if q is spare:
+            if n == k and spare.p.spare_holding():  # its --spare-timeout passes in this step
+                spare.p.spare_hold.bound = spare.p.spare_hold.held_for
+            n += 1
+        w.step(q)
+    w.tick(70.0)
+    rel = w.releases.get(2)
+    if spare.status == "done":
+        assert again.status == "done" and rel is not None and spare.result.generation == 2
+    else:
+        assert spare.status == "exited" and isinstance(spare.error, RendezvousTimeoutError), spare.error
+        assert "--spare-timeout" in str(spare.error)
+        assert rel is None or all(m.instance != spare.instance for m in rel.members), rel
+
+
+def test_a_stale_listing_makes_two_askers_for_a_moment_never_for_long():
+    """Rank 2's view lags the staleness bound (2.5 s) and rank 1 claims just after rank 2 asked:
+    rank 2 does not see rank 1's claim at first and asks too, then sees it at its next listing and
+    leaves asking to rank 1 -- two askers within the staleness bound and a period, then only one,
+    and nobody's --timeout runs out meanwhile (rank 0's job pending)."""
+    w = World(4, ranks=[0, 1, 2, 3], staleness=2.5, pidns="pod", timeout=30.0)
+    sched = w.scheduler = FakeScheduler(lambda: w.fs.now, {"j_0": "PENDING"})
+    w.start(3), w.start(2)
+    w.tick(3.0)
+    w.current(2).host.store.lag = 2.5
+    t = w.fs.now
+    w.start(1)
+    w.tick(3.0)
+    assert sched.askers(since=t) == {"j_1", "j_2"}, sched.calls[-6:]  # the attack took: two askers
+    settle = w.fs.now + w.fs.max_staleness + 2 * TIMING.heartbeat_period
+    w.tick(60.0)
+    assert sched.askers(since=settle) == {"j_1"}, sched.calls[-6:]
+    for s in (1, 2, 3):
+        assert w.current(s).status == "running" and w.current(s).p.queue.hold, (s, w.current(s).error)

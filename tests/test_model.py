@@ -639,8 +639,9 @@ class World:
         if isinstance(e, RendezvousTimeoutError):
             # A spare's --timeout is held (its deadline moves on); only --spare-timeout ends its wait,
             # and only --queue-timeout a wait held by pending peer jobs.
-            hold = p.spare_hold if "--spare-timeout" in str(e) else None
-            if "--queue-timeout" in str(e) and p.queue is not None:
+            # By how the message starts: a timeout message may quote a void reason naming the other.
+            hold = p.spare_hold if str(e).startswith(f"rendezvous for job {JOB}: waited ") else None
+            if str(e).startswith(f"rendezvous for job {JOB}: peer jobs still pending after --queue-timeout"):
                 hold = p.queue.held_time
             assert (
                 q.host.clock.monotonic() >= p.deadline
