@@ -262,3 +262,21 @@ def test_a_stale_listing_makes_two_askers_for_a_moment_never_for_long():
     assert sched.askers(since=settle) == {"j_1"}, sched.calls[-6:]
     for s in (1, 2, 3):
         assert w.current(s).status == "running" and w.current(s).p.queue.hold, (s, w.current(s).error)
+
+
+def test_a_followers_never_fails_on_an_askers_beacon_word_alone():
+    """A broken or hostile asker (same user: owner-only directories) whose beacon's word says a peer
+    job ended although the scheduler says it is pending: a follower fails (exit 13) only on the
+    asker's restart record (``ENDED_VOID``), never on the beacon -- as ``queue_relay`` documents: a
+    follower failing on a beacon voids the generation first with a reason that tells nobody why."""
+    w, sched = _rank0_held()
+    w.tick(12.0)
+    one, two = w.current(1), w.current(2)
+    assert one.p.queue.relay.asking
+    forged = {"hold": True, "lines": ["missing rank 0: job j_0 PENDING"], "ended": "peer job j_0 CANCELLED (forged)"}
+    one.p.queue.relay.word = lambda q: forged
+    one.p.publish_beacon()
+    w.tick(3 * TIMING.heartbeat_period + 2 * w.fs.max_staleness)
+    assert two.status == "running", (two.status, two.error)
+    assert two.p.queue.hold and not two.p.queue.ended, two.p.queue.as_wire()
+    assert 1 not in w.decided, w.decided
