@@ -140,7 +140,10 @@ class Relay:
             log.info("job %s: rank %d, which asked the scheduler, is dead; finding who asks now", p.job_id, r)
             self._find(p, now)
         elif b is not None and b.queue_word is not None:
-            q.from_wire(b.queue_word)
+            # Hold and lines only: a follower fails on an ended peer by the asker's restart record
+            # alone (module doc); failing on a word -- stale, or a broken writer's -- would void the
+            # generation with a reason that tells the others nothing.
+            q.from_wire(dict(b.queue_word, ended=q.ended))
         elif b is None and isinstance(rel := p.read_release(p.gen), Release) and rel.state == "restart":
             q.from_void(rel.reason)  # its beacon is gone: it withdrew; on an ended peer job, fail now
         else:
