@@ -280,3 +280,22 @@ def test_a_followers_never_fails_on_an_askers_beacon_word_alone():
     assert two.status == "running", (two.status, two.error)
     assert two.p.queue.hold and not two.p.queue.ended, two.p.queue.as_wire()
     assert 1 not in w.decided, w.decided
+
+
+def test_a_stuck_askers_word_on_the_same_host_does_not_hold_for_ever():
+    """The asker (rank 2) is stuck -- a hung filesystem call, SIGSTOP -- with its process still
+    there, on the follower's own host (rank mode: the local check calls it alive, so it is never
+    judged dead): its word stops being refreshed (its heartbeat stands still).  The follower (rank
+    3) must not hold on that stale word for ever: with rank 0's and rank 1's jobs running (their
+    processes never come) its --timeout runs out and it fails (exit 7) naming them."""
+    w = World(4, mode="rank", ranks=[0, 1, 2, 3], staleness=1.0, pidns="host", timeout=30.0)
+    sched = w.scheduler = FakeScheduler(lambda: w.fs.now, {"j_0": "PENDING", "j_1": "PENDING"})
+    two, three = w.start(2), w.start(3)
+    assert two.host is three.host
+    w.tick(12.0)
+    assert two.p.queue.relay.asking and three.p.queue.hold
+    w.stall(two, 10_000.0)
+    sched.say("j_0", "RUNNING")
+    sched.say("j_1", "RUNNING")
+    w.tick(TIMING.stale_after + 30.0 + 2 * TIMING.heartbeat_period + 2 * w.fs.max_staleness)
+    assert three.status == "exited" and isinstance(three.error, RendezvousTimeoutError), (three.status, three.error)
