@@ -299,3 +299,42 @@ def test_a_stuck_askers_word_on_the_same_host_does_not_hold_for_ever():
     sched.say("j_1", "RUNNING")
     w.tick(TIMING.stale_after + 30.0 + 2 * TIMING.heartbeat_period + 2 * w.fs.max_staleness)
     assert three.status == "exited" and isinstance(three.error, RendezvousTimeoutError), (three.status, three.error)
+
+
+def test_a_spare_in_a_queue_held_world_is_held_once_and_bounded():
+    """A spare (``--spare-timeout``) that is rank 0 of the next generation, alone, while the
+    restarted world's jobs are pending in the scheduler (its queue says hold): only the spare hold
+    moves its deadline (never both: one second waited is one second held), and it counts against
+    --spare-timeout alone; once a member connects it is no longer a spare, its --timeout starts over
+    in full, and from then the pending job holds it, counted against --queue-timeout."""
+    w = World(3, ranks=[None, None, None], timeout=30.0)
+    sched = w.scheduler = FakeScheduler(lambda: w.fs.now)
+    for s in range(3):
+        w.start(s)
+    w.tick(20.0, stop=lambda: all(q.status == "done" for q in w.procs))
+    assert w.releases[1].state == "released"
+    # Generation 1's world trains on; the model checks one world at a time: from here, generation 2's.
+    w.procs = [q for q in w.procs if q.status != "done"]
+    del w.releases[1]
+    for s in range(3):
+        sched.say(f"j_{s}", "PENDING")  # requeued: the world restarts once they run
+    spare = w.start(None, timeout=30.0, spare_timeout=1000.0)
+    spare.p.queue.queue_timeout, spare.p.queue.held_time = 200.0, DeadlineHold(200.0)
+    w.tick(5.0)
+    p = spare.p
+    assert p.rank == 0 and p.spare_backs == 1 and p.queue.hold, (p.rank, p.spare_backs, p.queue.as_wire())
+    t0, d0, s0 = w.fs.now, p.deadline, p.spare_hold.held_for
+    w.tick(100.0)
+    assert spare.status == "running", spare.error
+    held = p.spare_hold.held_for - s0
+    assert abs((p.deadline - d0) - held) < 1e-6 and abs(held - (w.fs.now - t0)) < 1.0, (p.deadline - d0, held)
+    assert p.queue.held_time.held_for == 0.0  # the queue's hold never counted while the spare's did
+    sched.say("j_0", "RUNNING")
+    again = w.start(0)
+    w.tick(3.0, stop=lambda: p.spare_backs == 0)
+    assert p.spare_backs == 0 and again.status == "running" and p.deadline >= w.fs.now + 30.0 - 3.0
+    w.tick(100.0)  # past --timeout: j_1, j_2 pending hold it now, against --queue-timeout
+    assert spare.status == again.status == "running", (spare.error, again.error)
+    assert 90.0 < p.queue.held_time.held_for < 110.0, p.queue.held_time.held_for
+    w.tick(150.0)
+    assert spare.status == "exited" and "--queue-timeout 200 s" in str(spare.error), spare.error
