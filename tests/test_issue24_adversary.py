@@ -29,18 +29,23 @@ from fsmingle.rendezvous.queue import QueueWatch
 EXAMPLES = int(os.environ.get("FSMINGLE_FUZZ_EXAMPLES", "80"))
 
 
-def _follower_due(w: World):
-    """Rank 2, following rank 1's word: its next step reads rank 1's beacon."""
+def _follower_due(w: World, find: bool = False):
+    """Rank 2, following rank 1's word: its next step reads rank 1's beacon (``find``: lists the
+    generation first and reads rank 1's claim, as when it looks for the asker again)."""
     two = w.current(2)
     relay = two.p.queue.relay
     assert not relay.asking and relay.asker is not None and relay.asker[0] == 1, relay.asker
     relay.next_at = 0.0
+    if find:
+        relay.asker = None
+        two.p.claims.pop(1, None)  # claims are cached: read it again, as at the first look
     two.wake = w.fs.now
     return two
 
 
+@pytest.mark.parametrize("find", [False, True], ids=["follow", "find"])
 @pytest.mark.parametrize("kind", ["interrupt", "storage"])
-def test_a_fault_at_every_call_of_a_follower(kind):
+def test_a_fault_at_every_call_of_a_follower(kind, find):
     """An exception at each store operation of a follower's step (its read of the asker's beacon,
     then whatever its step does next): it withdraws, voiding the generation; rank 1 regroups and
     holds on, rank 2's job requeued (pending); nobody waits out --timeout on the way, and once
@@ -49,7 +54,7 @@ def test_a_fault_at_every_call_of_a_follower(kind):
         for after in (False, True):
             w, sched = _rank0_held()
             w.tick(12.0)
-            two = _follower_due(w)
+            two = _follower_due(w, find)
             w.step(two, fault=("store", k, kind), after_effect=after)
             if two.status != "running":
                 sched.say("j_2", "PENDING")
