@@ -343,3 +343,22 @@ def test_a_spare_in_a_queue_held_world_is_held_once_and_bounded():
     assert 90.0 < p.queue.held_time.held_for < 110.0, p.queue.held_time.held_for
     w.tick(150.0)
     assert spare.status == "exited" and "--queue-timeout 200 s" in str(spare.error), spare.error
+
+
+@pytest.mark.parametrize("neg_ttl", [3.0, 15.0, 60.0])
+def test_a_follower_blind_to_the_askers_restart_record_still_fails_on_the_ended_peer(neg_ttl):
+    """Rank 2's host keeps a failed lookup "absent" for ``neg_ttl`` seconds (an NFS lookup cache,
+    GlusterFS nl-cache): it looked for the decision before the asker voided on rank 0's cancelled
+    job, so it cannot see the restart record for a while.  It still fails with exit 13 naming the
+    job -- from the record once visible, or, its asker's beacon gone for stale_after, by asking
+    the scheduler itself -- and never waits out --timeout (30 s)."""
+    w, sched = _rank0_held()
+    w.tick(12.0)
+    two = w.current(2)
+    two.host.store.neg_ttl = neg_ttl
+    one = _asker_due_afresh(w)
+    sched.say("j_0", "CANCELLED")
+    w.tick(TIMING.stale_after + 3 * TIMING.heartbeat_period + 2 * sched.interval + 2 * w.fs.max_staleness)
+    assert one.status == "exited" and isinstance(one.error, PeerJobEndedError), one.error
+    assert two.status == "exited" and isinstance(two.error, PeerJobEndedError), (two.status, two.error)
+    assert "peer job j_0 CANCELLED" in str(two.error)
