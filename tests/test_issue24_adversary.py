@@ -2,9 +2,15 @@
 (``outside.py`` spare_*, ``hold.py``) attacked on the model's stale filesystem and network
 (:class:`test_model.World`: the real ``Participant``, every invariant checked at every step).
 
-Each test is an attack that found nothing when written, kept so a later change cannot reopen it:
-faults at every call of a follower, a stalled asker whose word goes stale, ``--queue-timeout`` on
-followers, hostile ``queue_word`` values, an ended peer relayed while rank 0 appears.
+Each test is an attack kept so a later change cannot reopen it: faults at every call of a
+follower, a stalled asker whose word goes stale, ``--queue-timeout`` on followers, hostile
+``queue_word`` values, an ended peer relayed while rank 0 appears, a second asker from a stale
+listing, a follower blind to the restart record, ``--spare-timeout`` at every step of a spare's
+joining, a spare held by its queue too.  Two found bugs, fixed in ``queue_relay.Relay._follow``
+(each test failed before): a follower failed (exit 13) on an ``ended`` in the asker's beacon word
+(``test_a_followers_never_fails_on_an_askers_beacon_word_alone``), and held its --timeout for ever
+on the word of an asker stuck on its own host
+(``test_a_stuck_askers_word_on_the_same_host_does_not_hold_for_ever``).
 """
 
 from __future__ import annotations
