@@ -359,7 +359,9 @@ class World:
             rng=random.Random(self._counter),
             rank_order=self.rank_order,
             spare_timeout=spare_timeout,
-            queue=self.scheduler.watch(self.size, slot) if self.scheduler is not None and slot is not None else None,
+            queue=self.scheduler.watch(self.size, slot) if self.scheduler is not None else None,
+            # Its scheduler job, as Slurm's variables give it (the asker counts the jobs present by it).
+            scheduler=(("array_job", "j"), ("array_task", str(slot))) if self.scheduler is not None else (),
         )
         self.procs.append(q)
         self.by_instance[instance] = q
@@ -635,12 +637,16 @@ class World:
         if self.is_injected(e):
             return  # raised by the test inside the process (a signal, an I/O error)
         if isinstance(e, RendezvousTimeoutError):
-            # A spare's --timeout is held (its deadline moves on); only --spare-timeout ends its wait.
-            held, bound = p.spare_hold.held_for, p.spare_hold.bound
+            # A spare's --timeout is held (its deadline moves on); only --spare-timeout ends its wait,
+            # and only --queue-timeout a wait held by pending peer jobs.
+            # By how the message starts: a timeout message may quote a void reason naming the other.
+            hold = p.spare_hold if str(e).startswith(f"rendezvous for job {JOB}: waited ") else None
+            if str(e).startswith(f"rendezvous for job {JOB}: peer jobs still pending after --queue-timeout"):
+                hold = p.queue.held_time
             assert (
                 q.host.clock.monotonic() >= p.deadline
-                if "--spare-timeout" not in str(e)
-                else bound is not None and held >= bound
+                if hold is None
+                else hold.bound is not None and hold.held_for >= hold.bound
             ), f"timeout before the deadline: {e}"
             # leaving must not be contradicted by a release naming us
             rel = self.releases.get(p.gen) if p.gen is not None else None
@@ -898,7 +904,7 @@ class RendezvousMachine(RuleBasedStateMachine):
             initial_lag=initial_lag,
             rank_order=rank_order,
         )
-        if peers and rank_policy == "explicit":  # issue 24: every slot an array task (scheduler_says)
+        if peers:  # issue 24: every slot an array task (scheduler_says); an intruder or spare a job outside
             self.w.scheduler = FakeScheduler(lambda: self.w.fs.now)
         note(
             f"World(size={size}, mode={mode!r}, ranks={ranks}, rank_order={rank_order!r}, staleness={staleness}, pidns={pidns!r}, "

@@ -10,8 +10,10 @@ while a member holds a rank but knows no rank 0 endpoint (not connected), and on
   everywhere by :class:`~fsmingle.rendezvous.liveness.Judge`).  It alone queries the scheduler
   (``QueueWatch.poll``: one ``squeue`` per ``--queue-poll``, in a thread), and writes its findings
   (hold, lines) into its own beacon (``queue_word``) whenever they change.
-* **Everyone else** reads that one beacon, holds its timeout on its word exactly as on rank 0's,
-  and shows its lines.  It lists the generation only to find the asker: at the start, when the
+* **Everyone else** reads that one beacon, holds its timeout on its word as on rank 0's while
+  the asker's heartbeat moves (a word not refreshed for ``stale_after`` -- an asker stuck with its
+  process still there, which the local check never calls dead -- holds nothing), and shows its
+  lines; it never fails on the word's ``ended`` (the restart record tells, below).  It lists the generation only to find the asker: at the start, when the
   asker is judged dead (the next lowest takes over), or when its beacon carries no word (an older
   version, or an asker that found a lower rank and deferred to it) -- then at most every
   ``stale_after / 2``.
@@ -140,7 +142,18 @@ class Relay:
             log.info("job %s: rank %d, which asked the scheduler, is dead; finding who asks now", p.job_id, r)
             self._find(p, now)
         elif b is not None and b.queue_word is not None:
-            q.from_wire(b.queue_word)
+            # Hold and lines only: a follower fails on an ended peer by the asker's restart record
+            # alone (module doc); failing on a word -- stale, or a broken writer's -- would void the
+            # generation with a reason that tells the others nothing.
+            word = dict(b.queue_word, ended=q.ended)
+            seen = p.judge.seen.get(inst)
+            if seen is None or now - seen.changed_at >= p.timing.stale_after:
+                # A word not refreshed for stale_after (an asker stuck in a hung filesystem call,
+                # or stopped, on this host: the local check never calls it dead) holds nothing:
+                # a live asker beats every heartbeat period, and a stale word must not hold the
+                # --timeout for ever.
+                word["hold"] = False
+            q.from_wire(word)
         elif b is None and isinstance(rel := p.read_release(p.gen), Release) and rel.state == "restart":
             q.from_void(rel.reason)  # its beacon is gone: it withdrew; on an ended peer job, fail now
         else:
