@@ -1682,6 +1682,28 @@ def test_an_asker_tries_rank0_again_after_port_busy(monkeypatch):
     m.teardown()
 
 
+def test_a_joiner_blind_to_its_generation_past_stale_after_waits_for_the_port_holding_rank0(monkeypatch):
+    """Found by the issue-24 adversary's runs of the machine: two processes of one host with a
+    fixed --port; the first holds it as rank 0 of generation 1, the second's connection to it is
+    reset and the host is blind to gen-1 for 20 s (> --stale-after 10 s).  The second's one read of
+    claim 0 before failing found nothing (a read behind a lying cache proves nothing) and it exited
+    3 ("no other node took rank 0") with the master alive.  Now only a listing that shows the
+    generation without a claim 0 fails it.  The machine's steps, replayed; teardown asserts the release."""
+    monkeypatch.setitem(globals(), "note", lambda *a: None)
+    monkeypatch.setitem(globals(), "event", lambda *a: None)
+    m = RendezvousMachine()
+    m.setup(
+        size=2, mode="rank", rank_policy="first", staleness=0.0, pidns="host", cleaner=False,
+        partitioned=set(), fixed_port=True, short_timeout=1, mixed_seed=0, joined=2, initial_lag=0.0,
+        rank_order="arrival", peers=False,
+    )  # fmt: skip
+    m.step(i=0, n=1)
+    m.step(i=1, n=1)
+    m.reset_connection(i=0, lose_unread=False)
+    m.spurious_enoent(h=0, i=0, secs=20.0)
+    m.teardown()
+
+
 def test_an_asker_that_loses_rank0_while_blind_joins_again(monkeypatch):
     """Found by the machine (small worlds ask rank 0 too): rank 0 crashed while the other
     participant was asking; its fallback listing of the generation met a lying cache (ENOENT),

@@ -267,9 +267,17 @@ class Joining:
             return
         if now - self._busy_since < self.timing.stale_after:
             return
-        # Before failing, one direct read: has somebody claimed rank 0 whose endpoint we have
-        # not seen yet (a lagging listing of master/)?  Then wait for it after all.
-        if self.read_claim(0) is not None:
+        # Before failing, one listing of the generation: has somebody claimed rank 0 whose
+        # endpoint we have not seen yet (a lagging listing of master/)?  Then wait for it after
+        # all.  A listing, not a read of the claim: a lookup may meet a negative cache entry
+        # (NFS lookupcache, GlusterFS nl-cache) and a read that finds nothing proves nothing,
+        # while a listing is answered by the server.  A generation directory that a lying cache
+        # hides lists as empty, though it always holds master/ (made with it): that proves
+        # nothing either, so wait (--timeout still bounds it).  Found by the model: a peer of
+        # this host held --port as rank 0 while this host was blind to the generation for longer
+        # than --stale-after, and this joiner exited 3 with the master alive.
+        names = self.store.listdir(gen_name(self.gen))
+        if 0 in self.claims or not names or 0 in claimed_ranks(names):
             return
         raise ConfigError(
             f"{e}; no other node took rank 0 (the master) of generation {self.gen} within "
