@@ -128,9 +128,9 @@ class Rendezvous:
 
     def folder_store_path(self) -> str:
         """``<dir>/<job_id>/gen-N/store``: this generation's FolderStore directory (see :meth:`folder_store`)."""
-        from .fs.layout import gen_name
+        from .fs.layout import store_dir
 
-        return os.path.join(self.dir, self.job_id, gen_name(self.generation), "store")
+        return os.path.join(self.dir, self.job_id, store_dir(self.generation))
 
     def folder_store(self, **kwargs):
         """A :class:`fsmingle.FolderStore` for this released generation (imports torch).

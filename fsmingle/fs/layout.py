@@ -9,7 +9,8 @@ Layout of ``<dir>/<job_id>/``::
         rank-00000.claim                owner of rank 0 (link(): exclusive, immutable)
         rank-00001.claim
         release.json                    the decision, written once (link()): released | restart
-        store/                          the generation's FolderStore, if asked for (fs/folderstore.py)
+        store/                          the generation's FolderStore (fs/folderstore.py), made by rank 0
+                                        before the release, so no member's lookup of it precedes it
 
 Why a ``master/`` directory: a name looked up before it exists can stay
 "absent" in a client's negative lookup cache for the cache's lifetime (61 s
@@ -57,6 +58,11 @@ def member_chunk_name(g: int, writer: str, k: int) -> str:
 
 def master_dir(g: int) -> str:
     return f"{gen_name(g)}/{MASTER_DIR}"
+
+
+def store_dir(g: int) -> str:
+    """``gen-00000007/store``: generation 7's FolderStore directory (``Rendezvous.folder_store``)."""
+    return f"{gen_name(g)}/store"
 
 
 def master_name(g: int, instance: str) -> str:

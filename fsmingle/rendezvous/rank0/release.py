@@ -18,7 +18,7 @@ import logging
 
 from ...errors import FsmingleError
 from ...fs.chunks import encode_release
-from ...fs.layout import member_chunk_name, release_name
+from ...fs.layout import member_chunk_name, release_name, store_dir
 from ...fs.records import Member, Release
 from ...net.mesh import mesh_probe
 from ..decision import order_members, placements
@@ -164,6 +164,15 @@ class Releasing:
         )
         header, chunks = encode_release(rel)
         p.prepare_next()  # re-runs then find their generation made before anyone looks it up
+        try:
+            # This generation's FolderStore directory, made before the release for the same
+            # reason: a member's first lookup of it then follows its creation.  Made by each
+            # rank's mkdir at once, a loser's lookup that raced the winner's mkdir kept it
+            # "absent" (GlusterFS nl-cache without upcalls: EEXIST, then ENOENT for 60 s; twice
+            # in a full test run).  A courtesy, as prepare_next: FolderStore makes it if missing.
+            p.store.mkdir(store_dir(p.gen))
+        except (OSError, FsmingleError) as e:
+            log.debug("could not prepare generation %d's store directory: %s", p.gen, e)
         for k, chunk in enumerate(chunks):
             # Inert until release.json names its digest: written first, so the
             # decision itself stays one exclusive create at any world size.
