@@ -375,7 +375,7 @@ def test_create_race_loser_finds_the_winners_name(fresh):
     nl-cache keeps the loser's pre-create ENOENT until an upcall clears it (never without
     upcalls; not when the upcall overtakes that ENOENT reply).  So there the configuration must be
     detected: the client's ``.meta`` shows nl-cache, ``fsmingle check`` and the start-up probe
-    (``store._negative_lookup_cache_warning``) say so with the exact ``gluster volume set`` that
+    (``jobdir.negative_lookup_cache_warning``) say so with the exact ``gluster volume set`` that
     turns it off, and a blind loser reads nothing -- never another holder (the protocol retries
     from listings; its scenarios pass).  Everywhere else every loser reads the winner's claim."""
     c = fresh
@@ -421,7 +421,8 @@ def test_create_race_loser_finds_the_winners_name(fresh):
 def test_folderstore_hammered_from_every_host(fresh):
     """FolderStore (issue 23) on the real filesystem: each host, through its own FUSE client, adds to one counter,
     advances one compare_set chain and races compare_set rounds; every add distinct and none lost, one winner per
-    step and per round."""
+    step and per round.  On GlusterFS nfs60 (nl-cache without upcalls) the store's open warns with the fix
+    instead (see below)."""
     pytest.importorskip("torch")
     from folderstore_worker import check
 
@@ -430,6 +431,19 @@ def test_folderstore_hammered_from_every_host(fresh):
     c = fresh
     path = os.path.join(c.rdzv, f"fstore-{time.monotonic_ns()}")
     store = folder_store_class()(path)
+    if c.fs == "glusterfs-nfs60":
+        # nl-cache without upcalls: a rank that loses a race to add keeps the winner's version
+        # "absent" by name for nl-cache-timeout, and for good once the key directory's cache
+        # expired once (nlc_init_invalid_ctx re-validates it through gf_tw_mod_timer_pending,
+        # which does not re-arm a timer that fired).  Seen here: a version unreadable for 120 s,
+        # once in a full run.  No store can read what the client swears is absent; what
+        # fsmingle owes users there is to say so at open, with the fix.
+        from fsmingle.fs.jobdir import negative_lookup_cache_warning
+
+        warn = negative_lookup_cache_warning(path) or ""
+        assert f"gluster volume set {c.fs_backend.volume} performance.nl-cache off" in warn, warn
+        assert "for good" in warn and "FolderStore" in warn, warn
+        return
     store.set("chain", "0:init")
     worker = str(REPO / "tests" / "folderstore_worker.py")
     ran = _run_on_hosts(
@@ -474,7 +488,10 @@ def test_folderstore_gloo_ddp_across_hosts(fresh):
     outs = [c.workdir / f"{job}-{k}.json" for k in range(2)]
     script = [sys.executable, "-c", FOLDER_DDP, c.rdzv, job]
     argvs = [["timeout", "-k", "5", "300", *script, str(k), h.ip, str(outs[k])] for k, h in enumerate(hosts)]
-    _run_on_hosts(hosts, argvs, 320, f"[{c.fs}]")
+    ran = _run_on_hosts(hosts, argvs, 320, f"[{c.fs}]")
+    if c.fs == "glusterfs-nfs60":  # nl-cache without upcalls: the store's open says so, with the fix
+        fix = f"gluster volume set {c.fs_backend.volume} performance.nl-cache off"
+        assert all(fix in err for _, err in ran), [err[-500:] for _, err in ran]
     recs = [json.loads(o.read_text()) for o in outs]
     assert all(r["agree"] for r in recs) and len({r["store"] for r in recs}) == 1
     assert any(n.startswith("k-") for n in os.listdir(recs[0]["store"]))

@@ -231,8 +231,9 @@ class FolderKV:
         """Version ``n`` exists (listed, or EEXIST) but reads as absent: fine while a lookup may lie."""
         if self.clock.monotonic() - since > LIE_LIMIT:
             raise CorruptStateError(
-                f"{self.store.path(d)}/{version_name(n)} exists but has been unreadable for {LIE_LIMIT:g} s "
-                "(removed by hand?); remove the store"
+                f"{self.store.path(d)}/{version_name(n)} exists but has been unreadable for {LIE_LIMIT:g} s: "
+                "removed by hand (remove the store), or a client cache that keeps a lost race's ENOENT for "
+                "good (GlusterFS nl-cache without upcalls: `fsmingle check` names the fix)"
             )
 
     def try_get(self, key: str) -> bytes | None:

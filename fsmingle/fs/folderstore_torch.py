@@ -11,7 +11,7 @@ import os
 from datetime import timedelta
 
 from .folderstore import POLL_MAX, FolderKV
-from .jobdir import check_owned_dir
+from .jobdir import check_owned_dir, negative_lookup_cache_warning
 from .store import PosixStore
 
 __all__ = ["folder_store_class", "open_store_dir"]
@@ -33,6 +33,9 @@ def open_store_dir(path: str) -> PosixStore:
     # makes sure a negative lookup cache does not hide it (stat_existing) and that it is ours.
     parent.mkdir(os.path.basename(path))
     check_owned_dir(path, what="FolderStore directory")
+    # A FolderStore reads other ranks' versions by name: a client cache that keeps a lost race's
+    # ENOENT (GlusterFS nl-cache without upcalls) can stall it.  Say so once, with the fix.
+    negative_lookup_cache_warning(path)
     return PosixStore(path)
 
 

@@ -84,7 +84,7 @@ def open_job_dir(base: str, job_id: str, *, create_base: bool = True) -> PosixSt
             f"members of its group could replace your job directory; `chmod g-w {base}`, `chmod +t {base}`, "
             "or use a directory of your own"
         )
-    nl_cache = _negative_lookup_cache_warning(base)
+    nl_cache = negative_lookup_cache_warning(base)
     jd = os.path.join(base, job_id)
     try:
         os.mkdir(jd, 0o700)  # owner-only: other users of shared scratch cannot plant beacons
@@ -110,7 +110,7 @@ def open_job_dir(base: str, job_id: str, *, create_base: bool = True) -> PosixSt
 _NL_CACHE_WARNED: dict[str, str | None] = {}
 
 
-def _negative_lookup_cache_warning(base: str) -> str | None:
+def negative_lookup_cache_warning(base: str) -> str | None:
     """The start-up probe of a GlusterFS client's negative-lookup cache (nl-cache): once per mount
     and process, warn with the exact ``gluster volume set`` that turns it off; returns that line.
 

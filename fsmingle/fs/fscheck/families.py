@@ -241,9 +241,19 @@ def gluster_nl_cache_warning(mount_point: str, volume_hint: str = "VOL") -> str 
         return None
     vol = gc["volume"] or volume_hint
     coherence = "with upcall invalidation" if gc["upcalls"] else "without upcall invalidation"
+    # Without upcalls nothing but the timer clears a directory's negative entries, and that timer
+    # fires once: nlc_init_invalid_ctx (nl-cache-helper.c) re-validates an expired cache with
+    # gf_tw_mod_timer_pending, which re-arms only a timer still pending (timer-wheel.c) -- so
+    # from then on the directory's negative entries never expire.
+    how_long = (
+        "for up to that long"
+        if gc["upcalls"]
+        else "for that long, and for good once that directory's cache expired once"
+    )
     return (
         f"GlusterFS nl-cache is on ({coherence}, nl-cache-timeout {gc['nl_cache_timeout']:g} s): a node "
-        f"that loses a race to create a name can find it missing by name for up to that long "
-        f"(fsmingle retries from directory listings; a job directory created by racing nodes can fail). "
+        f"that loses a race to create a name can find it missing by name {how_long} "
+        f"(fsmingle retries from directory listings; a job directory created by racing nodes can fail, "
+        f"and so can a FolderStore rank that loses a race). "
         f"Fix: gluster volume set {vol} performance.nl-cache off"
     )
