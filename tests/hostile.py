@@ -7,6 +7,9 @@ Rank 0's port is found the way a member finds it: its endpoint record in
   (and pings), never saying hello; reconnects whenever it is dropped.  With ``--secret`` it
   reads the channel secret from the endpoint record (a buggy peer of the same uid: it answers
   the challenge) -- the lease rules, not the authentication, must then keep the rank free.
+* ``sources NSRC PER``: PER silent connections from each of NSRC source addresses (127.0.0.10,
+  127.0.0.11, ...: all of 127/8 is loopback), each opened again as soon as rank 0 drops it
+  (issue 29: 20 x 60 exhausted rank 0's open files at the common soft limit of 1,024).
 * ``flood``: 200 connections at once -- 50 asks for the right job and generation, 50
   well-formed hellos with invented identities for the last rank, 50 silent, 50 random bytes --
   and every second each one that was closed is opened again.
@@ -21,7 +24,9 @@ import hashlib
 import hmac
 import json
 import os
+import resource
 import secrets
+import selectors
 import socket
 import sys
 import time
@@ -185,9 +190,50 @@ def flood(d: str, job: str) -> None:
         time.sleep(1.0)
 
 
+def sources(d: str, job: str, nsrc: int, per: int) -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # this process holds nsrc x per sockets
+    b = endpoint(d, job)
+    detect_version(b)
+    sel = selectors.DefaultSelector()
+    counts = {"opened": 0, "refused": 0}
+
+    def open_one(src: str) -> None:
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        s.setblocking(False)
+        s.bind((src, 0))
+        s.connect_ex((b["addr"], b["master_port"]))  # EINPROGRESS: done when it is readable
+        sel.register(s, selectors.EVENT_READ, src)
+        counts["opened"] += 1
+
+    for i in range(nsrc):
+        for _ in range(per):
+            open_one(f"127.0.0.{10 + i}")
+    last = 0.0
+    while True:
+        for key, _ in sel.select(0.2):
+            s = key.fileobj
+            try:
+                data = s.recv(65536)  # the challenge: never answered
+            except (BlockingIOError, InterruptedError):
+                continue
+            except OSError:
+                data = b""
+                counts["refused"] += 1
+            if not data:  # dropped (or refused): open it again at once
+                sel.unregister(s)
+                s.close()
+                open_one(key.data)
+        if time.monotonic() - last >= 0.5:
+            last = time.monotonic()
+            print("opened", counts["opened"], "holding", len(sel.get_map()), "errors", counts["refused"], flush=True)
+
+
 if __name__ == "__main__":
     mode, d, job = sys.argv[1:4]
     if mode == "reasker":
         reasker(d, job, "--secret" in sys.argv)
+    elif mode == "sources":
+        sources(d, job, int(sys.argv[4]), int(sys.argv[5]))
     else:
         flood(d, job)

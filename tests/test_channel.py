@@ -263,7 +263,10 @@ from fsmingle.errors import ConfigError
 soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
 resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
 ensure_fd_capacity(100)
-assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] == 256, "raised although it fits"
+# Raised although 100 fit: the room beyond the members is for others' connections, which rank 0
+# sheds before its filesystem calls can meet EMFILE (issue 29).
+target = 1 << 16 if hard == resource.RLIM_INFINITY else min(hard, 1 << 16)
+assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] == max(256, target), "not raised towards the hard limit"
 ensure_fd_capacity(1000)
 new = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 assert new >= 1064, new

@@ -121,6 +121,12 @@ def main(argv: list[str] | None = None) -> int:
         help="call fsmingle.rendezvous without on_progress (the join is then detected by N-1 beacons, "
         "and --settle must cover the connections); the callback costs O(N) per update in v2",
     )
+    ap.add_argument(
+        "--one-addr",
+        action="store_true",
+        help="every participant on 127.0.0.1 (one host in rank mode, or a NAT: rank 0's per-source caps "
+        "see one address); default: one loopback address per participant",
+    )
     ap.add_argument("--out", default=os.path.join(REPO, "benchmarks", "results"))
     ap.add_argument("--workdir", default=None, help="scratch directory (default: a new temp dir)")
     ap.add_argument("--keep-logs", action="store_true")
@@ -160,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
         keep_logs=args.keep_logs,
         fsmingle_root=args.fsmingle_root,
         progress=not args.no_progress,
+        one_addr=args.one_addr,
     )
 
     def log(msg: str) -> None:

@@ -92,6 +92,7 @@ class Scenario:
     v1_root: str = "/tmp/v1"
     fsmingle_root: str | None = None
     progress: bool = True
+    one_addr: bool = False  # every participant on 127.0.0.1 (else one loopback address each)
     extra: dict = field(default_factory=dict)
 
 
@@ -128,7 +129,7 @@ def run_once(
         "nnodes": n,
         "job_id": job_id,
         "dirs": dirs,
-        "addrs": [participant_addr(p) for p in range(n)],
+        "addrs": ["127.0.0.1" if sc.one_addr else participant_addr(p) for p in range(n)],
         "rdzv_timeout": float(sc.timeout),
         "tcp_endpoint": f"127.0.0.1:{free_port()}" if backend == "torch-tcp" else None,
         "tcp_host": 0,

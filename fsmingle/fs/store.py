@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import abc
 import errno
+import functools
 import logging
 import os
 import secrets
@@ -31,7 +32,7 @@ import socket
 import stat
 import time
 
-from ..errors import StorageError, UnsafeDirectoryError
+from ..errors import FsmingleError, StorageError, UnsafeDirectoryError
 from .refusal import REFUSE_ERRNOS, errno_name, unsupported
 
 log = logging.getLogger("fsmingle.store")
@@ -57,10 +58,34 @@ def storage_error(e: OSError, what: str, path: str) -> StorageError:
         errno.EROFS: "point --dir at a writable shared mount",
         errno.ENOSPC: "free space there or choose another --dir",
         errno.EDQUOT: "free space in your quota or choose another --dir",
+        errno.EMFILE: "raise the open-file limit (`ulimit -n`)",
+        errno.ENFILE: "the system's open-file table is full (fs.file-max)",
     }.get(e.errno or 0, "check the shared mount on this node")
     err = StorageError(f"cannot {what} {path}: {reason}; {hint}")
     err.errno = e.errno
     return err
+
+
+def _storage_errors(what: str):
+    """Every ``OSError`` out of a :class:`PosixStore` method is a :class:`StorageError` (exit 5,
+    with what to do), but for the ones the method documents: ``FileNotFoundError`` (the parent
+    directory went) and fsmingle's own errors.  A raw ``OSError`` -- EMFILE from a listing while
+    the process's descriptors ran out, EIO from a read -- once escaped ``listdir`` as a traceback
+    (issue 29)."""
+
+    def wrap(method):
+        @functools.wraps(method)
+        def wrapper(self, name: str = "", *args):
+            try:
+                return method(self, name, *args)
+            except (FsmingleError, FileNotFoundError):
+                raise
+            except OSError as e:
+                raise storage_error(e, what, self.path(name)) from None
+
+        return wrapper
+
+    return wrap
 
 
 class Store(abc.ABC):
@@ -137,6 +162,7 @@ class PosixStore(Store):
             self._reported.add(name)
             log.warning("ignoring %s: %s", self.path(name), msg)
 
+    @_storage_errors("list")
     def listdir(self, name: str = "") -> list[str]:
         try:
             # readdir goes to the server on NFS when the directory changed
@@ -149,6 +175,7 @@ class PosixStore(Store):
             raise
         return sorted(n for n in entries if not n.startswith("."))
 
+    @_storage_errors("read")
     def read(self, name: str) -> bytes | None:
         p = self.path(name)
         try:
@@ -225,6 +252,7 @@ class PosixStore(Store):
             raise storage_error(e, "write", tmp) from None
         return tmp
 
+    @_storage_errors("publish")
     def publish(self, name: str, data: bytes) -> None:
         tmp = self._write_tmp(name, data)
         try:
@@ -237,6 +265,7 @@ class PosixStore(Store):
                 raise
             raise storage_error(e, "publish", self.path(name)) from None
 
+    @_storage_errors("create")
     def create(self, name: str, data: bytes) -> bool:
         """Exclusive create by link() (see :meth:`Store.create`).
 
@@ -295,6 +324,7 @@ class PosixStore(Store):
         finally:
             _unlink_quiet(tmp)
 
+    @_storage_errors("create directory")
     def mkdir(self, name: str) -> bool:
         p = self.path(name)
         retried = 0
@@ -337,9 +367,11 @@ class PosixStore(Store):
             )
         return False
 
+    @_storage_errors("remove")
     def remove(self, name: str) -> None:
         _unlink_quiet(self.path(name))
 
+    @_storage_errors("move aside")
     def retire(self, name: str) -> bool:
         trash = os.path.join(self.root, f".trash-{name.replace('/', '_')}-{secrets.token_hex(4)}")
         try:

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 
 from ..errors import ConfigError, StorageError
 from . import ports
+from .fdlimit import FD_RESERVE, ensure_fd_capacity, open_fds
 from .wire import MAX_LINE, decode_msg, encode_msg, peer_host
 
 log = logging.getLogger("fsmingle.channel")
@@ -76,29 +77,6 @@ class HubEvent:
 # ``mac`` = HMAC-SHA256(secret, the nonce and the message's identifying fields).  A fresh
 # nonce per connection makes a recorded message useless on any other connection.  Nothing is
 # encrypted: someone who can read the traffic (root, the network path) sees the messages.
-
-
-def ensure_fd_capacity(needed: int) -> None:
-    """Raise the soft ``RLIMIT_NOFILE`` towards the hard limit so ``needed`` more descriptors fit.
-
-    Many Linux systems default the soft limit to 1,024 while the hard limit is
-    far higher; rank 0 holds one socket per member.
-
-    Raises:
-        ConfigError: even the hard limit is too low; says what to do.
-    """
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    want = needed + 64  # the process's own files, the store, the listener
-    if want <= soft:
-        return
-    if hard != resource.RLIM_INFINITY and want > hard:
-        raise ConfigError(
-            f"rank 0 must hold {needed} member connections but the open-file limit is {hard} (hard); "
-            "raise it (`ulimit -Hn`, limits.conf, or LimitNOFILE= in the unit) or use node mode "
-            "(one participant per node, --nnodes) so that fewer processes rendezvous"
-        )
-    target = want if hard == resource.RLIM_INFINITY else max(want, min(hard, 1 << 20))
-    resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
 
 
 def _family(addr: str) -> int:
@@ -252,6 +230,16 @@ class Hub(_Endpoint):
         self._ids: dict[int, int] = {}  # id(_Conn) -> conn id
         self._next = 1
         self._closed = False
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        soft = 1 << 20 if soft == resource.RLIM_INFINITY else soft
+        # Connections held at most: the open-file limit less what the process holds now and
+        # FD_RESERVE for the filesystem.  Past it the hub stops accepting (connections wait in the
+        # kernel's backlog) until rank 0 sheds unauthenticated ones (rank0/door.py, ``room``), so
+        # a crowd of clients never takes the descriptors a listing or a claim read needs.
+        self.limit: int = max(8, soft - open_fds() - FD_RESERVE)
+        self._listening = True
+        self._pause_until = 0.0
+        self.starved = 0  # accept()s that failed for want of descriptors (EMFILE/ENFILE)
 
     def _bind(self, fam: int, port: int) -> None:
         host = "::" if fam == socket.AF_INET6 else ""
@@ -277,6 +265,9 @@ class Hub(_Endpoint):
         events: list[HubEvent] = []
         if self._closed:
             return events
+        if not self._listening and len(self._conns) < self.limit and self.clock() >= self._pause_until:
+            self._listening = True
+            self.sel.register(self._lsock, selectors.EVENT_READ, None)
         for key, mask in self.sel.select(max(0.0, timeout)):
             if key.data is None:
                 events.extend(self._accept())
@@ -306,13 +297,28 @@ class Hub(_Endpoint):
     def _accept(self) -> list[HubEvent]:
         out: list[HubEvent] = []
         while True:
+            if len(self._conns) >= self.limit:
+                self._pause(0.0)  # until a connection goes (room)
+                return out
             try:
                 s, addr = self._lsock.accept()
             except (BlockingIOError, InterruptedError):
                 return out
             except OSError as e:
                 if e.errno in (errno.EMFILE, errno.ENFILE):
-                    log.error("cannot accept a member connection: %s; raise the open-file limit", e.strerror)
+                    # Out of descriptors all the same (other files of this process, or the whole
+                    # system: ENFILE).  The pending connection stays in the backlog; the listener
+                    # rests a moment, or it would be ready -- and fail -- in a busy loop, while
+                    # rank 0 sheds unauthenticated connections (``starved``).
+                    self.starved += 1
+                    (log.warning if self.starved == 1 else log.debug)(
+                        "cannot accept a connection: %s (holding %d); shedding unauthenticated ones",
+                        e.strerror,
+                        len(self._conns),
+                    )
+                    self._pause(0.05)
+                # Anything else (ECONNABORTED: the peer reset it while queued; ENOBUFS, ENOMEM):
+                # that one connection is lost, not the listener; the next poll accepts again.
                 return out
             s.setblocking(False)
             s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -322,6 +328,22 @@ class Hub(_Endpoint):
             self._ids[id(c)] = cid
             self.sel.register(s, selectors.EVENT_READ, c)
             out.append(HubEvent(EventKind.ACCEPTED, cid, peer=peer_host(addr[0] if addr else "")))
+
+    def _pause(self, seconds: float) -> None:
+        """Stop accepting for ``seconds`` at least, and until there is room (``poll`` resumes)."""
+        self._pause_until = self.clock() + seconds
+        if self._listening:
+            self._listening = False
+            try:
+                self.sel.unregister(self._lsock)
+            except (KeyError, ValueError):
+                pass
+
+    def room(self) -> int:
+        """Connections the hub may still accept before it stops (its ``limit`` less those held);
+        at most 0 while ``accept()`` lacks descriptors (a recent EMFILE/ENFILE)."""
+        room = self.limit - len(self._conns)
+        return min(room, 0) if self.clock() < self._pause_until else room
 
     def send(self, conn: int, msg: dict) -> None:
         """Queue ``msg`` to one member (dropped silently if that connection is gone: its LOST event says so)."""
@@ -363,6 +385,7 @@ class Hub(_Endpoint):
         for c in list(self._conns.values()):
             self._lose(c, "closed")
         self._conns.clear()
+        self._listening = False
         try:
             self.sel.unregister(self._lsock)
         except (KeyError, ValueError):

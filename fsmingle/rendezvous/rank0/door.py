@@ -1,29 +1,51 @@
-"""Rank 0's door: who may talk to it at all (the channel's authentication, issue 21).
+"""Rank 0's door: who may talk to it at all (the channel's authentication, issues 21 and 29).
 
 Every connection gets a challenge on accept; its first message (a hello or an ask) must carry
 an HMAC over it, keyed by this generation's secret, which only the owner-only endpoint record
 holds (:mod:`fsmingle.net.channel`).  Whatever fails is dropped at once and costs rank 0 nothing
-more; connections that never answer go after ``probe_timeout``, and a source's unauthenticated
-connections are capped (:data:`UNAUTH_PER_SOURCE`, oldest evicted first).  The threat model is in
+more; connections that never answer go after ``probe_timeout``.  The threat model is in
 ``docs/protocol.md``.  Mixed into :class:`~fsmingle.rendezvous.rank0.coordinator.Coordinator`.
+
+Unanswered connections are capped so that no client can exhaust rank 0 (:meth:`Door._shed`):
+per source address, per /24 (IPv4) or /64 (IPv6) prefix, in total, and by the descriptors the
+hub may hold (``Hub.room``: the open-file limit less what the filesystem needs).  The caps grow
+with the world (a whole world may knock at once from one address: one big host in rank mode, or
+a NAT), and a crowd costs only connections that *failed to answer in time*: one is shed for a
+crowded source, prefix or total only once it has had :meth:`Door._answer_time` to answer, oldest
+first.  A member answers within a round trip, so a burst of members is never taken for a flood,
+and answered connections are never shed.  Only when the descriptors run short does the oldest
+unanswered connection go before its time: then the choice is between it and the filesystem.
 """
 
 from __future__ import annotations
 
+import functools
+import ipaddress
 import logging
 
 from ...net.wire import WIRE_VERSION, mac_ok, new_nonce, new_secret
 
 log = logging.getLogger("fsmingle")
 
-# Connections that have not answered rank 0's challenge yet, per source address.  A member
-# answers within one round trip, so this is the most participants of one host (rank mode: one
-# per GPU or process) that can connect in the same instant without one of them having to try
-# again; the cost of an unanswered connection to rank 0 is a socket and 32 bytes for at most
-# probe_timeout.  When a source exceeds it, its *oldest* unauthenticated connection goes, never
-# the new one: a legitimate member that shares an address with a flood still gets in (it
-# authenticates within a round trip of its accept).
+# Caps on connections that have not answered rank 0's challenge yet, for a world of up to this
+# many (a bigger world raises each to its size: all of it may arrive at once from one address).
+# The cost of an unanswered connection to rank 0 is a socket and 32 bytes for at most
+# probe_timeout; over a cap, the *oldest* unanswered connection that has had its time to answer
+# goes, never a new one: a member that shares an address with a flood still gets in.
 UNAUTH_PER_SOURCE = 64
+UNAUTH_PER_PREFIX = 256  # per /24 (IPv4) or /64 (IPv6): one host or one site's NAT
+UNAUTH_TOTAL = 1024
+
+
+@functools.lru_cache(maxsize=4096)
+def prefix_of(addr: str) -> str:
+    """The /24 (IPv4) or /64 (IPv6) network of a source address, as a string (``"10.1.2.0/24"``);
+    the address itself if it is not an IP literal (a fake network's host name)."""
+    try:
+        ip = ipaddress.ip_address(addr.split("%")[0])
+    except ValueError:
+        return addr
+    return str(ipaddress.ip_network(f"{ip}/{24 if ip.version == 4 else 64}", strict=False))
 
 
 class Door:
@@ -31,39 +53,92 @@ class Door:
 
     def _init_door(self, now: float) -> None:
         # This generation's secret, published in the endpoint record only; connections
-        # challenged but not answered yet (conn -> (nonce, deadline, source), in accept order),
-        # the same by source, and answered ones' nonces.
+        # challenged but not answered yet (conn -> (nonce, accepted at, source, prefix), in
+        # accept order), the same by source and by prefix, and answered ones' nonces.
         self.secret = new_secret()
-        self.unauth: dict[int, tuple[str, float, str]] = {}
-        self.unauth_of: dict[str, dict[int, None]] = {}
-        self.crowded: set[str] = set()  # sources over UNAUTH_PER_SOURCE since the last step
+        size = self.p.size
+        self.caps = {
+            "source": max(UNAUTH_PER_SOURCE, size),
+            "prefix": max(UNAUTH_PER_PREFIX, size),
+            "total": max(UNAUTH_TOTAL, 2 * size),
+        }
+        self.unauth: dict[int, tuple[str, float, str, str]] = {}
+        self.unauth_of: dict[str, dict[int, None]] = {}  # a source address or a prefix -> conns
+        self.crowded: set[str] = set()  # sources and prefixes over their cap (until under it)
         self.nonces: dict[int, str] = {}
         self.refused_conns = 0  # connections dropped for failing the challenge (logged once)
+        self.shed_conns = 0  # of which shed for a crowd or for descriptors (logged once)
+
+    def _answer_time(self) -> float:
+        """Seconds an unanswered connection may not be shed for a crowd (``probe_timeout`` / 4,
+        at least 0.1 s): a member answers within a round trip of reading the challenge."""
+        return max(0.1, self.p.timing.probe_timeout / 4)
 
     def _on_accepted(self, conn: int, peer: str, now: float) -> None:
         """Challenge a new connection; it must answer within ``probe_timeout`` (_expire_unauth)."""
         nonce = new_nonce()
-        self.unauth[conn] = (nonce, now + self.p.timing.probe_timeout, peer)
-        conns = self.unauth_of.setdefault(peer, {})
-        conns[conn] = None
-        if len(conns) > UNAUTH_PER_SOURCE:
-            self.crowded.add(peer)
+        net = prefix_of(peer)
+        self.unauth[conn] = (nonce, now, peer, net)
+        for key, cap in ((peer, self.caps["source"]), (net, self.caps["prefix"])):
+            conns = self.unauth_of.setdefault(key, {})
+            conns[conn] = None
+            if len(conns) > cap:
+                self.crowded.add(key)
         self.hub.send(conn, {"t": "challenge", "nonce": nonce})
 
     def _expire_unauth(self, now: float) -> None:
-        """Drop unanswered connections: beyond UNAUTH_PER_SOURCE per source (oldest first), and
-        any past its deadline.  Run after a whole batch of events, so that a member whose answer
-        came in the same batch as a burst of accepts from its address is not evicted for them."""
-        crowded, self.crowded = self.crowded, set()
-        for src in crowded:
-            conns = self.unauth_of.get(src, {})
-            while len(conns) > UNAUTH_PER_SOURCE:
-                self._refuse(next(iter(conns)), f"more than {UNAUTH_PER_SOURCE} unauthenticated connections from {src}")
+        """Drop unanswered connections past ``probe_timeout``, and shed crowds (:meth:`_shed`).
+        Run after a whole batch of events, so that a member whose answer came in the same batch
+        as a burst of accepts from its address is not shed for them."""
+        deadline = now - self.p.timing.probe_timeout
         while self.unauth:
-            conn, (_, deadline, src) = next(iter(self.unauth.items()))  # accept order: oldest deadline first
-            if deadline > now:
+            conn, (_, since, src, _net) = next(iter(self.unauth.items()))  # accept order: oldest first
+            if since > deadline:
                 break
             self._refuse(conn, f"no answer to the challenge within {self.p.timing.probe_timeout:g} s from {src}")
+        self._shed(now)
+
+    def _shed(self, now: float) -> None:
+        """Shed unanswered connections, oldest first: of a crowded source or prefix, and beyond the
+        total, those that had :meth:`_answer_time` to answer; and as many as it takes, whatever
+        their age, to keep the hub room to accept (``Hub.room``: descriptors kept for the store)."""
+        answered_by = now - self._answer_time()
+        for key in list(self.crowded):
+            conns = self.unauth_of.get(key, {})
+            cap = self.caps["prefix" if "/" in key else "source"]
+            while len(conns) > cap:
+                conn = next(iter(conns))
+                if self.unauth[conn][1] > answered_by:
+                    break  # the rest are younger still: their time to answer is not up
+                self._shed_one(conn, f"more than {cap} unanswered connections from {key}")
+            if len(conns) <= cap:
+                self.crowded.discard(key)
+        while len(self.unauth) > self.caps["total"]:
+            conn, entry = next(iter(self.unauth.items()))
+            if entry[1] > answered_by:
+                break
+            self._shed_one(conn, f"more than {self.caps['total']} unanswered connections in all")
+        room = getattr(self.hub, "room", None)  # the model's fake networks have no descriptors
+        if room is None:
+            return
+        # Keep room for a burst: a 16th of the hub's limit (at least 8), so that a flood parked
+        # at the limit cannot keep the next member waiting in the kernel's backlog.
+        want = max(8, getattr(self.hub, "limit", 128) // 16)
+        short = want - room()
+        while short > 0 and self.unauth:
+            self._shed_one(next(iter(self.unauth)), "rank 0's open-file room is taken by unanswered connections")
+            short -= 1
+
+    def _shed_one(self, conn: int, why: str) -> None:
+        self.shed_conns += 1
+        if self.shed_conns == 1:
+            log.warning(
+                "job %s: rank 0 is shedding connections to its port that did not answer its challenge "
+                "(%s; a flood, or a world arriving faster than rank 0 reads)",
+                self.p.job_id,
+                why,
+            )
+        self._refuse(conn, why)
 
     def _forget_conn(self, conn: int) -> None:
         self.nonces.pop(conn, None)
@@ -71,11 +146,13 @@ class Door:
         self.offers_to.pop(conn, None)
         entry = self.unauth.pop(conn, None)
         if entry is not None:
-            conns = self.unauth_of.get(entry[2])
-            if conns is not None:
-                conns.pop(conn, None)
-                if not conns:
-                    del self.unauth_of[entry[2]]
+            for key in entry[2:]:
+                conns = self.unauth_of.get(key)
+                if conns is not None:
+                    conns.pop(conn, None)
+                    if not conns:
+                        del self.unauth_of[key]
+                        self.crowded.discard(key)
 
     def _refuse(self, conn: int, why: str) -> None:
         """Drop a connection that failed authentication: no answer, nothing more spent on it."""

@@ -36,6 +36,12 @@ class Hellos:
 
     def _on_hello(self, conn: int, m: dict, now: float) -> None:
         p = self.p
+        if conn in self.conn_rank:
+            # A member says hello once per connection; a second one on a verified connection is
+            # a peer that lost track of its own state: drop it, and free its rank (_reject
+            # records the loss), rather than leave the rank bound to a closed connection.
+            self._reject(conn, f"a second hello on the connection of verified rank {self.conn_rank[conn]}")
+            return
         if not self._agrees(conn, m):
             return
         self.askers.discard(conn)

@@ -52,6 +52,11 @@ class Membership:
         self.askers.discard(conn)
         self._give_back(self._withdraw_offer(conn))
         self.pending.pop(conn, None)
+        self._unbind(conn, why)
+
+    def _unbind(self, conn: int, why: str) -> None:
+        """A verified member's connection is gone: its rank is missing again, and the loss is
+        recorded (``lost``: the decision voids the generation).  Nothing if ``conn`` held no rank."""
         r = self.conn_rank.pop(conn, None)
         if r is not None:
             if self.rank_conn.pop(r, None) is not None:
@@ -66,6 +71,9 @@ class Membership:
         self.pending.pop(conn, None)
         self.askers.discard(conn)
         self._give_back(self._withdraw_offer(conn))
+        # A verified member's connection dropped here is lost like any other (issue 29: its rank
+        # stayed bound to the closed connection, looked silent for stale_after, then voided).
+        self._unbind(conn, f"rank 0 rejected it: {why}")
 
     def _broadcast(self, msg: dict) -> None:
         for conn in list(self.conn_rank) + list(self.pending) + list(self.askers):

@@ -19,6 +19,11 @@ log = logging.getLogger("fsmingle")
 # a second or third when its link() loses to a claim rank 0 could not know of; one that keeps
 # asking is dropped after this many (it then lists the generation, if it is one of ours).
 MAX_OFFERS_PER_CONN = 8
+# Ranks askers reported taken (their link() met EEXIST) that rank 0 keeps from offers at once,
+# at most; the oldest report goes first.  Each report is a lease (Offers._taken_lease): the
+# listing shows a real claim soon after, and a report nobody's claim bears out must not keep a
+# rank from offers for ever (a buggy asker's, or one of a holder of the secret).
+KNOWN_TAKEN_MAX = 1024
 
 
 class Offers:
@@ -27,7 +32,7 @@ class Offers:
     def _init_offers(self, now: float) -> None:
         self.askers: set[int] = set()  # connections of members without a rank (see _on_ask)
         self.asks: list[int] = []  # askers to answer at the end of this step
-        self.known_taken: set[int] = set()  # ranks askers found claimed
+        self.known_taken: dict[int, float] = {}  # ranks askers found claimed -> until when (report order)
         self.offered: dict[int, int] = {}  # rank -> the asker's connection it is on offer to
         self.offer_of: dict[int, int] = {}  # the same, by connection (an asker holds one offer)
         # Leases (see _answer_asks): rank -> when its offer runs out, in the order made (so the
@@ -41,13 +46,20 @@ class Offers:
 
     def _on_ask(self, conn: int, m: dict, now: float) -> None:
         """A member without a rank asks for one (``fsmingle.rendezvous.member``, "asking"): answered by _answer_asks."""
+        if conn in self.conn_rank:  # a verified member has its rank: a peer that lost track (cf. _on_hello)
+            self._reject(conn, f"an ask on the connection of verified rank {self.conn_rank[conn]}")
+            return
         if not self._agrees(conn, m):
             return
         self.askers.add(conn)
         taken = m.get("taken")
+        until = now + self._taken_lease()
         for r in taken[:64] if isinstance(taken, list) else ():
             if isinstance(r, int) and not isinstance(r, bool) and 0 < r < self.p.size:
-                self.known_taken.add(r)
+                self.known_taken.pop(r, None)  # a fresh report goes to the end: the oldest stays first
+                self.known_taken[r] = until
+        while len(self.known_taken) > KNOWN_TAKEN_MAX:
+            del self.known_taken[next(iter(self.known_taken))]
         self.asks.append(conn)  # answered after this step's listing, if one is due (step())
 
     def _lease(self) -> float:
@@ -60,6 +72,11 @@ class Offers:
         the filesystem stays the arbiter.
         """
         return max(1.0, 2 * self.p.timing.scan_interval)
+
+    def _taken_lease(self) -> float:
+        """Seconds a rank an asker reported taken is kept from offers: two leases, time for at
+        least two listings, either of which shows a real claim (then the listing keeps it)."""
+        return 2 * self._lease()
 
     def _answer_asks(self, now: float) -> None:
         """Offer each asker of this step one free rank (or tell it to wait, or that none is known).
@@ -76,6 +93,11 @@ class Offers:
             if until > now:
                 break
             self._give_back(self._withdraw_offer(self.offered[r]))
+        while self.known_taken:
+            r, until = next(iter(self.known_taken.items()))  # reported in this order: oldest first
+            if until > now:
+                break
+            del self.known_taken[r]
         if not self.asks and not (self.returned and self.waiting):
             self.returned = []
             return
