@@ -110,7 +110,7 @@ PROBE = 0.5  # probe_timeout: the deadline to answer the challenge
 class Rank0:
     """Rank 0 of a world of ``size`` on 127.0.0.1, stepped by :meth:`pump`."""
 
-    def __init__(self, tmp_path, size: int = 2):
+    def __init__(self, tmp_path, size: int = 2, probe: float = PROBE):
         from fsmingle.fs.jobdir import open_job_dir
         from fsmingle.net.channel import TcpTransport
         from fsmingle.net.hostinfo import this_process
@@ -118,7 +118,7 @@ class Rank0:
 
         self.base = tmp_path / "rdv"
         self.base.mkdir(mode=0o700)
-        timing = Timing(scan_interval=SCAN, probe_timeout=PROBE, stale_after=8.0)
+        timing = Timing(scan_interval=SCAN, probe_timeout=probe, stale_after=8.0)
         self.p = Participant(
             open_job_dir(str(self.base), "auth", create_base=False),
             job_id="auth",
@@ -169,9 +169,9 @@ def rank0(tmp_path):
 class Raw:
     """A client speaking the wire format by hand; ``recv`` steps rank 0 while it waits."""
 
-    def __init__(self, r0: Rank0, inst: str | None = None):
+    def __init__(self, r0: Rank0, inst: str | None = None, src: str | None = None):
         self.r0, self.inst = r0, inst or secrets.token_hex(8)
-        self.s = socket.create_connection(("127.0.0.1", r0.port), timeout=2)
+        self.s = socket.create_connection(("127.0.0.1", r0.port), timeout=2, source_address=src and (src, 0))
         self.s.setblocking(False)
         self.buf = b""
         self.nonce: str | None = None
@@ -286,19 +286,79 @@ def test_an_older_wire_version_is_told_which_versions_meet(rank0):
     assert c.recv() == "EOF"
 
 
-def test_unauthenticated_connections_are_capped_per_source_oldest_first(rank0):
+def _states(conns, n: int = 2) -> list:
+    """What each raw connection got, without stepping rank 0: its challenge, then None (still
+    open) or "EOF" (dropped)."""
+    return [[c.recv(timeout=0.02, pump=False) for _ in range(n)] for c in conns]
+
+
+def test_unanswered_connections_over_the_source_cap_go_oldest_first_once_their_time_is_up(tmp_path):
     from fsmingle.rendezvous.rank0.door import UNAUTH_PER_SOURCE
 
-    silent = [Raw(rank0) for _ in range(UNAUTH_PER_SOURCE + 4)]
-    late = Raw(rank0)  # a member arriving behind a flood from its own address
-    late.challenge()
-    late.ask()
-    assert late.recv() == {"t": "offer", "gen": 1, "ranks": [1]}
-    # The 5 oldest went (4 + one for the member's own connection), the newest 16 stay until their deadline.
-    assert len(rank0.p.role.unauth_of["127.0.0.1"]) == UNAUTH_PER_SOURCE - 1  # the member is in
-    states = [[c.recv(timeout=0.02, pump=False) for _ in range(2)] for c in silent]
-    assert all(s[0]["t"] == "challenge" for s in states), states
-    assert [s[1] for s in states] == ["EOF"] * 5 + [None] * (UNAUTH_PER_SOURCE - 1), states
+    r0 = Rank0(tmp_path, probe=2.0)  # 0.5 s to answer before a crowd may shed it; 2 s in all
+    try:
+        silent = [Raw(r0) for _ in range(UNAUTH_PER_SOURCE + 4)]
+        late = Raw(r0)  # a member arriving behind a flood from its own address
+        late.challenge()
+        late.ask()
+        assert late.recv() == {"t": "offer", "gen": 1, "ranks": [1]}
+        t0 = time.monotonic()
+        r0.pump(0.8)  # past the time to answer (0.5 s), before probe_timeout (2 s)
+        assert time.monotonic() - t0 < 1.9, "too slow to tell the cap from the deadline"
+        states = _states(silent)
+        assert all(s[0]["t"] == "challenge" for s in states), states
+        # The 4 oldest over the cap went (the member answered: it is not counted), the rest stay
+        # until their deadline.  (Before issue 29: 5 went at once, the member's own among the count.)
+        assert [s[1] for s in states] == ["EOF"] * 4 + [None] * UNAUTH_PER_SOURCE, states
+        assert late.recv(timeout=0.05) is None  # the member is untouched
+    finally:
+        r0.close()
+
+
+def test_unanswered_connections_are_capped_per_24_prefix(tmp_path):
+    # Five sources of one /24, each under the per-source cap, together over the prefix's: the
+    # oldest go once their time to answer is up (before issue 29 nothing capped them but
+    # probe_timeout: any number of addresses gave an attacker any number of connections).
+    from fsmingle.rendezvous.rank0.door import UNAUTH_PER_PREFIX, UNAUTH_PER_SOURCE, prefix_of
+
+    assert prefix_of("10.1.2.3") == "10.1.2.0/24" and prefix_of("2001:db8:1:2:3::4") == "2001:db8:1:2::/64"
+    r0 = Rank0(tmp_path, probe=2.0)
+    try:
+        per = UNAUTH_PER_SOURCE - 4
+        conns = []
+        for i in range(5):
+            conns += [Raw(r0, src=f"127.0.0.{2 + i}") for _ in range(per)]
+            r0.pump(0)  # accept them: more than the listen backlog (128) in all
+        over = len(conns) - UNAUTH_PER_PREFIX
+        assert over > 0
+        r0.pump(0.8)
+        assert [s[1] for s in _states(conns)] == ["EOF"] * over + [None] * UNAUTH_PER_PREFIX
+    finally:
+        r0.close()
+
+
+def test_a_burst_of_a_whole_world_from_one_address_is_not_a_flood(tmp_path):
+    # Issue 29: N = 4,096 from one address never released as shipped: rank 0 evicted members
+    # mid-handshake ("more than 64 unauthenticated connections from 127.0.0.1").  The caps grow
+    # with the world: 299 members of a world of 300 connect at once and answer late (0.8 s, past
+    # their time to answer a crowd, within probe_timeout): none is shed, each gets its offer.
+    r0 = Rank0(tmp_path, size=300, probe=2.0)
+    try:
+        members = [Raw(r0) for _ in range(299)]
+        r0.pump(0.8)
+        states = _states(members, 1)
+        assert all(isinstance(s[0], dict) and s[0]["t"] == "challenge" for s in states)
+        for c, s in zip(members, states):
+            c.nonce = s[0]["nonce"]
+            c.ask()
+        offered = set()
+        for c in members:
+            m = c.recv(timeout=5)
+            assert isinstance(m, dict) and m["t"] == "offer" and len(m["ranks"]) == 1, m
+            offered.add(m["ranks"][0])
+        assert offered == set(range(1, 300))
+    finally:
+        r0.close()
 
 
 def test_the_secret_is_in_the_endpoint_record_only(rank0, tmp_path):
@@ -421,3 +481,191 @@ def test_a_member_meeting_an_older_rank0_says_so(procs, d):
         p = procs.env(d, "old", "--nnodes", 2, timeout=20)
         assert p.wait(15) == 3, p.stderr()
     assert "runs fsmingle 0.0.9" in p.stderr() and "wire protocol 3" in p.stderr(), p.stderr()
+
+
+# ---------------------------------------------------------------------------------------------
+# A verified member's second hello; the ranks askers report taken (issue 29, item 6).
+
+
+def test_a_second_hello_of_a_verified_member_frees_its_rank(tmp_path):
+    # Before issue 29 the connection was dropped but the rank stayed bound to it: it looked
+    # silent until stale_after, then the generation was voided for silence.
+
+    rank0 = Rank0(tmp_path, size=3)  # a world of 3: one member does not complete it
+    try:
+        _second_hello(rank0)
+    finally:
+        rank0.close()
+
+
+def _second_hello(rank0: Rank0) -> None:
+    from fsmingle.fs.layout import claim_name
+    from fsmingle.fs.records import Claim, encode
+
+    m = Raw(rank0)
+    assert rank0.p.store.create(claim_name(1, 1), encode(Claim(1, m.inst)))
+    m.challenge()
+    m.send(m.msg("hello", rank=1))
+    w = m.recv()
+    assert isinstance(w, dict) and w["t"] == "welcome", w
+    coord = rank0.p.role
+    assert coord.rank_conn.get(1) is not None
+    m.send(m.msg("hello", rank=1))
+    r = m.recv()
+    while isinstance(r, dict) and r["t"] == "status":
+        r = m.recv()
+    assert isinstance(r, dict) and r["t"] == "reject" and "second hello" in r["why"], r
+    assert m.recv() == "EOF"
+    assert 1 not in coord.rank_conn and not coord.conn_rank and 1 in coord.missing_sorted
+    assert "second hello" in coord.lost[1]  # a loss: the decision voids at once, not after stale_after
+
+
+def test_ranks_reported_taken_are_kept_from_offers_for_a_lease_only(rank0):
+    # Before issue 29 a rank an ask's `taken` named stayed out of offers for ever: one report
+    # nobody's claim bore out (a buggy asker's, a holder of the secret's) kept it from everyone.
+    a = Raw(rank0)
+    a.challenge()
+    a.send({**a.msg("ask"), "taken": [1]})
+    assert a.recv() == {"t": "offer", "gen": 1, "ranks": []}  # none known free: the asker lists
+    t0 = time.monotonic()
+    coord = rank0.p.role
+    lease = coord._taken_lease()
+    rank0.pump(lease + 0.1)
+    a.ask()
+    assert a.recv() == {"t": "offer", "gen": 1, "ranks": [1]}, "still kept after the lease"
+    assert time.monotonic() - t0 >= lease
+
+
+def test_ranks_reported_taken_are_bounded(tmp_path):
+    from fsmingle.rendezvous.rank0.offers import KNOWN_TAKEN_MAX
+
+    r0 = Rank0(tmp_path, size=KNOWN_TAKEN_MAX + 200)
+    try:
+        askers = [Raw(r0) for _ in range(3)]
+        for c in askers:
+            c.challenge()
+        r = 1
+        for _ in range(6):
+            for c in askers:
+                c.send({**c.msg("ask"), "taken": list(range(r, r + 64))})
+                r += 64
+                m = c.recv()
+                assert isinstance(m, dict) and m["t"] == "offer", m
+        assert r - 1 > KNOWN_TAKEN_MAX
+        kept = r0.p.role.known_taken
+        assert len(kept) <= KNOWN_TAKEN_MAX and max(kept) == r - 1  # the oldest reports went
+    finally:
+        r0.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# Rank 0's descriptors: the hub never holds more connections than its room, accept() short of
+# descriptors does not kill it, and the store reports what an exhausted process meets.
+
+HUB_SCRIPT = """
+import os, resource, socket, sys, time
+from fsmingle.net.channel import EventKind, Hub
+resource.setrlimit(resource.RLIMIT_NOFILE, (200, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+hub = Hub("127.0.0.1", 0, backlog=256)
+print("port", hub.port, "limit", hub.limit, flush=True)
+ids = []
+def pump(seconds):
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        ids.extend(ev.conn for ev in hub.poll(0.02) if ev.kind is EventKind.ACCEPTED)
+sys.stdin.readline()  # the clients are connecting
+pump(1.5)
+print("full", hub.open_connections(), hub.room(), flush=True)
+for c in ids[:5]:
+    hub.drop(c)
+fill = []
+try:
+    while True:
+        fill.append(os.open("/dev/null", os.O_RDONLY))
+except OSError as e:
+    print("filled", e.errno, flush=True)
+pump(1.0)
+print("starved", hub.open_connections(), hub.room(), hub.starved, flush=True)
+for fd in fill:
+    os.close(fd)
+pump(1.5)
+print("again", hub.open_connections(), hub.room(), flush=True)
+"""
+
+
+def test_the_hub_holds_no_more_than_its_room_and_survives_emfile_on_accept(procs):
+    import subprocess
+
+    hub = subprocess.Popen(
+        [sys.executable, "-c", HUB_SCRIPT],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    try:
+        _, port, _, limit = hub.stdout.readline().split()
+        port, limit = int(port), int(limit)
+        assert 8 <= limit <= 200 - 64
+        clients = []
+        for _ in range(limit + 20):
+            s = socket.socket()
+            s.setblocking(False)
+            s.connect_ex(("127.0.0.1", port))
+            clients.append(s)
+        hub.stdin.write("go\n")
+        hub.stdin.flush()
+        assert hub.stdout.readline().split() == ["full", str(limit), "0"]  # the other 20 wait in the backlog
+        assert hub.stdout.readline().split()[0] == "filled"
+        starved = hub.stdout.readline().split()
+        # accept() met EMFILE (starved), the hub lived on and accepted nothing meanwhile.
+        assert starved[:2] == ["starved", str(limit - 5)] and int(starved[3]) >= 1, starved
+        assert hub.stdout.readline().split() == ["again", str(limit), "0"]
+        assert hub.wait(10) == 0, hub.stderr.read()
+    finally:
+        if hub.poll() is None:
+            hub.kill()
+        for s in clients:
+            s.close()
+
+
+STORE_SCRIPT = """
+import os, resource, tempfile
+from fsmingle.errors import StorageError
+from fsmingle.fs.store import PosixStore
+d = tempfile.mkdtemp()
+store = PosixStore(d)
+store.publish("a.json", b"{}")
+resource.setrlimit(resource.RLIMIT_NOFILE, (64, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+fill = []
+try:
+    while True:
+        fill.append(os.open("/dev/null", os.O_RDONLY))
+except OSError:
+    pass
+for call in (lambda: store.listdir(), lambda: store.read("a.json"), lambda: store.publish("b.json", b"{}")):
+    try:
+        call()
+    except StorageError as e:
+        print("StorageError", e.errno, "open-file limit" in str(e))
+"""
+
+
+def test_every_oserror_out_of_the_store_is_a_storage_error():
+    # Issue 29: rank 0 out of descriptors died once with a raw OSError traceback from
+    # PosixStore.listdir; every call now fails as a StorageError (exit 5) that says what to do.
+    import errno
+    import subprocess
+
+    r = subprocess.run(
+        [sys.executable, "-c", STORE_SCRIPT],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split("\n")[:3] == [f"StorageError {errno.EMFILE} True"] * 3, r.stdout
