@@ -161,3 +161,23 @@ def test_ops_trace_names_the_callers_of_each_operation():
     assert 5 <= total <= 40, head  # a joiner's 8, rank 0's share; never zero (the wrapper counted)
     assert "--- rank 0:" in p.stdout and "--- rank 2:" in p.stdout
     assert any("link" in line and "joining.py:try_claim" in line for line in rest), p.stdout
+
+
+def test_benchmark_one_address_smoke(tmp_path):
+    # Issue 29: a world from one address (--one-addr: every participant on 127.0.0.1, as one big
+    # host in rank mode or a NAT) is no flood to rank 0's caps on unanswered connections.  The
+    # full-size runs (4,096 and 8,192) are in benchmarks/README.md; this is the harness path.
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "results"
+    cmd = [sys.executable, BENCH, "--n", "160", "--reps", "1", "--fs", "local", "--backends", "fsmingle"]
+    cmd += ["--max-procs", "3", "--settle", "1", "--strace-secs", "0.5", "--strace-procs", "0", "--one-addr"]
+    cmd += ["--timeout", "60", "--ready-timeout", "60", "--out", str(out), "--workdir", str(tmp_path / "work")]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=180, cwd=ROOT)
+    assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
+    res = json.loads((out / "results.json").read_text())
+    (row,) = res["rows"]
+    assert row["status"] == "ok", row
+    (run,) = row["runs"]
+    assert run["valid"], run["problems"]
+    assert run["generations"] == [1], run["generations"]  # no void on the way
+    assert "--one-addr" in res["command"]
