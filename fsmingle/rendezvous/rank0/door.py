@@ -3,18 +3,22 @@
 Every connection gets a challenge on accept; its first message (a hello or an ask) must carry
 an HMAC over it, keyed by this generation's secret, which only the owner-only endpoint record
 holds (:mod:`fsmingle.net.channel`).  Whatever fails is dropped at once and costs rank 0 nothing
-more; connections that never answer go after ``probe_timeout``.  The threat model is in
-``docs/protocol.md``.  Mixed into :class:`~fsmingle.rendezvous.rank0.coordinator.Coordinator`.
+more.  The threat model is in ``docs/protocol.md``.  Mixed into
+:class:`~fsmingle.rendezvous.rank0.coordinator.Coordinator`.
 
 Unanswered connections are capped so that no client can exhaust rank 0 (:meth:`Door._shed`):
 per source address, per /24 (IPv4) or /64 (IPv6) prefix, in total, and by the descriptors the
 hub may hold (``Hub.room``: the open-file limit less what the filesystem needs).  The caps grow
 with the world (a whole world may knock at once from one address: one big host in rank mode, or
 a NAT), and a crowd costs only connections that *failed to answer in time*: one is shed for a
-crowded source, prefix or total only once it has had :meth:`Door._answer_time` to answer, oldest
-first.  A member answers within a round trip, so a burst of members is never taken for a flood,
-and answered connections are never shed.  Only when the descriptors run short does the oldest
-unanswered connection go before its time: then the choice is between it and the filesystem.
+crowded source, prefix or total only once it has had ``probe_timeout`` to answer, oldest first.
+Answered connections are never shed, and a burst of members is never taken for a flood: an
+unanswered connection that crowds nobody costs a socket, and goes only after ``stale_after``
+(a member that got no answer for that long connects again anyway) -- a world arriving faster
+than rank 0 reads (thousands from one host, the GIL shared with them) must not be dropped and
+reconnect in a storm that keeps rank 0 behind.  Only when the descriptors run short does the
+oldest unanswered connection go before its time: the choice is then between it and the
+filesystem.
 """
 
 from __future__ import annotations
@@ -70,12 +74,12 @@ class Door:
         self.shed_conns = 0  # of which shed for a crowd or for descriptors (logged once)
 
     def _answer_time(self) -> float:
-        """Seconds an unanswered connection may not be shed for a crowd (``probe_timeout`` / 4,
-        at least 0.1 s): a member answers within a round trip of reading the challenge."""
-        return max(0.1, self.p.timing.probe_timeout / 4)
+        """Seconds an unanswered connection may not be shed for a crowd (``probe_timeout``): a
+        member answers within a round trip of reading the challenge."""
+        return self.p.timing.probe_timeout
 
     def _on_accepted(self, conn: int, peer: str, now: float) -> None:
-        """Challenge a new connection; it must answer within ``probe_timeout`` (_expire_unauth)."""
+        """Challenge a new connection; it must answer in time (_expire_unauth)."""
         nonce = new_nonce()
         net = prefix_of(peer)
         self.unauth[conn] = (nonce, now, peer, net)
@@ -87,15 +91,15 @@ class Door:
         self.hub.send(conn, {"t": "challenge", "nonce": nonce})
 
     def _expire_unauth(self, now: float) -> None:
-        """Drop unanswered connections past ``probe_timeout``, and shed crowds (:meth:`_shed`).
+        """Drop unanswered connections past ``stale_after``, and shed crowds (:meth:`_shed`).
         Run after a whole batch of events, so that a member whose answer came in the same batch
         as a burst of accepts from its address is not shed for them."""
-        deadline = now - self.p.timing.probe_timeout
+        deadline = now - self.p.timing.stale_after
         while self.unauth:
             conn, (_, since, src, _net) = next(iter(self.unauth.items()))  # accept order: oldest first
             if since > deadline:
                 break
-            self._refuse(conn, f"no answer to the challenge within {self.p.timing.probe_timeout:g} s from {src}")
+            self._refuse(conn, f"no answer to the challenge within {self.p.timing.stale_after:g} s from {src}")
         self._shed(now)
 
     def _shed(self, now: float) -> None:
