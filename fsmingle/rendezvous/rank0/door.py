@@ -33,9 +33,9 @@ log = logging.getLogger("fsmingle")
 
 # Caps on connections that have not answered rank 0's challenge yet, for a world of up to this
 # many (a bigger world raises each to its size: all of it may arrive at once from one address).
-# The cost of an unanswered connection to rank 0 is a socket and 32 bytes for at most
-# probe_timeout; over a cap, the *oldest* unanswered connection that has had its time to answer
-# goes, never a new one: a member that shares an address with a flood still gets in.
+# The cost of an unanswered connection to rank 0 is a socket and 32 bytes, for at most
+# stale_after; over a cap, the *oldest* unanswered connection that has had its time to answer
+# (probe_timeout) goes, never a new one: a member that shares an address with a flood gets in.
 UNAUTH_PER_SOURCE = 64
 UNAUTH_PER_PREFIX = 256  # per /24 (IPv4) or /64 (IPv6): one host or one site's NAT
 UNAUTH_TOTAL = 1024
