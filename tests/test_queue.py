@@ -366,3 +366,37 @@ def test_the_progress_line_says_the_timeout_is_held():
     assert q.progress() == {}
     q.hold, q.held_time.held_for = True, 120.0
     assert q.progress() == {"held": 120.0, "queue_left": 480.0}
+
+
+def test_a_peer_that_joined_and_then_ended_is_a_place_to_fill_not_a_fatal_never_joined():
+    """Issue 29 (measured 8): a peer job that joined (present at rank 0 once, or named by a decision
+    record's ``jobs``) and ended leaves a place for a spare or a re-run; --timeout runs, nothing fails.
+    One that never joined still fails at once."""
+    q = QueueWatch(("j_0", "j_1", "j_2"), "j_0", query=lambda ids: {}, threaded=False)
+    q.poll(0.0, {"j_0", "j_1"}, nmissing=1)  # j_1 connected in this generation: it joined
+    q.jobs = {"j_1": JobState("j_1", "NODE_FAIL", "None"), "j_2": JobState("j_2", "PENDING", "Priority")}
+    q.judge({"j_0"}, nmissing=2)
+    assert not q.ended and not q.hold, q.ended  # j_1's place is open: the timeout runs
+    assert q.lines[0] == "missing: job j_1 NODE_FAIL after it joined; its place waits for a spare or a re-run"
+    q.jobs["j_2"] = JobState("j_2", "CANCELLED", "None")
+    q.judge({"j_0"}, nmissing=2)
+    assert q.ended == "peer job j_2 CANCELLED without joining"
+    # A new process (a spare, a restarted survivor) learns who joined from a decision record.
+    fresh = QueueWatch(("j_0", "j_1"), "j_2")
+    fresh.learn_jobs(q.record_jobs())
+    fresh.jobs = {"j_0": JobState("j_0", "RUNNING"), "j_1": JobState("j_1", "NODE_FAIL")}
+    fresh.judge({"j_2"}, nmissing=1)
+    assert not fresh.ended and "j_1" in fresh.record_jobs() and "j_2" in fresh.record_jobs()
+
+
+def test_decision_records_carry_the_jobs_that_joined_and_older_records_read_without_them():
+    import dataclasses
+
+    from fsmingle.fs.records import Release, decode, encode
+
+    rel = Release("exp", 3, "restart", "node", 2, None, None, (), "ab" * 8, reason="x", jobs=("j_0", "j_1"))
+    assert decode(encode(rel), Release).jobs == ("j_0", "j_1")
+    plain = encode(dataclasses.replace(rel, jobs=()))
+    assert b"jobs" not in plain and decode(plain, Release).jobs == ()  # older readers see the same record
+    hostile = plain.replace(b'"kind"', b'"jobs":[1,"",{"a":1},"j_5"],"kind"')
+    assert decode(hostile, Release).jobs == ("j_5",)

@@ -10,9 +10,9 @@ from __future__ import annotations
 import math
 
 try:
-    from test_model import World
+    from test_model import FakeScheduler, World
 except ImportError:  # tests/ imported as a package
-    from tests.test_model import World
+    from tests.test_model import FakeScheduler, World
 
 from fsmingle.errors import RendezvousTimeoutError
 from fsmingle.rendezvous.participant import State
@@ -79,3 +79,27 @@ def test_a_spare_fails_after_spare_timeout_naming_the_generation_it_backs():
     assert spare.status == "exited" and isinstance(spare.error, RendezvousTimeoutError), spare.error
     assert "as a spare for generation 1 (--spare-timeout 10 s)" in str(spare.error)
     assert w.decided[2].state == "restart" and "--spare-timeout" in w.decided[2].reason  # it left gen 2 voided
+
+
+def test_a_spare_outlives_the_peer_job_it_replaces_and_makes_the_world_with_the_survivor():
+    """Issue 29 (measured 8): separate jobs j_0 and j_1 (``--peer-jobs``), released in generation 1;
+    a spare waits as rank 0 of generation 2; j_1 ends (NODE_FAIL).  j_1 joined generation 1 (the
+    release names it): its place is the spare's to fill, not a fatal "ended without joining".  The
+    spare keeps waiting; the survivor's restart makes the world with it."""
+    w = World(2, staleness=1.0)
+    sched = w.scheduler = FakeScheduler(lambda: w.fs.now)
+    a, b = w.start(0), w.start(1)
+    w.tick(30.0, stop=lambda: a.status == b.status == "done")
+    assert set(w.releases) == {1} and w.releases[1].jobs == ("j_0", "j_1")
+    _trainings_run(a, b)
+    spare = w.start(None, timeout=5.0, spare_timeout=math.inf)
+    w.tick(10.0)
+    assert spare.p.rank == 0 and spare.p.gen == 2 and spare.p.spare_backs == 1, w.log[-20:]
+    sched.say("j_1", "NODE_FAIL")  # the very job the spare is there to replace
+    w.tick(30.0)
+    assert spare.status == "running", spare.error
+    assert "job j_1 NODE_FAIL (JobHeldUser) after it joined" in spare.p.note, spare.p.note
+    a2 = w.start(0)  # j_0's restart loop runs fsmingle again
+    w.tick(30.0, stop=lambda: spare.status != "running" and a2.status != "running")
+    assert spare.status == a2.status == "done", (spare.error, a2.error, w.log[-30:])
+    assert spare.result.generation == a2.result.generation and {spare.result.rank, a2.result.rank} == {0, 1}

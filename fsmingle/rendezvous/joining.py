@@ -144,6 +144,10 @@ class Joining:
         )
 
     def _note_released(self, g: int, rel) -> None:
+        if isinstance(rel, Release) and self.queue is not None:
+            # Jobs that joined an earlier generation: one that ended left a place for a spare or a
+            # re-run, it did not "end without joining" (rendezvous/queue.py; every decision carries them).
+            self.queue.learn_jobs(rel.jobs)
         if isinstance(rel, Release) and rel.state == "released" and self.spare_of(g, rel):
             self.spare_for = g  # a spare: takes a place when the running world comes back for one
             self.set_note(

@@ -278,6 +278,8 @@ class Participant(Joining, Leaving, GenerationReader, OutsideWorld):
             writer=self.instance,
             reason=reason[:1000],
             wall_time=self.clock.time(),
+            # Jobs that joined so far, carried forward: an ended one is a place to fill (rendezvous/queue.py).
+            jobs=self.queue.record_jobs() if self.queue is not None else (),
         )
         return encode(rel)
 
