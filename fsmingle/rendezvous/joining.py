@@ -150,6 +150,7 @@ class Joining:
             self.queue.learn_jobs(rel.jobs)
         if isinstance(rel, Release) and rel.state == "released" and self.spare_of(g, rel):
             self.spare_for = g  # a spare: takes a place when the running world comes back for one
+            self.become_spare()
             self.set_note(
                 f"generation {g} was already released to {rel.size} participant(s) before this one "
                 f"arrived; waiting in generation {g + 1} as a spare (a late participant, or a re-run)"
@@ -220,6 +221,7 @@ class Joining:
             if self.claim_one(r):
                 return self.hold(r)
         self.state = State.WORLD_FULL
+        self.become_spare()
         self.set_note(f"all {self.size} ranks of generation {self.gen} are claimed; watching their holders")
         return None
 

@@ -123,6 +123,7 @@ class Coordinator(Door, Offers, Hellos, Membership, Scanning, Releasing, Queuein
             acked=self.acked_ranks,
             stale_after=p.timing.stale_after,
             ack_timeout=self._ack_timeout(),
+            spares=self.spare_ranks,
         )
         action, why = decide(view)
         if action is Action.PREPARE:
