@@ -242,7 +242,7 @@ class Participant(Joining, Leaving, GenerationReader, OutsideWorld):
         )
 
     def publish_beacon(self) -> None:
-        self.store.publish(beacon_name(self.gen, self.instance), encode(self.beacon()))
+        self.publish_record(beacon_name(self.gen, self.instance), encode(self.beacon()))  # read back on an error
         pause("beacon")  # tests only: a member whose claim and beacon are written, before its hello
 
     def heartbeat_if_due(self, now: float, period: float | None = None) -> None:
@@ -282,15 +282,14 @@ class Participant(Joining, Leaving, GenerationReader, OutsideWorld):
             writer=self.instance,
             reason=reason[:1000],
             wall_time=self.clock.time(),
-            # Jobs that joined so far, carried forward: an ended one is a place to fill (rendezvous/queue.py).
-            jobs=self.queue.record_jobs() if self.queue is not None else (),
+            jobs=self.queue.record_jobs() if self.queue is not None else (),  # who joined, carried forward
         )
         return encode(rel)
 
     def void(self, reason: str) -> bool:
         """Create this generation's restart decision; False if a decision already existed."""
         self.prepare_next()
-        created = self.store.create(release_name(self.gen), self.restart_record(self.gen, reason))
+        created = self.create_record(release_name(self.gen), self.restart_record(self.gen, reason))
         if created:
             log.warning("job %s generation %d voided: %s", self.job_id, self.gen, reason)
         self.delay = self.timing.poll_min
