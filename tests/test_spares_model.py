@@ -164,3 +164,16 @@ def test_decide_never_prepares_nor_commits_a_world_of_spares_alone():
     assert decide(CoordinatorView(**full, spares={1}))[0] is Action.PREPARE
     assert decide(CoordinatorView(**full, spares={0, 1}, preparing_for=0.1, acked={1})) == (Action.VOID, SPARES_ALONE)
     assert decide(CoordinatorView(size=1, connected=set(), spares={0}))[0] is Action.WAIT
+
+
+def test_a_spares_beacon_says_so_and_older_readers_see_the_same_record():
+    import dataclasses
+
+    from fsmingle.fs.records import Beacon, HostId, decode, encode
+
+    h = HostId("node9", "boot", "pid:[1]", 4242, 1.0)
+    plain = Beacon("exp", 2, "ab" * 8, "node", 2, 0, "10.0.0.9", None, 1, 0, h)
+    assert b"spare" not in encode(plain) and decode(encode(plain), Beacon).spare is False
+    spare = dataclasses.replace(plain, spare=True, spare_for=1)
+    assert decode(encode(spare), Beacon).spare is True
+    assert decode(encode(spare).replace(b'"spare":true', b'"spare":"yes"'), Beacon).spare is False  # only true
