@@ -177,3 +177,23 @@ def test_a_spares_beacon_says_so_and_older_readers_see_the_same_record():
     spare = dataclasses.replace(plain, spare=True, spare_for=1)
     assert decode(encode(spare), Beacon).spare is True
     assert decode(encode(spare).replace(b'"spare":true', b'"spare":"yes"'), Beacon).spare is False  # only true
+
+
+def test_spares_given_explicit_ranks_alone_are_never_released_and_a_survivor_contesting_one_takes_it():
+    """Explicit node ranks: two spares given ranks 0 and 1 fill generation 2 and wait (never
+    released); the survivor restarted as rank 0 finds its rank held by a live spare: not a conflict
+    (exit 6) but a place -- it voids generation 2 and is released with the spare of rank 1."""
+    w = World(2, ranks=[0, 1], staleness=1.0)
+    a, b = w.start(0), w.start(1)
+    w.tick(30.0, stop=lambda: a.status == b.status == "done")
+    _trainings_run(a, b)
+    c = w.start(None, rank=0, timeout=5.0, spare_timeout=math.inf)
+    d = w.start(None, rank=1, timeout=5.0, spare_timeout=math.inf)
+    w.tick(30.0)
+    assert set(w.releases) == {1} and c.status == d.status == "running" and (c.p.rank, d.p.rank) == (0, 1)
+    a2 = w.start(0)
+    w.tick(30.0, stop=lambda: a2.status != "running")
+    assert a2.status == "done" and a2.result.rank == 0, (a2.error, w.log[-20:])
+    w.tick(5.0)
+    assert d.status == "done" and d.result.generation == a2.result.generation and d.result.rank == 1
+    assert "held by a spare" in w.decided[2].reason and c.status == "running"  # c waits for the next place
