@@ -217,6 +217,7 @@ def test_two_spares_alone_are_never_released_and_a_survivor_still_is_with_one(pr
     joined, waiting = (c, e) if c.poll() is not None else (e, c)
     res = joined.result(5)
     assert_one_world([got, res], 2)
-    assert got["generation"] >= 3 and release_of(d, "ss", 2)["state"] == "restart"
-    assert "held by spares" in release_of(d, "ss", 2)["reason"], release_of(d, "ss", 2)
+    assert got["generation"] >= 3, got
+    # It voided the generation of spares (that record may be cleaned by now: its words are in the log).
+    assert "all 2 ranks of generation 2 are held by spares" in " ".join(a2.stderr().split()), a2.stderr()
     assert waiting.poll() is None, waiting.stderr()  # the other spare waits on, for the next place
