@@ -400,3 +400,30 @@ def test_decision_records_carry_the_jobs_that_joined_and_older_records_read_with
     assert b"jobs" not in plain and decode(plain, Release).jobs == ()  # older readers see the same record
     hostile = plain.replace(b'"kind"', b'"jobs":[1,"",{"a":1},"j_5"],"kind"')
     assert decode(hostile, Release).jobs == ("j_5",)
+
+
+def test_a_spare_outlives_the_peer_job_it_replaces_and_the_survivor_is_released_with_it(procs, d, fake_squeue):
+    """Issue 29 (measured 8), real processes: separate jobs 100 and 101 (``--peer-jobs``) released
+    in generation 1; a spare (job 102, ``--spare-timeout inf``) waits as rank 0 of generation 2 and
+    asks squeue; job 101 ends (NODE_FAIL).  It joined generation 1 (that release names it), so its
+    place is the spare's: the spare keeps waiting past its --timeout (before: exit 13 "peer job 101
+    NODE_FAIL ... without joining"), and job 100's restart is released with it."""
+    bindir, table, _ = fake_squeue
+    table.write_text("100|RUNNING|None|2030-01-01T14:00:00\n101|RUNNING|None|2030-01-01T14:00:00\n")
+    args = ("--nnodes", 2, "--queue-poll", 0.3)
+    a = procs.env(d, "pj", *args, timeout=60, extra_env=_job_env(bindir, "100", "100,101"), name="a")
+    b = procs.env(d, "pj", *args, timeout=60, extra_env=_job_env(bindir, "101", "100,101"), name="b")
+    assert {a.result(30)["generation"], b.result(30)["generation"]} == {1}
+    spare_env = _job_env(bindir, "102", "100,101")
+    c = procs.env(d, "pj", *args, "--spare-timeout", "inf", timeout=3, extra_env=spare_env, name="c")
+    wait_for(lambda: "a spare for gen 1, timeout held" in c.stderr(), 20, "the spare waiting")
+    table.write_text("100|RUNNING|None|2030-01-01T14:00:00\n101|NODE_FAIL|None|2030-01-01T14:00:00\n")
+    seen = "job 101 NODE_FAIL, started 14:00 after it joined; its place waits for a spare or a re-run"
+    wait_for(lambda: seen in c.stderr() or c.poll() is not None, 15, "the spare seeing job 101 end")
+    assert c.poll() is None, c.stderr()  # before: exit 13, "peer job 101 NODE_FAIL ... without joining"
+    while c.elapsed < 8:  # past its --timeout, and many --queue-poll
+        assert c.poll() is None, c.stderr()
+        time.sleep(0.2)
+    a2 = procs.env(d, "pj", *args, timeout=60, extra_env=_job_env(bindir, "100", "100,101"), name="a2")
+    res = [a2.result(30), c.result(30)]
+    assert {r["generation"] for r in res} == {2} and sorted(r["node_rank"] for r in res) == [0, 1], res
