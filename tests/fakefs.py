@@ -316,8 +316,8 @@ class FakeStore(Store):
         blind_for: float = 0.0,
         exc: Callable[[str], BaseException] | None = None,
     ) -> None:
-        """The ``after_ops``-th next ``create`` (``link()``) or ``publish`` (``rename()``) of a name
-        ``match`` accepts fails with EIO -- after taking effect on the server (``after_effect``: a
+        """The ``after_ops``-th next ``create`` (``link()``) or ``publish`` (``rename()``) -- or
+        ``mkdir``, when ``ops`` names it -- of a name ``match`` accepts fails with EIO -- after taking effect on the server (``after_effect``: a
         soft NFS mount's timeout, a reply lost for good) or before.  :class:`~fsmingle.fs.store.PosixStore`
         turns such an ``OSError`` into :class:`~fsmingle.errors.StorageError` (after ``create``'s link
         count could not prove the link), so that is what is raised unless ``exc`` says otherwise.
@@ -520,6 +520,9 @@ class FakeStore(Store):
             raise self._death(f"{self.node} died before mkdir {name}")
         if parent(name) and self.hidden(parent(name)):
             raise FileNotFoundError(f"{self.path(parent(name))}: no such directory")
+        io = self._io_fault("mkdir", name)  # armed only when ops names "mkdir" (arm_io_error)
+        if io and not self._io_after_effect:
+            raise self._io_error("mkdir", name, False)
         made = self.fs.mkdir_truth(name, self.node)
         if made:
             self._forget_absent(name)
@@ -529,6 +532,8 @@ class FakeStore(Store):
                 del self.seen[n]
         if self.mkdir_refreshes_listing:
             self.listed[parent(name)] = self.fs.now
+        if io:
+            raise self._io_error("mkdir", name, made)  # GlusterFS: EIO to a racing mkdir that took effect
         if crash:
             raise self._death(f"{self.node} died after mkdir {name}")
         return made

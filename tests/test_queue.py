@@ -366,3 +366,64 @@ def test_the_progress_line_says_the_timeout_is_held():
     assert q.progress() == {}
     q.hold, q.held_time.held_for = True, 120.0
     assert q.progress() == {"held": 120.0, "queue_left": 480.0}
+
+
+def test_a_peer_that_joined_and_then_ended_is_a_place_to_fill_not_a_fatal_never_joined():
+    """Issue 29 (measured 8): a peer job that joined (present at rank 0 once, or named by a decision
+    record's ``jobs``) and ended leaves a place for a spare or a re-run; --timeout runs, nothing fails.
+    One that never joined still fails at once."""
+    q = QueueWatch(("j_0", "j_1", "j_2"), "j_0", query=lambda ids: {}, threaded=False)
+    q.poll(0.0, {"j_0", "j_1"}, nmissing=1)  # j_1 connected in this generation: it joined
+    q.jobs = {"j_1": JobState("j_1", "NODE_FAIL", "None"), "j_2": JobState("j_2", "PENDING", "Priority")}
+    q.judge({"j_0"}, nmissing=2)
+    assert not q.ended and not q.hold, q.ended  # j_1's place is open: the timeout runs
+    assert q.lines[0] == "missing: job j_1 NODE_FAIL after it joined; its place waits for a spare or a re-run"
+    q.jobs["j_2"] = JobState("j_2", "CANCELLED", "None")
+    q.judge({"j_0"}, nmissing=2)
+    assert q.ended == "peer job j_2 CANCELLED without joining"
+    # A new process (a spare, a restarted survivor) learns who joined from a decision record.
+    fresh = QueueWatch(("j_0", "j_1"), "j_2")
+    fresh.learn_jobs(q.record_jobs())
+    fresh.jobs = {"j_0": JobState("j_0", "RUNNING"), "j_1": JobState("j_1", "NODE_FAIL")}
+    fresh.judge({"j_2"}, nmissing=1)
+    assert not fresh.ended and "j_1" in fresh.record_jobs() and "j_2" in fresh.record_jobs()
+
+
+def test_decision_records_carry_the_jobs_that_joined_and_older_records_read_without_them():
+    import dataclasses
+
+    from fsmingle.fs.records import Release, decode, encode
+
+    rel = Release("exp", 3, "restart", "node", 2, None, None, (), "ab" * 8, reason="x", jobs=("j_0", "j_1"))
+    assert decode(encode(rel), Release).jobs == ("j_0", "j_1")
+    plain = encode(dataclasses.replace(rel, jobs=()))
+    assert b"jobs" not in plain and decode(plain, Release).jobs == ()  # older readers see the same record
+    hostile = plain.replace(b'"kind"', b'"jobs":[1,"",{"a":1},"j_5"],"kind"')
+    assert decode(hostile, Release).jobs == ("j_5",)
+
+
+def test_a_spare_outlives_the_peer_job_it_replaces_and_the_survivor_is_released_with_it(procs, d, fake_squeue):
+    """Issue 29 (measured 8), real processes: separate jobs 100 and 101 (``--peer-jobs``) released
+    in generation 1; a spare (job 102, ``--spare-timeout inf``) waits as rank 0 of generation 2 and
+    asks squeue; job 101 ends (NODE_FAIL).  It joined generation 1 (that release names it), so its
+    place is the spare's: the spare keeps waiting past its --timeout (before: exit 13 "peer job 101
+    NODE_FAIL ... without joining"), and job 100's restart is released with it."""
+    bindir, table, _ = fake_squeue
+    table.write_text("100|RUNNING|None|2030-01-01T14:00:00\n101|RUNNING|None|2030-01-01T14:00:00\n")
+    args = ("--nnodes", 2, "--queue-poll", 0.3)
+    a = procs.env(d, "pj", *args, timeout=60, extra_env=_job_env(bindir, "100", "100,101"), name="a")
+    b = procs.env(d, "pj", *args, timeout=60, extra_env=_job_env(bindir, "101", "100,101"), name="b")
+    assert {a.result(30)["generation"], b.result(30)["generation"]} == {1}
+    spare_env = _job_env(bindir, "102", "100,101")
+    c = procs.env(d, "pj", *args, "--spare-timeout", "inf", timeout=3, extra_env=spare_env, name="c")
+    wait_for(lambda: "a spare for gen 1, timeout held" in c.stderr(), 20, "the spare waiting")
+    table.write_text("100|RUNNING|None|2030-01-01T14:00:00\n101|NODE_FAIL|None|2030-01-01T14:00:00\n")
+    seen = "job 101 NODE_FAIL, started 14:00 after it joined; its place waits for a spare or a re-run"
+    wait_for(lambda: seen in c.stderr() or c.poll() is not None, 15, "the spare seeing job 101 end")
+    assert c.poll() is None, c.stderr()  # before: exit 13, "peer job 101 NODE_FAIL ... without joining"
+    while c.elapsed < 8:  # past its --timeout, and many --queue-poll
+        assert c.poll() is None, c.stderr()
+        time.sleep(0.2)
+    a2 = procs.env(d, "pj", *args, timeout=60, extra_env=_job_env(bindir, "100", "100,101"), name="a2")
+    res = [a2.result(30), c.result(30)]
+    assert {r["generation"] for r in res} == {2} and sorted(r["node_rank"] for r in res) == [0, 1], res

@@ -190,3 +190,34 @@ def test_without_spare_timeout_a_rerun_whose_peer_never_comes_times_out_naming_i
     assert 3 <= again.elapsed < 3 + 10, again.elapsed
     assert "timed out after 3 s in generation 2: missing node ranks 1" in err, err
     assert "as a spare" in err and "--spare-timeout" not in err.split("timed out", 1)[1].split(".")[0], err
+
+
+def test_two_spares_alone_are_never_released_and_a_survivor_still_is_with_one(procs, d):
+    """Issue 29 (measured 7): a world of 2 released and training; two nodes started as spares
+    (``--spare-timeout inf``) wait in generation 2 -- and are never released there together (a second
+    training of the running job).  The survivor's restart (no --spare-timeout) is released with one
+    of them; the other spare waits on."""
+    a = procs.env(d, "ss", "--nnodes", 2, timeout=60, name="a")
+    b = procs.env(d, "ss", "--nnodes", 2, timeout=60, name="b")
+    assert {a.result(30)["generation"], b.result(30)["generation"]} == {1}
+    c = procs.env(d, "ss", "--nnodes", 2, "--spare-timeout", "inf", timeout=3, name="c")
+    e = procs.env(d, "ss", "--nnodes", 2, "--spare-timeout", "inf", timeout=3, name="e")
+    wait_claimed(d, "ss", 2, [0, 1], procs=[c, e])  # the two spares hold both ranks of generation 2
+    while c.elapsed < 8 or e.elapsed < 8:  # past their --timeout (3 s): held, both of them
+        assert c.poll() is None and e.poll() is None, c.stderr() + e.stderr()
+        time.sleep(0.2)
+    assert release_of(d, "ss", 2) is None, release_of(d, "ss", 2)  # not released: no second world
+    for q in (c, e):
+        assert "a spare for gen 1, timeout held" in q.stderr() and "a place opened" not in q.stderr(), q.stderr()
+    a2 = procs.env(d, "ss", "--nnodes", 2, timeout=60, name="a2")  # a survivor restarted by its loop
+    got = a2.result(30)
+    deadline = time.monotonic() + 30
+    while c.poll() is None and e.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    joined, waiting = (c, e) if c.poll() is not None else (e, c)
+    res = joined.result(5)
+    assert_one_world([got, res], 2)
+    assert got["generation"] >= 3, got
+    # It voided the generation of spares (that record may be cleaned by now: its words are in the log).
+    assert "all 2 ranks of generation 2 are held by spares" in " ".join(a2.stderr().split()), a2.stderr()
+    assert waiting.poll() is None, waiting.stderr()  # the other spare waits on, for the next place

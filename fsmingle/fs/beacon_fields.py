@@ -1,5 +1,6 @@
-"""Validation of the beacon's optional fields that only some writers fill: rank 0's ``vouch`` and
-the scheduler asker's ``queue_word`` (:class:`fsmingle.fs.records.Beacon` documents both).
+"""Validation of the records' optional fields that only some writers fill: rank 0's ``vouch`` and
+the scheduler asker's ``queue_word`` (:class:`fsmingle.fs.records.Beacon` documents both), and a
+decision's ``jobs`` (:class:`fsmingle.fs.records.Release`).
 
 Apart from :mod:`fsmingle.fs.records` to keep that module under the size rule; records re-exports
 :func:`encode_vouch`.
@@ -49,3 +50,14 @@ def queue_word(v: Any) -> dict | None:
         "lines": [str(x)[:300] for x in lines[:16]] if isinstance(lines, list) else [],
         "ended": v["ended"][:2000] if isinstance(v.get("ended"), str) else "",
     }
+
+
+MAX_JOBS = 4096  # scheduler jobs a decision names; a longer list is cut (it only excuses ended peers)
+
+
+def job_ids(v: Any) -> tuple[str, ...]:
+    """The optional ``jobs`` list of a decision: at most :data:`MAX_JOBS` printable strings of up to
+    64 characters; anything else is dropped (never a reason to refuse a decision)."""
+    if not isinstance(v, list):
+        return ()
+    return tuple(dict.fromkeys(x[:64] for x in v[:MAX_JOBS] if isinstance(x, str) and x and x.isprintable()))

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import RecordError
-from .beacon_fields import _vouch, encode_vouch, queue_word  # noqa: F401  (encode_vouch: re-exported)
+from .beacon_fields import _vouch, encode_vouch, job_ids, queue_word  # noqa: F401  (encode_vouch: re-exported)
 
 SCHEMA_VERSION = 2  # 2: protocol v2 (direct channel); a v1 node must not join a v2 world
 MODES = ("node", "rank")
@@ -142,6 +142,8 @@ class Beacon:
             :mod:`fsmingle.rendezvous.queue`), for ``fsmingle status``; left out when empty.
         spare_for (int): a spare's: the generation it found full or released without it (it
             waits for a place in a later one); 0 (left out of the JSON) for everyone else.
+        spare (bool): started as a spare (:mod:`fsmingle.rendezvous.outside`: a world is never
+            made of spares alone); False (left out of the JSON) for everyone else.
         queue_word (dict | None): the scheduler asker's only, while no rank 0 endpoint is known:
             its findings on peer jobs (``{"hold", "lines", "ended"}``,
             :mod:`fsmingle.rendezvous.queue_relay`); None (left out) for everyone else.
@@ -167,6 +169,7 @@ class Beacon:
     queue: tuple[str, ...] = ()
     spare_for: int = 0
     queue_word: dict | None = field(default=None, compare=False)
+    spare: bool = False
     kind: str = field(default="beacon", init=False)
 
     @functools.cached_property
@@ -222,6 +225,9 @@ class Release:
             written before ``release.json`` is created); load them with
             :func:`attach_members`.  Keeps every file under the 1 MiB guard for
             any world size.
+        jobs (tuple[str, ...]): scheduler jobs known to have joined this generation or an earlier
+            one (:mod:`fsmingle.rendezvous.queue`: one that ended is a place for a spare to fill);
+            left out of the JSON when empty (older readers ignore it).
     """
 
     job_id: str
@@ -236,6 +242,7 @@ class Release:
     reason: str = ""
     wall_time: float = 0.0
     member_chunks: tuple[str, ...] = ()
+    jobs: tuple[str, ...] = ()
     kind: str = field(default="release", init=False)
 
 
@@ -255,6 +262,10 @@ def encode(record: Beacon | Claim | Release) -> bytes:
             del d["spare_for"]
         if record.queue_word is None:
             del d["queue_word"]
+        if not record.spare:
+            del d["spare"]
+    if isinstance(record, Release) and not record.jobs:
+        del d["jobs"]
     d["schema"] = SCHEMA_VERSION
     return (json.dumps(d, sort_keys=True, separators=(",", ":")) + "\n").encode()
 
@@ -429,6 +440,7 @@ def decode(data: bytes, expect: type) -> Any:
             queue=tuple(str(x)[:300] for x in d["queue"][:16]) if isinstance(d.get("queue"), list) else (),
             spare_for=d["spare_for"] if type(d.get("spare_for")) is int and d["spare_for"] > 0 else 0,
             queue_word=queue_word(d.get("queue_word")),
+            spare=d.get("spare") is True,
             **common,
         )
     state = _req(d, "state", str)
@@ -461,6 +473,7 @@ def decode(data: bytes, expect: type) -> Any:
         writer=_instance(d.get("writer")),
         reason=str(d.get("reason", ""))[:1000],
         member_chunks=chunks,
+        jobs=job_ids(d.get("jobs")),
         **common,
     )
 

@@ -260,6 +260,11 @@ class PosixStore(Store):
             # readers see the old or the new beacon, never a mix.
             os.replace(tmp, self.path(name))
         except OSError as e:
+            if e.errno != errno.ENOENT and _gone(tmp):
+                # The rename took effect and still reported an error (EIO, a soft mount's timeout):
+                # our unique temporary name is gone, and nobody else knows it, so it is the target
+                # now.  Read back, never fail on an operation that happened.
+                return
             _unlink_quiet(tmp)
             if e.errno == errno.ENOENT:
                 raise
@@ -445,6 +450,17 @@ def stat_existing(path: str, *, follow: bool = False) -> os.stat_result:
         time.sleep(pause)
         pause *= 2
     return look(path)
+
+
+def _gone(path: str) -> bool:
+    """True if ``path`` is certainly absent (lstat says ENOENT); any other answer is "maybe there"."""
+    try:
+        os.lstat(path)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        pass
+    return False
 
 
 def _nlink(path: str) -> int:

@@ -48,6 +48,9 @@ class CoordinatorView:
         acked (AbstractSet[int]): member ranks (1..size-1) that acknowledged the prepare.
         stale_after (float): seconds of silence that make a connected member dead.
         ack_timeout (float): seconds a member has to acknowledge the prepare.
+        spares (AbstractSet[int]): present ranks (0 included) held by participants started as
+            spares (:mod:`fsmingle.rendezvous.outside`).  A world made of spares alone is never
+            released: it waits for a survivor or a re-run (docs/protocol.md, "Spares").
     """
 
     size: int
@@ -59,6 +62,10 @@ class CoordinatorView:
     acked: AbstractSet[int] = frozenset()
     stale_after: float = 30.0
     ack_timeout: float = 2.0
+    spares: AbstractSet[int] = frozenset()
+
+
+SPARES_ALONE = "a world made of spares alone is never released: it waits for a survivor or a re-run"
 
 
 def decide(v: CoordinatorView) -> tuple[Action, str]:
@@ -73,6 +80,11 @@ def decide(v: CoordinatorView) -> tuple[Action, str]:
                 Action.VOID,
                 f"rank {r} was silent on its connection for {quiet:.0f} s (no answer is no proof of life)",
             )
+    if len(v.spares) >= v.size:
+        # Every rank held by a spare: releasing it would start a second world of a job that is
+        # running (issue 29).  Never prepared; should it be preparing (a spare's word changed?),
+        # it is voided rather than committed.
+        return (Action.VOID, SPARES_ALONE) if v.preparing_for is not None else (Action.WAIT, "")
     if v.preparing_for is not None:
         # Counted first: acks arrive one by one, and listing who is missing on each would be O(N^2).
         if len(v.acked) >= v.size - 1 and not set(range(1, v.size)) - set(v.acked):

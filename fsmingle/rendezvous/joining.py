@@ -4,7 +4,10 @@ directory vanished (mixed into ``Participant``).
 Rules (``docs/protocol.md``): a decided generation is never joined; directories are made with
 ``mkdir`` before anyone looks their names up (a name looked up too early stays "absent" in a
 negative lookup cache: GlusterFS nl-cache 61 s); a claim is a ``link()`` of a complete file,
-read back after EEXIST (a lost reply to a retransmitted LINK, nfs(5)); first-come joiners never
+read back after EEXIST (a lost reply to a retransmitted LINK, nfs(5)), and after an error too
+(:meth:`Joining.create_record`: a create, a mkdir or a publish may take effect and still report
+EIO -- GlusterFS answered EIO to a racing mkdir that took effect -- so the record is read back,
+and the node never fails on an operation that happened); first-come joiners never
 list the generation: they ask rank 0 for a free rank (or, before it exists, try rank 0 in small
 worlds and an instance-hash guess in big ones), so nobody herds on the lowest free rank.
 """
@@ -14,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import logging
 
-from ..errors import ConfigError, CorruptStateError
+from ..errors import ConfigError, CorruptStateError, StorageError
 from ..fs.layout import BEACON_RE, GEN_RE, MAX_GENERATION, claim_name, claimed_ranks, gen_name, master_dir, release_name
 from ..fs.records import Claim, Release, encode
 from ..net.hostinfo import port_holder
@@ -50,8 +53,8 @@ class Joining:
             # mkdir before any lookup of the name: a name looked up before it
             # exists can stay "absent" in a negative cache (GlusterFS nl-cache:
             # 61 s measured).  mkdir goes to the server and is exclusive.
-            created = self.store.mkdir(gen_name(g))
-            self.store.mkdir(master_dir(g))
+            created = self.make_dir(gen_name(g))
+            self.make_dir(master_dir(g))
             rel = self.read_release(g)
             if rel is None and created:
                 newer = self._newer_than(g)
@@ -131,7 +134,7 @@ class Joining:
         decision.  An exclusive create, as every decision: should a stale joiner have claimed
         rank 0 in it meanwhile, it reads this record in its next scan and moves on too.
         """
-        made = self.store.create(
+        made = self.create_record(
             release_name(g), self.restart_record(g, f"{RETIRED_NUMBER}; generation {newer} exists")
         )
         log.info(
@@ -144,8 +147,13 @@ class Joining:
         )
 
     def _note_released(self, g: int, rel) -> None:
+        if isinstance(rel, Release) and self.queue is not None:
+            # Jobs that joined an earlier generation: one that ended left a place for a spare or a
+            # re-run, it did not "end without joining" (rendezvous/queue.py; every decision carries them).
+            self.queue.learn_jobs(rel.jobs)
         if isinstance(rel, Release) and rel.state == "released" and self.spare_of(g, rel):
             self.spare_for = g  # a spare: takes a place when the running world comes back for one
+            self.become_spare()
             self.set_note(
                 f"generation {g} was already released to {rel.size} participant(s) before this one "
                 f"arrived; waiting in generation {g + 1} as a spare (a late participant, or a re-run)"
@@ -216,6 +224,7 @@ class Joining:
             if self.claim_one(r):
                 return self.hold(r)
         self.state = State.WORLD_FULL
+        self.become_spare()
         self.set_note(f"all {self.size} ranks of generation {self.gen} are claimed; watching their holders")
         return None
 
@@ -285,10 +294,71 @@ class Joining:
             f"{self.master_port_wanted} on the hosts (a previous run's master?) or pass another --port"
         )
 
+    # ------------------------------------------------------------------ creates that may take effect and fail
+    def create_record(self, name: str, data: bytes) -> bool:
+        """``store.create``, resolved by reading back when it raises: True if ``name`` holds ``data``.
+
+        A create may take effect and still report an error (a soft NFS mount's timeout, GlusterFS
+        EIO on a racing operation).  The record is read back: our own bytes (a claim and a
+        decision name their writer's unique instance) mean it happened; another's mean we lost
+        (False); nothing visible, one more create settles it (EEXIST there reads back too).
+
+        Raises:
+            StorageError: the second create failed as well (a mount that is really broken).
+            FileNotFoundError: the directory is gone (``Participant._on_enoent``).
+        """
+        try:
+            return self.store.create(name, data)
+        except StorageError as e:
+            got = self.store.read(name)
+            if got:
+                log.warning("job %s: creating %s failed (%s), but it %s", self.job_id, name, e, _effect(got == data))
+                return got == data
+            log.warning("job %s: creating %s failed (%s) and it is not there; once more", self.job_id, name, e)
+            return self.store.create(name, data)
+
+    def make_dir(self, name: str) -> bool:
+        """``store.mkdir``, resolved by a listing when it raises: a directory the listing shows
+        exists (made by us or another: who is unknown, so False -- a joiner that thinks another
+        made its generation only asks rank 0 first); absent, one more mkdir settles it.
+
+        Raises:
+            StorageError: the second mkdir failed as well.
+        """
+        try:
+            return self.store.mkdir(name)
+        except StorageError as e:
+            head, _, tail = name.rpartition("/")
+            # A listing, not a lookup: the server answers it, a negative lookup cache does not.
+            if tail in self.store.listdir(head):
+                log.warning("job %s: mkdir %s failed (%s), but the directory is there", self.job_id, name, e)
+                return False
+            log.warning("job %s: mkdir %s failed (%s) and it is not there; once more", self.job_id, name, e)
+            return self.store.mkdir(name)
+
+    def publish_record(self, name: str, data: bytes) -> None:
+        """``store.publish``, resolved by reading back when it raises: our bytes there mean it
+        happened; otherwise one more publish (a heartbeat is idempotent).
+
+        Raises:
+            StorageError: the second publish failed as well.
+        """
+        try:
+            self.store.publish(name, data)
+        except StorageError as e:
+            if self.store.read(name) == data:
+                log.info("job %s: publishing %s failed (%s), but it took effect", self.job_id, name, e)
+                return
+            self.store.publish(name, data)
+
     def try_claim(self, r: int) -> bool:
-        if self.store.create(claim_name(self.gen, r), encode(Claim(r, self.instance))):
+        if self.create_record(claim_name(self.gen, r), encode(Claim(r, self.instance))):
             self.claims[r] = self.instance
             return True
         # EEXIST: maybe ours -- link() can report failure after succeeding (a
         # retransmitted NFS request whose first reply was lost).  Read it back.
         return self.read_claim(r) == self.instance
+
+
+def _effect(ours: bool) -> str:
+    return "took effect: resolved by reading it back" if ours else "was made by another: resolved by reading it back"

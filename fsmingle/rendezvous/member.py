@@ -321,6 +321,7 @@ class Member(Ending):
                 "rank": p.rank,
                 "addr": p.addr,
                 "explicit": p.want_rank is not None,
+                "spare": p.spare,  # started as a spare: rank 0 never releases spares alone
                 "key": p.topology_key,
                 "order": p.rank_order,
                 "members": p.want_members,
@@ -450,6 +451,8 @@ class Member(Ending):
         nmissing = m.get("nmissing", len(missing))
         p.missing_hint = missing
         p.queue_news(m.get("queue"))  # rank 0's word on peer jobs in the scheduler's queue
+        spares = m.get("spares", 0)
+        p.present_spares = spares if type(spares) is int and spares >= 0 else 0
         if isinstance(nmissing, int) and nmissing == len(missing):
             p.set_present(RankSet(p.size, missing))
 

@@ -13,6 +13,17 @@
   like anyone: a re-run, or a survivor restarted by its loop, looks the same (it too finds the
   generation released without its new process), and must still fail after ``--timeout`` naming
   the ranks that never came.
+* **Spares only fill places** (issue 29).  A participant given ``--spare-timeout`` that found its
+  generation full or released without it is *started as a spare* (:meth:`OutsideWorld.become_spare`,
+  for the life of the process); its beacon and hello say so.  Rank 0 never releases a world whose
+  every rank a spare holds (:func:`fsmingle.rendezvous.decision.decide`): two spares of a running
+  world would otherwise start a second training of the same job.  Such a world waits for a
+  survivor or a re-run; one that finds it full (world full, or contesting its explicit rank)
+  voids it and takes a place in the next generation.  A spare counts as backing (its ``--timeout``
+  held) until a participant that is not a spare is present.  Without ``--spare-timeout`` nobody is
+  a spare: a re-run, or a survivor restarted by its loop, cannot be told from a late participant,
+  and a whole job re-run must still make its world; given it, a restarted survivor *is* a spare
+  (give ``--spare-timeout`` to the spares' commands only, docs/slurm.md).
 
 Mixed into :class:`fsmingle.rendezvous.participant.Participant`.
 """
@@ -67,6 +78,13 @@ class OutsideWorld:
         holder = self.contest_holder or self.read_claim(r)
         self.contest_holder = holder
         verdict, b = self.judge_rank(r, now, holder)
+        if verdict is Verdict.ALIVE and self._displaces(b):
+            self.void(
+                f"rank {r} is held by a spare (pid {b.host.pid} on {b.host.hostname}); pid {self.me.pid} on "
+                f"{self.me.hostname}, not a spare, takes a place: a world is never made of spares alone"
+            )
+            self.rejoin()
+            return None
         if verdict is Verdict.ALIVE:
             where = f"pid {b.host.pid} on {b.host.hostname} ({b.addr})" if b else "another process"
             self.state = State.FAILED
@@ -95,12 +113,42 @@ class OutsideWorld:
         self.heartbeat_if_due(now)
         if now >= self.next_check:
             self.next_check = now + min(self.timing.heartbeat_period, 1.0)
+            spares: list[Beacon] = []
             for r in claimed_ranks(self.store.listdir(gen_name(self.gen))):
-                if r < self.size and self.void_if_dead(r, now, "is dead or stopped heartbeating"):
+                if r >= self.size:
+                    continue
+                verdict, b = self.judge_rank(r, now)
+                if verdict is Verdict.DEAD:
+                    self.void(
+                        f"rank {r} ({b.host.hostname if b else 'beacon unreadable'}) is dead or stopped heartbeating"
+                    )
+                    self.rejoin()
                     return None
+                if self._displaces(b):
+                    spares.append(b)
+            if len(spares) >= self.size:
+                # Every rank held by a live spare: that world waits for one like us (decision.decide
+                # never releases it).  Void it; the next generation is made with us in it.
+                self.void(
+                    f"all {self.size} ranks of generation {self.gen} are held by spares; pid {self.me.pid} on "
+                    f"{self.me.hostname}, not a spare, takes a place: a world is never made of spares alone"
+                )
+                self.rejoin()
         return None
 
+    def _displaces(self, holder: Beacon | None) -> bool:
+        """Whether this participant, not a spare, may void a generation for ``holder``'s rank: the
+        holder's own beacon says it was started as a spare (a spare never displaces a spare)."""
+        return not self.spare and holder is not None and holder.spare
+
     # ------------------------------------------------------------------ spares
+    def become_spare(self) -> None:
+        """This participant found its generation full or released without it: given
+        ``--spare-timeout``, it is a spare from now on, for the life of the process (module doc)."""
+        if self.spare_hold.bound is not None and not self.spare:
+            self.spare = True
+            log.info("job %s: started as a spare: it takes a place, never makes a world with spares alone", self.job_id)
+
     def spare_of(self, g: int, rel: Release) -> bool:
         """Whether generation ``g``, released (``rel``) without this participant, makes it a spare.
 
@@ -135,7 +183,9 @@ class OutsideWorld:
         if not self.spare_for or self.state not in (State.JOIN, State.WAIT):
             return 0
         # Rank 0 counts itself present; a member hears who is present from rank 0, itself included.
-        return self.spare_for if self.present is None or len(self.present) <= 1 else 0
+        # A spare backs until one that is not a spare is present (spares alone make no world).
+        others = 0 if self.present is None else len(self.present) - (self.present_spares if self.spare else 0)
+        return self.spare_for if others <= (0 if self.spare else 1) else 0
 
     def spare_holding(self) -> int:
         """:meth:`spare_backing` while its ``--timeout`` is held, 0 otherwise.

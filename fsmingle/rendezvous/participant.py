@@ -154,6 +154,8 @@ class Participant(Joining, Leaving, GenerationReader, OutsideWorld):
         self.spare_for = 0  # the released generation this one arrived too late for (a spare), 0: none
         self.spare_hold = DeadlineHold(spare_timeout)  # --timeout held while a spare (OutsideWorld.spare_tick)
         self.spare_backs = 0  # the generation it backs while that hold lasts, 0: none
+        self.spare = False  # started as a spare (OutsideWorld.become_spare): never a world of spares alone
+        self.present_spares = 0  # of the present ranks, how many spares hold (rank 0's count)
         self.transport, self.on_progress, self.cleaner, self.version = transport, on_progress, cleaner, version
         self.rng = rng or random.Random()
         self.rank_order, self.topology_key, self.nodelist = rank_order, topology_key, tuple(nodelist)
@@ -199,6 +201,7 @@ class Participant(Joining, Leaving, GenerationReader, OutsideWorld):
         self.contest_holder: str | None = None
         self.release_bad_since: float | None = None
         self.present = None
+        self.present_spares = 0
         now = self.clock.monotonic()
         self.next_hb = now + self.timing.heartbeat_period
         self.next_check = now + self.timing.heartbeat_period
@@ -233,12 +236,13 @@ class Participant(Joining, Leaving, GenerationReader, OutsideWorld):
             queue=tuple(self.queue.lines) if self.queue is not None and self.rank == 0 else (),
             queue_word=self.queue.relay.word(self.queue) if self.queue is not None and self.rank else None,
             spare_for=self.spare_backing(),
+            spare=self.spare,
             vouch=vouch() if vouch else "",
             secret=secret,
         )
 
     def publish_beacon(self) -> None:
-        self.store.publish(beacon_name(self.gen, self.instance), encode(self.beacon()))
+        self.publish_record(beacon_name(self.gen, self.instance), encode(self.beacon()))  # read back on an error
         pause("beacon")  # tests only: a member whose claim and beacon are written, before its hello
 
     def heartbeat_if_due(self, now: float, period: float | None = None) -> None:
@@ -278,13 +282,14 @@ class Participant(Joining, Leaving, GenerationReader, OutsideWorld):
             writer=self.instance,
             reason=reason[:1000],
             wall_time=self.clock.time(),
+            jobs=self.queue.record_jobs() if self.queue is not None else (),  # who joined, carried forward
         )
         return encode(rel)
 
     def void(self, reason: str) -> bool:
         """Create this generation's restart decision; False if a decision already existed."""
         self.prepare_next()
-        created = self.store.create(release_name(self.gen), self.restart_record(self.gen, reason))
+        created = self.create_record(release_name(self.gen), self.restart_record(self.gen, reason))
         if created:
             log.warning("job %s generation %d voided: %s", self.job_id, self.gen, reason)
         self.delay = self.timing.poll_min

@@ -9,6 +9,10 @@ peer jobs that have not joined, and:
   ``--timeout`` does not run (``hold``); ``--queue-timeout`` bounds that time instead;
 * a peer job that ended without joining (CANCELLED, FAILED, TIMEOUT, NODE_FAIL, COMPLETED...)
   fails the wait at once (:class:`fsmingle.errors.PeerJobEndedError`), naming job, state, reason;
+  one that joined this generation or an earlier one (``joined``: seen present by this process, or
+  named by a decision record's ``jobs``, which every decision carries forward) and then ended is a
+  place for a spare or a re-run to fill: ``--timeout`` runs, nothing fails (the torchrun backend's
+  rule, ``torchrun/queuehold.py`` ``_reachable``, for the same case);
 * the findings (``missing rank 3: job 4242_3 PENDING (JobHeldUser), expected start 14:05``) go
   into the progress line, rank 0's beacon (``fsmingle status``) and the timeout message, and to
   every member in rank 0's status message (``queue``), where members pause their timeout too.
@@ -179,6 +183,11 @@ class QueueWatch:
         self.rank_of_task, self.query = rank_of_task, query
         self.jobs: dict[str, JobState] = {}
         self.seen: set[str] = set()  # ids the scheduler reported at least once
+        # Jobs known to have joined this generation or an earlier one (seen present by this process,
+        # or named by a decision record's ``jobs``): one that ended left a place, it never "ended
+        # without joining".  A spare and a restarted survivor are new processes that saw no earlier
+        # world: they learn it from the decisions (Joining), each of which carries the set forward.
+        self.joined: set[str] = set()
         self.broken = False  # the scheduler could not be asked: today's behaviour
         self.hold, self.lines, self.ended = False, [], ""
         self.held_time = DeadlineHold(queue_timeout)  # the time --timeout was held, for --queue-timeout
@@ -196,6 +205,7 @@ class QueueWatch:
         if self.broken or not self.peers:
             return
         present_jobs = set(present_jobs)
+        self.joined.update(j for j in present_jobs if j)  # present in a generation: joined (module doc)
         if self._thread is not None and not self._thread.is_alive():
             self._thread, res = None, self._result
             if isinstance(res, str):
@@ -227,6 +237,13 @@ class QueueWatch:
             self._result = f"{e.__class__.__name__}: {e}"
 
     def judge(self, present_jobs, nmissing: int) -> None:
+        """Judge the last findings: ``hold``, ``lines`` and ``ended`` (an ended peer job that never
+        joined; one in :attr:`joined` left a place to fill instead, and holds nothing).
+
+        Args:
+            present_jobs: scheduler jobs present in this generation now, or counted so.
+            nmissing (int): ranks missing now.
+        """
         present = set(present_jobs)
         absent: list[JobState] = []
         for peer in self.peers:
@@ -234,18 +251,31 @@ class QueueWatch:
                 continue
             tasks = [j for k, j in self.jobs.items() if k == peer or k.startswith(peer + "_")]
             absent.extend(j for j in tasks if j.id not in present and j.id != self.mine)
-        ended = [j for j in absent if j.state in ENDED]
+        ended = [j for j in absent if j.state in ENDED and j.id not in self.joined]
         waiting = [j for j in absent if j.state in WAITING]
         self.ended = "; ".join(f"peer {j.describe()} without joining" for j in ended[:8])
         self.hold = nmissing > 0 and not ended and len(waiting) >= nmissing
         self.lines = [self._line(j) for j in sorted(absent, key=lambda j: _natural(j.id))[:16]] if nmissing else []
 
     def _line(self, j: JobState) -> str:
+        if j.state in ENDED and j.id in self.joined:
+            return self._rank_line(j, f"{j.describe()} after it joined; its place waits for a spare or a re-run")
+        return self._rank_line(j, j.describe())
+
+    def record_jobs(self) -> tuple[str, ...]:
+        """The jobs a decision record names (``Release.jobs``): every one known to have joined."""
+        return tuple(sorted(self.joined | {self.mine} - {""}, key=_natural))
+
+    def learn_jobs(self, jobs) -> None:
+        """A decision record's ``jobs`` (read while joining): they joined an earlier generation."""
+        self.joined.update(j for j in jobs if j)
+
+    def _rank_line(self, j: JobState, text: str) -> str:
         if self.rank_of_task and j.id.startswith(self.rank_of_task[0] + "_"):
             task = j.id.split("_", 1)[1]
             if task.isdigit():
-                return f"missing rank {int(task) - self.rank_of_task[1]}: {j.describe()}"
-        return f"missing: {j.describe()}"
+                return f"missing rank {int(task) - self.rank_of_task[1]}: {text}"
+        return f"missing: {text}"
 
     def progress(self) -> dict:
         """``held`` and ``queue_left`` (seconds) for :class:`~fsmingle.rendezvous.states.Progress` while held."""

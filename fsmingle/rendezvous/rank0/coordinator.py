@@ -70,7 +70,7 @@ class Coordinator(Door, Offers, Hellos, Membership, Scanning, Releasing, Queuein
         if not self.published or now >= self.next_endpoint:
             # Publish the endpoint where members look for it (a listing of master/), and
             # again every heartbeat period: a record spoiled by a broken writer heals.
-            p.store.publish(master_name(p.gen, p.instance), encode(p.beacon(endpoint=True)))
+            p.publish_record(master_name(p.gen, p.instance), encode(p.beacon(endpoint=True)))  # read back on an error
             self.published, self.next_endpoint = True, now + p.timing.heartbeat_period
         p.heartbeat_if_due(now)
         events, self.inbox = self.inbox + self.hub.poll(0), []
@@ -123,6 +123,7 @@ class Coordinator(Door, Offers, Hellos, Membership, Scanning, Releasing, Queuein
             acked=self.acked_ranks,
             stale_after=p.timing.stale_after,
             ack_timeout=self._ack_timeout(),
+            spares=self.spare_ranks,
         )
         action, why = decide(view)
         if action is Action.PREPARE:

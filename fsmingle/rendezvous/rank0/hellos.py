@@ -96,6 +96,8 @@ class Hellos:
                     del self.missing_sorted[i]
                 self.members[r] = Member(rank=r, instance=m["inst"], addr=m["addr"], host=m["host"])
                 self.explicit[r] = m.get("explicit") is True
+                if m.get("spare") is True:  # started as a spare (outside.py): never a world of spares alone
+                    self.spare_ranks.add(r)
                 self.keys[r] = str(m.get("key") or "")[:256]
                 self.member_jobs[r] = str(m.get("sched") or "")[:64]
                 pp = m.get("probe_port")

@@ -35,6 +35,9 @@ class Membership:
         self.members: dict[int, Member] = {}
         self.lost: dict[int, str] = {}
         self.explicit: dict[int, bool] = {}
+        # Present ranks held by participants started as spares, rank 0 included if it is one
+        # (decision.decide never releases a world of spares alone; members hear the count).
+        self.spare_ranks: set[int] = {0} if p.spare else set()
         self.keys: dict[int, str] = {}
         self.member_jobs: dict[int, str] = {}  # rank -> its scheduler job ("4242_3"), from the hello
         self.want_members: set[int] = set()
@@ -45,6 +48,7 @@ class Membership:
         self.arrived: dict[int, float] = {0: now}
         self.next_status = now + 1.0
         self.status_dirty = True
+        p.present_spares = len(self.spare_ranks)
         p.set_present(RankSet(p.size, range(1, p.size)))
 
     def _on_lost(self, conn: int, why: str) -> None:
@@ -62,6 +66,7 @@ class Membership:
             if self.rank_conn.pop(r, None) is not None:
                 bisect.insort(self.missing_sorted, r)
             self.lost[r] = why
+            self.spare_ranks.discard(r)
             self.status_dirty = True
 
     def _reject(self, conn: int, why: str, fatal: bool = False) -> None:
@@ -81,6 +86,7 @@ class Membership:
 
     def _push_status(self, now: float) -> None:
         p = self.p
+        p.present_spares = len(self.spare_ranks)
         p.set_present(RankSet(p.size, self._missing()))
         self.next_status = now + p.timing.status_interval
         self.status_dirty = False
@@ -97,6 +103,8 @@ class Membership:
         """Who is present and missing, for members' progress lines and timeout messages."""
         missing = self._missing()
         st = {"present": self.p.size - len(missing), "missing": missing[:64], "nmissing": len(missing)}
+        if self.spare_ranks:
+            st["spares"] = len(self.spare_ranks)  # of the present: spares alone make no world (outside.py)
         if self.p.queue is not None:
             st["queue"] = self.p.queue.as_wire()  # peer jobs in the scheduler's queue (rank0/queueing.py)
         return st

@@ -161,6 +161,7 @@ class Releasing:
             members=tuple(self.final),
             writer=p.instance,
             wall_time=p.clock.time(),
+            jobs=p.queue.record_jobs() if p.queue is not None else (),  # carried forward (rendezvous/queue.py)
         )
         header, chunks = encode_release(rel)
         p.prepare_next()  # re-runs then find their generation made before anyone looks it up
