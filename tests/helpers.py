@@ -1,7 +1,7 @@
 """The test harness: how every test starts a participant and what environment it gets.
 
 * One way to start a participant: :meth:`Procs.env` (``fsmingle env``/``run``), here or on a
-  network-namespace host of tests/cluster.py (``host=``); :meth:`Procs.spawn` for any other
+  network-namespace host of tests/cluster/ (``host=``); :meth:`Procs.spawn` for any other
   command; :func:`run_cli` for a short ``fsmingle`` command run to completion.
 * One environment scrub: :func:`clean_env` (and :func:`torch_env` for torch jobs,
   :func:`host_env` as an overlay for cluster hosts) drops every scheduler/launcher variable the

@@ -1,7 +1,7 @@
 """``fsmingle check`` and the refusal of filesystems that cannot hold a claim (issue 12, items 3 and 4).
 
 Every verdict is taken from the real command on a real directory: a local dir, bindfs views
-(tests/cluster.py), GlusterFS (both cache profiles), MooseFS and s3fs over moto, the last four
+(tests/cluster/), GlusterFS (both cache profiles), MooseFS and s3fs over moto, the last four
 with servers and per-host FUSE clients the cluster harness starts.  With ``--peers 2`` the
 command runs on two network-namespace hosts at once, each through its own client.
 

@@ -1,7 +1,7 @@
 """The scenarios users hit, on real distributed filesystems (issue 12, items 1 and 2).
 
 Each filesystem -- GlusterFS with the ``tuned`` and the ``nfs60`` cache profile, MooseFS and
-CephFS (tests/cluster.py, ``Cluster(fs=...)``) -- gets one 4-host cluster per module: its servers run
+CephFS (tests/cluster/, ``Cluster(fs=...)``) -- gets one 4-host cluster per module: its servers run
 at the bridge address, every host has its OWN FUSE client started in its network namespace,
 and every host's processes live in a pid namespace of the host, so ``Host.kill_node()`` is a
 real ``kill -9`` of a machine and ``Host.link_down()`` makes that host's mount hang like a
