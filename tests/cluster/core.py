@@ -21,6 +21,7 @@ from .cephfs import _CephFS
 from .fs_base import _Bindfs, _FsBackend
 from .gluster import _Gluster
 from .hosts import Host
+from .juicefs import _JuiceFS
 from .moosefs import _MooseFS
 from .plumbing import (
     _mounts_under,
@@ -40,6 +41,8 @@ def _make_backend(cluster: Cluster, fs: str) -> _FsBackend:
         return _MooseFS(cluster)
     if fs == "cephfs":
         return _CephFS(cluster)
+    if fs.startswith("juicefs"):
+        return _JuiceFS(cluster, fs.split("-", 1)[1] if "-" in fs else "default")
     return _S3fs(cluster)
 
 
@@ -62,7 +65,8 @@ class Cluster:
         NFS-like views above.  The others are real distributed filesystems whose servers the
         cluster starts in the root namespace at the bridge address (``<subnet>.1``):
         ``"glusterfs-tuned"`` / ``"glusterfs-nfs60"`` (a replica 3 arbiter 1 volume; cache profiles in
-        :data:`GLUSTER_PROFILES`), ``"moosefs"`` (master + chunkserver), ``"s3fs"`` (s3fs-fuse
+        :data:`GLUSTER_PROFILES`), ``"moosefs"`` (master + chunkserver), ``"cephfs"``, ``"juicefs"`` / ``"juicefs-cached"``
+        (redis-server + a local bucket; profiles in :data:`JUICEFS_PROFILES`), ``"s3fs"`` (s3fs-fuse
         over moto, for the refusal tests).  Each host gets its OWN FUSE client, started in the
         host's network namespace: when the host loses its link (``link_down``) its mount hangs
         like a real node's; :meth:`Host.fuse_abort` frees its stuck processes.  The test
@@ -319,6 +323,8 @@ class Cluster:
                 for p in h._procs:
                     with contextlib.suppress(Exception):
                         os.killpg(p.pid, signal.SIGKILL)
+        with contextlib.suppress(Exception):
+            self.fs_backend.stop_clients()
         with contextlib.suppress(Exception):
             _cleanup_state(self._state)
         for h in [*self.hosts, *self.extra.values()]:

@@ -72,6 +72,9 @@ class _FsBackend:
         """Stop the servers (mounts are gone by then)."""
         _stop_servers(self.c._state)
 
+    def stop_clients(self) -> None:
+        """End the FUSE clients gracefully before teardown aborts what is left (JuiceFS)."""
+
     def diagnostics(self) -> str:
         return ""
 
