@@ -46,6 +46,7 @@ The package, one module per concern (each re-exported here, so ``import cluster 
 ``gluster``         GlusterFS (two cache profiles)
 ``moosefs``         MooseFS
 ``cephfs``          CephFS
+``juicefs``         JuiceFS (Redis metadata, a local bucket; two cache profiles)
 ``s3fs``            s3fs over moto (refused by fsmingle)
 ``slurm``           ``SlurmCluster``: munged, slurmctld, slurmd per host
 ``accounting``      MariaDB and slurmdbd for ``sacct``
@@ -67,6 +68,7 @@ from .core import Cluster
 from .fixtures import cluster, make_cluster, make_slurm, slurm_cluster, slurm_cluster_module
 from .gluster import GLUSTER_PROFILES
 from .hosts import Host
+from .juicefs import JUICEFS_PROFILES
 from .moosefs import MFS_MOUNT_OPTS
 from .plumbing import (
     KEEP_ENV,
@@ -99,6 +101,7 @@ __all__ = [
     "GLUSTER_PROFILES",
     "MFS_MOUNT_OPTS",
     "CEPH_FS_SETTINGS",
+    "JUICEFS_PROFILES",
     "MOTO_VENV_DEFAULT",
     "MOTO_VENV_ENV",
     "KEEP_ENV",
