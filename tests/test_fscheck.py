@@ -388,6 +388,7 @@ def test_real_filesystem_verdict_and_two_peers(realfs):
             assert not any("--negative-entry-cache" in why for why in r["reasons"]), r["reasons"]
         else:  # 5 s caches and a 5 s negative-entry cache: named, with the fix; settings allow for it
             assert (jc["attr_cache"], jc["entry_cache"], jc["negative_entry_cache"]) == (5, 5, 5), jc
+            assert r["options"]["negative-entry-cache"] == "5" and r["options"]["attr-cache"] == "5", r["options"]
             fix = "Fix: mount with --negative-entry-cache 0"
             assert any(fix in why for why in r["reasons"]), r["reasons"]
             assert r["cache_seconds"] == 5 and r["settings"] == {"stale_after": 30, "poll_max": 1.0}, r

@@ -19,7 +19,7 @@ from dataclasses import asdict
 from ...errors import ConfigError, StorageError
 from ..mounts import MountInfo, find_mount
 from .families import _RELEVANT_OPTIONS, _SHARED, _cache_seconds, family, gluster_caches, gluster_nl_cache_warning
-from .juicefs import juicefs_cache_seconds, juicefs_config, juicefs_notes
+from .juicefs import juicefs_cache_seconds, juicefs_config, juicefs_notes, juicefs_options
 from .peers import _peer_check
 from .probes import LinkProbe, _probe_excl, _probe_rename, probe_link
 
@@ -99,6 +99,8 @@ def check(directory: str, peers: int = 1, timeout: float = 120.0, session: str =
         if k in _RELEVANT_OPTIONS.get(fam, ())
         or (k in _RELEVANT_OPTIONS["fuse"] and fam in ("fuse", "glusterfs", "object-store"))
     }
+    if fam == "juicefs":  # client options, not mount options: from the mount's .config
+        opts.update(juicefs_options(juicefs_config(m.mount_point)))
     try:
         link = probe_link(directory)
     except OSError as e:

@@ -64,6 +64,25 @@ def juicefs_config(mount_point: str) -> dict | None:
     }
 
 
+def juicefs_options(cfg: dict | None) -> dict:
+    """The settings of :func:`juicefs_config` that matter to fsmingle, by their ``juicefs mount``
+    option names (values as strings, seconds), for ``fsmingle check``'s "options that matter"."""
+    if not cfg:
+        return {}
+    names = {
+        "attr_cache": "attr-cache",
+        "entry_cache": "entry-cache",
+        "dir_entry_cache": "dir-entry-cache",
+        "negative_entry_cache": "negative-entry-cache",
+        "open_cache": "open-cache",
+        "heartbeat": "heartbeat",
+    }
+    out = {flag: f"{cfg[k]:g}" for k, flag in names.items() if cfg.get(k) is not None}
+    if cfg.get("no_bgjob"):
+        out["no-bgjob"] = ""
+    return out
+
+
 def juicefs_cache_seconds(cfg: dict | None) -> float:
     """The longest name or attribute cache of a client, in seconds: JuiceFS's defaults (1 s) when
     its settings could not be read."""
