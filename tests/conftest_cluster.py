@@ -3,7 +3,7 @@
     from conftest_cluster import *  # noqa: F401,F403
 
 Fixtures: make_cluster, cluster, make_slurm, slurm_cluster, slurm_cluster_module
-(see tests/cluster.py for the Cluster / Host / SlurmCluster API;
+(see tests/cluster/ for the Cluster / Host / SlurmCluster API;
 ``Cluster(fs=...)`` picks bindfs or a real filesystem from ``FILESYSTEMS``).
 """
 

@@ -1,7 +1,7 @@
 """The test harness: how every test starts a participant and what environment it gets.
 
 * One way to start a participant: :meth:`Procs.env` (``fsmingle env``/``run``), here or on a
-  network-namespace host of tests/cluster.py (``host=``); :meth:`Procs.spawn` for any other
+  network-namespace host of tests/cluster/ (``host=``); :meth:`Procs.spawn` for any other
   command; :func:`run_cli` for a short ``fsmingle`` command run to completion.
 * One environment scrub: :func:`clean_env` (and :func:`torch_env` for torch jobs,
   :func:`host_env` as an overlay for cluster hosts) drops every scheduler/launcher variable the
@@ -68,10 +68,13 @@ def torch_env(tmp_path, extra: dict | None = None) -> dict:
 
 def host_env(extra: dict | None = None) -> dict:
     """The same scrub as an overlay for :meth:`cluster.Host.popen` (a value of None removes the
-    variable on the host): every variable :func:`clean_env` drops, unbuffered output, one OpenMP
-    thread, then ``extra``."""
+    variable on the host): every variable :func:`clean_env` drops, its PYTHONPATH, unbuffered
+    output, one OpenMP thread, then ``extra``."""
     drop = {k: None for k in os.environ if scrubbed(k)}
-    return {**drop, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **(extra or {})}
+    # PYTHONPATH as clean_env's: the `fsmingle` a host runs is this checkout's, not the one the
+    # package was installed from (a worktree's tests otherwise ran the main checkout's code on hosts)
+    path = clean_env()["PYTHONPATH"]
+    return {**drop, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **(extra or {})}
 
 
 def run_cli(

@@ -1,4 +1,4 @@
-"""Tests of the cluster-on-one-machine harness (tests/cluster.py) itself."""
+"""Tests of the cluster-on-one-machine harness (tests/cluster/) itself."""
 
 from __future__ import annotations
 

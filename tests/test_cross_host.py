@@ -1,6 +1,6 @@
 """Real DDP training across hosts that share nothing but a directory.
 
-Every test builds a small cluster on this machine (tests/cluster.py): hosts are
+Every test builds a small cluster on this machine (tests/cluster/): hosts are
 network namespaces on a private bridge, each with its own hostname, its own
 ``/etc/hosts``, NO default route, and its own NFS-like bindfs view of one
 shared directory.  On every host we run the command a user would run on a

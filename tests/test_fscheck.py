@@ -1,7 +1,7 @@
 """``fsmingle check`` and the refusal of filesystems that cannot hold a claim (issue 12, items 3 and 4).
 
 Every verdict is taken from the real command on a real directory: a local dir, bindfs views
-(tests/cluster.py), GlusterFS (both cache profiles), MooseFS and s3fs over moto, the last four
+(tests/cluster/), GlusterFS (both cache profiles), MooseFS and s3fs over moto, the last four
 with servers and per-host FUSE clients the cluster harness starts.  With ``--peers 2`` the
 command runs on two network-namespace hosts at once, each through its own client.
 
@@ -197,6 +197,29 @@ def test_a_read_whose_close_says_estale_returns_what_it_read(tmp_path):
         assert store.read("beacon-a") == b"v1"
 
 
+@pytest.mark.parametrize("err", [errno.ENOTCONN, errno.EIO])
+@pytest.mark.parametrize("call", ["listdir", "open", "read"])
+def test_a_read_or_listing_of_a_dead_mount_is_a_storage_error(tmp_path, call, err):
+    """A JuiceFS client killed under a running rendezvous: every call on that node's mount fails
+    with ENOTCONN (EIO once the client gave up on its metadata engine).  Writes said so as a
+    StorageError naming the mount; a rank 0 scanning its generation's listing crashed with the
+    raw OSError's traceback (tests/test_realfs_juicefs.py).  Reads and listings say it too."""
+    store = PosixStore(str(tmp_path))
+    store.publish("beacon-a", b"v1")
+    target = {"listdir": "listdir", "open": "open", "read": "read"}[call]
+    real = getattr(os, target)
+
+    def broken(*a, **kw):
+        if call == "open" and a and str(a[0]).endswith("beacon-a") or call != "open":
+            raise OSError(err, os.strerror(err))
+        return real(*a, **kw)
+
+    with mock.patch.object(os, target, broken), pytest.raises(StorageError) as ei:
+        store.listdir("") if call == "listdir" else store.read("beacon-a")
+    assert ei.value.errno == err and os.strerror(err) in str(ei.value) and str(tmp_path) in str(ei.value)
+    assert "check the shared mount on this node" in str(ei.value)
+
+
 @pytest.mark.parametrize("err", [errno.EOPNOTSUPP, errno.EPERM, errno.ENOSYS, errno.EXDEV])
 def test_each_no_hardlink_errno_refuses_at_the_first_claim(tmp_path, err):
     # The errno values a real filesystem answers link() with when it has no hard links (s3fs:
@@ -318,7 +341,9 @@ def test_bindfs_views_two_peers(make_cluster):
     assert not [n for n in os.listdir(c.backing) if n.startswith(".fsmingle")]  # scratch rendezvous removed
 
 
-@pytest.fixture(scope="module", params=["glusterfs-tuned", "glusterfs-nfs60", "moosefs", "cephfs"])
+@pytest.fixture(
+    scope="module", params=["glusterfs-tuned", "glusterfs-nfs60", "moosefs", "cephfs", "juicefs", "juicefs-cached"]
+)
 def realfs(request):
     cl.require_capabilities(fs=request.param)
     with cl.Cluster(2, fs=request.param) as c:
@@ -334,7 +359,7 @@ def test_real_filesystem_verdict_and_two_peers(realfs):
     os.chmod(d, 0o700)
     rc, r, err = _check(d)
     assert rc == 0, err
-    fam = "glusterfs" if c.fs.startswith("glusterfs") else c.fs
+    fam = "glusterfs" if c.fs.startswith("glusterfs") else "juicefs" if c.fs.startswith("juicefs") else c.fs
     assert r["family"] == fam and r["verdict"] == "ok", r
     assert all(r["probes"][k]["ok"] for k in ("link", "rename", "o_excl"))
     if fam == "moosefs":
@@ -351,6 +376,22 @@ def test_real_filesystem_verdict_and_two_peers(realfs):
         assert r["settings"] == {"stale_after": 30, "poll_max": 0.28}, r
         assert any("session_timeout" in why for why in r["reasons"]), r["reasons"]
         assert any("ceph.conf" in why for why in r["reasons"]), r["reasons"]
+    if fam.startswith("juicefs"):
+        # its caches are client options, read from the mount's .config, each named with its fix
+        assert r["family"] == "juicefs" and r["mount"]["fstype"] == "fuse.juicefs", r
+        jc = r["juicefs"]
+        assert jc["volume"] == c.prefix and jc["heartbeat"] == 12 and jc["open_cache"] == 0, jc
+        assert any("--heartbeat 12" in why and "60 s" in why for why in r["reasons"]), r["reasons"]
+        if c.fs == "juicefs":  # the client's defaults: 1 s caches, no negative-entry cache
+            assert (jc["attr_cache"], jc["entry_cache"], jc["negative_entry_cache"]) == (1, 1, 0), jc
+            assert r["cache_seconds"] == 1 and r["settings"] == {"stale_after": 30, "poll_max": 0.28}, r
+            assert not any("--negative-entry-cache" in why for why in r["reasons"]), r["reasons"]
+        else:  # 5 s caches and a 5 s negative-entry cache: named, with the fix; settings allow for it
+            assert (jc["attr_cache"], jc["entry_cache"], jc["negative_entry_cache"]) == (5, 5, 5), jc
+            assert r["options"]["negative-entry-cache"] == "5" and r["options"]["attr-cache"] == "5", r["options"]
+            fix = "Fix: mount with --negative-entry-cache 0"
+            assert any(fix in why for why in r["reasons"]), r["reasons"]
+            assert r["cache_seconds"] == 5 and r["settings"] == {"stale_after": 30, "poll_max": 1.0}, r
     reports = _peers_check(c, d, session=c.fs)
     for rc, r in reports:
         assert rc == 0, r

@@ -1,7 +1,7 @@
 """``fsmingle env --format hostfile`` and ``--format json``: the world as DeepSpeed/Open MPI launchers want it.
 
 Every node must print the same hostfile, in rank order: hosts are network
-namespaces with their own hostnames (tests/cluster.py) arriving in a scrambled
+namespaces with their own hostnames (tests/cluster/) arriving in a scrambled
 order, ranked by ``--rank-order host``.
 """
 

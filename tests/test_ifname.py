@@ -1,7 +1,7 @@
 """NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME: torch listens on the interface of the address fsmingle announced.
 
 Hosts are network namespaces whose only interface besides ``lo`` is ``eth0``
-(tests/cluster.py).  On each, the user's command is ``env``: it shows what a
+(tests/cluster/).  On each, the user's command is ``env``: it shows what a
 training script launched by ``fsmingle run`` would get.  A value the user set
 is the user's and stays as it was.
 """

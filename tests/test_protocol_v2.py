@@ -1,6 +1,6 @@
 """Protocol v2 as users meet it: partitions, IPv6-only hosts, negative caches, an unreachable master.
 
-Each test builds network-namespace hosts (tests/cluster.py) sharing one
+Each test builds network-namespace hosts (tests/cluster/) sharing one
 directory through bindfs views, and runs ``fsmingle env`` on them as a user
 would.  The oracle everywhere: nobody is released into a world with a member
 that is not alive and reachable *now*, and every failure names what is missing.

@@ -1,6 +1,6 @@
 """--rank-order: node ranks follow the machine (hostnames, Slurm's nodelist, a topology key), not arrival.
 
-Hosts are network namespaces with their own hostnames (tests/cluster.py); they
+Hosts are network namespaces with their own hostnames (tests/cluster/); they
 arrive in a deliberately scrambled order, first-come, and the ranks must come
 out in the requested order -- with MASTER_ADDR on whichever host became rank 0.
 """

@@ -1,7 +1,8 @@
 """The scenarios users hit, on real distributed filesystems (issue 12, items 1 and 2).
 
-Each filesystem -- GlusterFS with the ``tuned`` and the ``nfs60`` cache profile, MooseFS and
-CephFS (tests/cluster.py, ``Cluster(fs=...)``) -- gets one 4-host cluster per module: its servers run
+Each filesystem -- GlusterFS with the ``tuned`` and the ``nfs60`` cache profile, MooseFS,
+CephFS and JuiceFS with its default caches and with longer ones (``juicefs-cached``)
+(tests/cluster/, ``Cluster(fs=...)``) -- gets one 4-host cluster per module: its servers run
 at the bridge address, every host has its OWN FUSE client started in its network namespace,
 and every host's processes live in a pid namespace of the host, so ``Host.kill_node()`` is a
 real ``kill -9`` of a machine and ``Host.link_down()`` makes that host's mount hang like a
@@ -50,7 +51,7 @@ pytestmark = [pytest.mark.root, pytest.mark.realfs]
 
 REPO = Path(__file__).resolve().parents[1]
 FSM = [sys.executable, "-m", "fsmingle"]
-FILESYSTEMS = ["glusterfs-tuned", "glusterfs-nfs60", "moosefs", "cephfs"]
+FILESYSTEMS = ["glusterfs-tuned", "glusterfs-nfs60", "moosefs", "cephfs", "juicefs", "juicefs-cached"]
 STALE = "8"  # --stale-after: small, so that dead nodes are noticed within a test's time
 SLACK = 15.0  # seconds a failing participant may take beyond its --timeout (interpreter start, loaded CI)
 

@@ -1,4 +1,4 @@
-"""The batch scripts in slurm/, submitted unchanged to a real Slurm (tests/cluster.py).
+"""The batch scripts in slurm/, submitted unchanged to a real Slurm (tests/cluster/).
 
 A 3-node Slurm (munged, slurmctld, one slurmd per network-namespace host; every
 host has an NFS-like view of one shared directory and no default route) runs

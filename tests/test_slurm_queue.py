@@ -1,4 +1,4 @@
-"""Issue 24 against a real Slurm (tests/cluster.py): a job array whose tasks wait in the queue.
+"""Issue 24 against a real Slurm (tests/cluster/): a job array whose tasks wait in the queue.
 
 slurm/join_job.sbatch is submitted unchanged as a 3-task array with every task held
 (``sbatch --hold``); the test releases tasks one by one with ``scontrol release`` as an operator

@@ -5,7 +5,7 @@ Two layers:
 * handlers in one process (threads) with a fake scheduler query (the only way to make a job
   PENDING or CANCELLED at a chosen moment without Slurm): the hold, the ended peer, one asker,
   ``queue_timeout``, the ``--rdzv-conf`` keys;
-* real ``torchrun --rdzv-backend fsmingle`` agents in a real Slurm (``tests/cluster.py``): a
+* real ``torchrun --rdzv-backend fsmingle`` agents in a real Slurm (``tests/cluster/``): a
   2-task array whose task 1 is held past ``join_timeout`` and then released (the training
   runs), and one whose held task is cancelled (the waiting agent fails at once, naming it).
 """

@@ -50,7 +50,9 @@ UNTRUSTED = b""  # read() result for a file that exists but is not ours to trust
 
 
 def storage_error(e: OSError, what: str, path: str) -> StorageError:
-    """Translate an OSError from a write into a :class:`StorageError` that says what to do."""
+    """Translate an OSError from a write, or from a read or listing that no retry fixes (ENOTCONN: the
+    node's FUSE client died; EIO: it lost its servers), into a :class:`StorageError` that says what
+    to do."""
     reason = _WRITE_FATAL.get(e.errno or 0, os.strerror(e.errno or 0) if e.errno else str(e))
     hint = {
         errno.EACCES: "use a directory you can write (--dir / FSMINGLE_DIR)",
@@ -93,13 +95,15 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def listdir(self, name: str = "") -> list[str]:
-        """Visible entry names of directory ``name``; ``[]`` if it does not exist. Hidden names are skipped."""
+        """Visible entry names of directory ``name``; ``[]`` if it does not exist. Hidden names are skipped.
+        Raises :class:`StorageError` when the listing fails otherwise (ENOTCONN, EIO...)."""
 
     @abc.abstractmethod
     def read(self, name: str) -> bytes | None:
         """Contents of file ``name``; None if absent or stale (ESTALE); ``UNTRUSTED`` (``b""``) if it exists
         but must not be trusted (foreign-owned, a symlink, not a regular file), so that callers can
-        tell "nobody wrote it yet" from "somebody else's file is in the way"."""
+        tell "nobody wrote it yet" from "somebody else's file is in the way".  Raises :class:`StorageError`
+        when the read fails otherwise (ENOTCONN: the node's FUSE client died; EIO...)."""
 
     @abc.abstractmethod
     def publish(self, name: str, data: bytes) -> None:
@@ -172,7 +176,7 @@ class PosixStore(Store):
         except OSError as e:
             if e.errno in _RETRY_READ:
                 return []
-            raise
+            raise storage_error(e, "list", self.path(name)) from None
         return sorted(n for n in entries if not n.startswith("."))
 
     @_storage_errors("read")
@@ -192,7 +196,7 @@ class PosixStore(Store):
             if e.errno in (errno.EACCES, errno.EPERM):
                 self._report(name, "permission denied")
                 return UNTRUSTED
-            raise
+            raise storage_error(e, "read", p) from None
         try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
@@ -214,7 +218,7 @@ class PosixStore(Store):
         except OSError as e:
             if e.errno in _RETRY_READ:  # ESTALE mid-read: the file was replaced
                 return None
-            raise
+            raise storage_error(e, "read", p) from None
         finally:
             try:
                 os.close(fd)

@@ -6,6 +6,7 @@ and permissions, optionally several nodes at once (:mod:`.peers`), then a verdic
 mount.  Printing the result is :mod:`.report`'s job.
 
 Sources: nfs(5) (lookupcache, local_lock), Lustre's mount options (localflock), mfsmount(8),
+``juicefs mount --help`` (its caches, read from the mount's ``.config``: :mod:`.juicefs`),
 fsmingle.rendezvous.participant.Timing (how ``--stale-after`` relates to heartbeats).
 """
 
@@ -18,6 +19,7 @@ from dataclasses import asdict
 from ...errors import ConfigError, StorageError
 from ..mounts import MountInfo, find_mount
 from .families import _RELEVANT_OPTIONS, _SHARED, _cache_seconds, family, gluster_caches, gluster_nl_cache_warning
+from .juicefs import juicefs_cache_seconds, juicefs_config, juicefs_notes, juicefs_options
 from .peers import _peer_check
 from .probes import LinkProbe, _probe_excl, _probe_rename, probe_link
 
@@ -97,6 +99,8 @@ def check(directory: str, peers: int = 1, timeout: float = 120.0, session: str =
         if k in _RELEVANT_OPTIONS.get(fam, ())
         or (k in _RELEVANT_OPTIONS["fuse"] and fam in ("fuse", "glusterfs", "object-store"))
     }
+    if fam == "juicefs":  # client options, not mount options: from the mount's .config
+        opts.update(juicefs_options(juicefs_config(m.mount_point)))
     try:
         link = probe_link(directory)
     except OSError as e:
@@ -199,6 +203,12 @@ def _verdict(r: dict, m: MountInfo, fam: str, link: LinkProbe) -> None:
         reasons.append("MooseFS locks are node-local on this mount; fsmingle does not need them")
     if fam == "cephfs":
         reasons += _ceph_notes(m)
+    if fam == "juicefs":
+        # its caches are client options, not mount options: read from the client's .config
+        jc = juicefs_config(m.mount_point)
+        r["juicefs"] = jc
+        cache_s = max(cache_s or 0.0, juicefs_cache_seconds(jc))
+        reasons += juicefs_notes(jc, m.mount_point)
     if fam == "glusterfs":
         gc = gluster_caches(m.mount_point)
         r["gluster"] = gc
@@ -212,7 +222,7 @@ def _verdict(r: dict, m: MountInfo, fam: str, link: LinkProbe) -> None:
     if unsafe:
         verdict = "unsafe"
         reasons.append(
-            "use a POSIX shared filesystem (NFS, Lustre, GPFS, CephFS, GlusterFS, MooseFS, BeeGFS) "
+            "use a POSIX shared filesystem (NFS, Lustre, GPFS, CephFS, GlusterFS, MooseFS, JuiceFS, BeeGFS) "
             "for --dir; fsmingle run/env refuse this one (exit 10)"
         )
     elif not shared and not (p and p["peers"] > 1):

@@ -109,7 +109,7 @@ _SHARED = {
 
 def family(m: MountInfo) -> str:
     """Filesystem family of a mount: ``nfs``, ``lustre``, ``gpfs``, ``glusterfs``, ``moosefs``,
-    ``cephfs``, ``beegfs``, ``object-store``, ``fuse`` (another FUSE filesystem: bindfs,
+    ``cephfs``, ``juicefs``, ``beegfs``, ``object-store``, ``fuse`` (another FUSE filesystem: bindfs,
     sshfs...), ``tmpfs`` or ``local``."""
     t, src = m.fstype.lower(), m.source.lower()
     sub = t.split(".", 1)[1] if t.startswith(("fuse.", "fuseblk.")) else ""
@@ -127,6 +127,8 @@ def family(m: MountInfo) -> str:
         return "glusterfs"
     if sub in ("mfs", "moosefs") or src.startswith("mfs#"):
         return "moosefs"
+    if sub == "juicefs" or src.startswith("juicefs:"):  # `juicefs mount`: fuse.juicefs, JuiceFS:VOLUME
+        return "juicefs"
     if sub in _OBJECT_STORE or any(src == n or src.startswith(n + ":") for n in _OBJECT_STORE):
         return "object-store"
     if t.startswith("fuse"):
