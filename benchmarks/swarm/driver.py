@@ -76,9 +76,9 @@ class Swarm:
     def __init__(self, cfg: dict, group: int):
         # Everything the participants run is imported before the counting ``os`` goes in (it
         # patches the modules loaded at that moment), as the thread harness's worker does.
-        import fsmingle  # noqa: F401  (the API: jobdir, cleanup, participant, channel)
+        import fsmingle
         import fsmingle.net.channel as channel
-        import fsmingle.rendezvous.member  # noqa: F401  (imported by Participant.hold)
+        import fsmingle.rendezvous.member
         import fsmingle.rendezvous.rank0.coordinator  # noqa: F401
         from fsmingle.rendezvous.rank0 import door
 
@@ -351,12 +351,28 @@ def main(cfg_path: str, group: int) -> None:
     except Exception:
         emit(ev="fatal", error=traceback.format_exc())
         os._exit(4)
-    emit(ev="ready", pid=os.getpid(), import_s=time.monotonic() - t0, torch_imported="torch" in sys.modules,
-         nofile=list(nofile), patched=sw.patched, impl=os.path.dirname(sys.modules["fsmingle"].__file__))
+    emit(
+        ev="ready",
+        pid=os.getpid(),
+        import_s=time.monotonic() - t0,
+        torch_imported="torch" in sys.modules,
+        nofile=list(nofile),
+        patched=sw.patched,
+        impl=os.path.dirname(sys.modules["fsmingle"].__file__),
+    )
+    prof = None
+    if cfg.get("profile") and group in (0, 1):  # rank 0's and one member process under cProfile
+        import cProfile
+
+        prof = cProfile.Profile()
+        prof.enable()
     try:
         sw.loop()
     except Exception:
         emit(ev="fatal", error=traceback.format_exc())
+    if prof is not None:
+        prof.disable()
+        prof.dump_stats(cfg["profile"] + ("" if group == 0 else f".{group}"))
     sw.report()
     sys.stdout.flush()
     os._exit(0)
