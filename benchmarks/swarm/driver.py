@@ -91,9 +91,18 @@ class Swarm:
             channel.socket = self.source
         cap = cfg.get("unauth_cap")
         self.cap_shipped = getattr(door, "UNAUTH_PER_SOURCE", None)
+        self.sent: dict[str, int] = {}  # messages this process queued, by type (rank 0's: what it pays for)
+        real_queue = channel._Endpoint._queue
+
+        def counting_queue(end, c, msg, _real=real_queue, _sent=self.sent):
+            _sent[msg.get("t", "?")] = _sent.get(msg.get("t", "?"), 0) + 1
+            return _real(end, c, msg)
+
+        channel._Endpoint._queue = counting_queue
         if cap:
             door.UNAUTH_PER_SOURCE = int(cap)  # the measurement's "raised" setting (report says so)
         self.parts: dict[int, Any] = {}
+        self.unborn: set[int] = set()  # started, not built yet (start)
         self.t_arr: dict[int, float] = {}
         self.heap: list[tuple[float, int, int]] = []
         self.due: dict[int, float] = {}
@@ -155,18 +164,26 @@ class Swarm:
         return time.process_time() - (self.go_cpu if self.go_cpu is not None else self.cpu0)
 
     def start(self, p: int) -> None:
-        now = time.monotonic()
+        """Let ``p`` arrive now: it is built at its first turn of the scheduler (thousands started
+        by one ``go`` must not be built in one burst while nobody is stepped), and its arrival is
+        stamped then, as the thread harness stamps it in the participant's own thread."""
         if self.go_cpu is None:
             self.go_cpu = time.process_time()
+        self.unborn.add(p)
+        self.wake(p, time.monotonic())
+
+    def _arrive(self, p: int) -> None:
+        self.unborn.discard(p)
+        now = time.monotonic()
         self.t_arr[p] = now
         emit(ev="entered", p=p, t=now, tid=p)
         self.parts[p] = self.make(p)
-        self.wake(p, now)
 
     def kill(self, p: int) -> None:
         """What the peers see of a SIGKILL: every socket of the participant closes, nothing more."""
         part = self.parts.pop(p, None)
         self.due.pop(p, None)
+        self.unborn.discard(p)
         self._unwatch(p)
         if part is None:
             return
@@ -224,6 +241,8 @@ class Swarm:
         self.owner[fd] = p
 
     def step(self, p: int) -> None:
+        if p in self.unborn:
+            self._arrive(p)
         part = self.parts.get(p)
         if part is None:
             return
@@ -297,8 +316,9 @@ class Swarm:
             lag_p50=pct(self.lags, 50),
             lag_p99=pct(self.lags, 99),
             lag_max=max(self.lags) if self.lags else None,
-            live=len(self.parts),
+            live=len(self.parts) + len(self.unborn),
             cap_shipped=self.cap_shipped,
+            sent=self.sent,
         )
 
     def _read_stdin(self) -> None:
