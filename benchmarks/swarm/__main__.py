@@ -27,24 +27,29 @@ from .run import run_once
 def _table(rows: list[dict]) -> str:
     out = [
         "| N | scenario | sources / cap | procs | release after the last arrival (everyone) | go/kill → all "
-        "| generations | rank 0 CPU / member (join + release) | rank 0 CPU waiting | fs ops / participant "
+        "| generations | rank 0 CPU / member (join + release) | rank 0 CPU waiting "
+        "| rank 0's messages / member (status, ping) | fs ops / participant "
         "(rank 0) | entries / participant | member-process lag p99 | status |",
-        "|" + "---|" * 13,
+        "|" + "---|" * 14,
     ]
     for r in rows:
         if "error" in r:
-            out.append(f"| {r['n']} | {r['scenario']} | | | | | | | | | | | failed: {r['error'][:120]} |")
+            out.append(f"| {r['n']} | {r['scenario']} | | | | | | | | | | | | failed: {r['error'][:120]} |")
             continue
         o = r["ops"]
         lag = max((s.get("lag_p99") or 0) for k, s in r["swarm"].items() if 0 < int(k) < r["procs"] - 1)
         other = r.get("kill_to_all_s", r.get("go_to_all_s"))
-        cpu = r.get("rank0_cpu_us_per_member")
+        cpu = None if r["scenario"] == "storm" else r.get("rank0_cpu_us_per_member")  # storm: rank 0 moves
         wait = r.get("rank0_cpu_waiting_per_s")
+        sent = r["swarm"]["0"].get("sent", {})
+        rel = r.get("rank0_cpu_release_s")
+        rel = "" if rel is None or cpu is None else f" ({1e6 * rel / r['n']:.0f} µs release)"
         out.append(
             f"| {r['n']:,} | {r['scenario']} | {r['sources']} / {r['unauth_cap'] or r['unauth_cap_shipped']} "
             f"| {r['procs']} | {r['last_all_s']:.2f} s | {'—' if other is None else f'{other:.2f} s'} "
-            f"| {r['generations']} | {'—' if cpu is None else f'{cpu:.0f} µs'} "
+            f"| {r['generations']} | {'—' if cpu is None else f'{cpu:.0f} µs'}{rel} "
             f"| {'—' if wait is None else f'{wait * 1000:.0f} ms/s'} "
+            f"| {sum(sent.values()) / r['n']:.1f} ({sent.get('status', 0) / r['n']:.1f}, {sent.get('ping', 0) / r['n']:.1f}) "
             f"| {o['fs_ops_mean']:.1f} ({o['fs_ops_rank0']}) | {o['entries_mean']:.0f} | {lag:.2f} s "
             f"| {'ok' if r['valid'] else 'INVALID ' + '; '.join(r['problems'])} |"
         )
