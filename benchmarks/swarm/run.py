@@ -207,6 +207,11 @@ def run_once(
                 proc.kill()
                 proc.wait()
         shutil.rmtree(base, ignore_errors=True)
+    for i in range(len(groups)):  # the processes' stderr beside it: kept only when the run failed
+        path = os.path.join(base, "..", f"{os.path.basename(base)}-{i}.stderr")
+        if os.path.exists(path):
+            os.unlink(path)
+    os.unlink(cfg_path)
     return _results(n, scenario, st, res, t_go, t_spawn, t_end, groups, sources, unauth_cap, nice, loadavg, log)
 
 
