@@ -84,7 +84,7 @@ def run_once(
         "timing": timing or {},
         "profile": profile and os.path.abspath(profile),
     }
-    cfg_path = os.path.join(base, "..", f"{os.path.basename(base)}.json")
+    cfg_path = f"{base}.json"
     with open(cfg_path, "w") as fh:
         json.dump(cfg, fh)
     env = dict(os.environ, PYTHONUNBUFFERED="1")
@@ -142,7 +142,7 @@ def run_once(
             cmd = [sys.executable, "-m", "benchmarks.swarm.driver", cfg_path, str(i)]
             if nice and 0 < i < len(groups) - 1:
                 cmd = ["nice", "-n", str(nice), *cmd]  # rank 0's process keeps the scheduler's favour
-            errf = open(os.path.join(base, "..", f"{os.path.basename(base)}-{i}.stderr"), "w")
+            errf = open(f"{base}-{i}.stderr", "w")
             proc = subprocess.Popen(
                 cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errf, text=True, env=env, cwd=REPO, bufsize=1
             )
@@ -208,7 +208,7 @@ def run_once(
                 proc.wait()
         shutil.rmtree(base, ignore_errors=True)
     for i in range(len(groups)):  # the processes' stderr beside it: kept only when the run failed
-        path = os.path.join(base, "..", f"{os.path.basename(base)}-{i}.stderr")
+        path = f"{base}-{i}.stderr"
         if os.path.exists(path):
             os.unlink(path)
     os.unlink(cfg_path)
