@@ -31,7 +31,6 @@ import enum
 import errno
 import ipaddress
 import logging
-import resource
 import selectors
 import socket
 import time
@@ -40,7 +39,7 @@ from dataclasses import dataclass
 
 from ..errors import ConfigError, StorageError
 from . import ports
-from .fdlimit import FD_RESERVE, ensure_fd_capacity, open_fds
+from .fdlimit import connection_room, ensure_fd_capacity
 from .wire import MAX_LINE, decode_msg, encode_msg, peer_host
 
 log = logging.getLogger("fsmingle.channel")
@@ -232,16 +231,15 @@ class Hub(_Endpoint):
         self._ids: dict[int, int] = {}  # id(_Conn) -> conn id
         self._next = 1
         self._closed = False
-        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-        soft = 1 << 20 if soft == resource.RLIM_INFINITY else soft
         # Connections held at most: the open-file limit less what the process holds now and
         # FD_RESERVE for the filesystem.  Past it the hub stops accepting (connections wait in the
         # kernel's backlog) until rank 0 sheds unauthenticated ones (rank0/door.py, ``room``), so
         # a crowd of clients never takes the descriptors a listing or a claim read needs.
-        self.limit: int = max(8, soft - open_fds() - FD_RESERVE)
+        self.limit: int = connection_room()
         self._listening = True
         self._pause_until = 0.0
         self.starved = 0  # accept()s that failed for want of descriptors (EMFILE/ENFILE)
+        self._next_ping_scan = 0.0  # when poll() next looks for connections quiet for ping_interval
 
     def _bind(self, fam: int, port: int) -> None:
         host = "::" if fam == socket.AF_INET6 else ""
@@ -284,11 +282,19 @@ class Hub(_Endpoint):
             if c.lost:
                 events.append(HubEvent(EventKind.LOST, cid, why=c.why))
                 self._forget(cid)
-        self._ping_quiet(self._conns.values())
-        for cid, c in list(self._conns.items()):
-            if c.lost:  # lost while writing a ping
-                events.append(HubEvent(EventKind.LOST, cid, why=c.why))
-                self._forget(cid)
+        now = self.clock()
+        if now >= self._next_ping_scan:
+            # O(N) over every connection: at most four times a ping interval, not at every poll.
+            # Rank 0 polls once per step, and steps at every message while members join: a scan
+            # per poll made gathering N members O(N^2) (issue 31: 1 ms of rank 0's CPU per member
+            # at N = 2,048, the scan the largest part).  A ping now leaves after 1 to 1.25 ping
+            # intervals of quiet; silence is judged at stale_after / 2 and more (10x that).
+            self._next_ping_scan = now + self.ping_interval / 4
+            self._ping_quiet(self._conns.values())
+            for cid, c in list(self._conns.items()):
+                if c.lost:  # lost while writing a ping
+                    events.append(HubEvent(EventKind.LOST, cid, why=c.why))
+                    self._forget(cid)
         return events
 
     def _forget(self, cid: int) -> None:

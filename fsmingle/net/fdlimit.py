@@ -64,3 +64,11 @@ def open_fds() -> int:
         return len(os.listdir("/proc/self/fd"))
     except OSError:
         return 32
+
+
+def connection_room() -> int:
+    """Connections a hub may hold (int): the soft open-file limit less the descriptors held now and
+    :data:`FD_RESERVE` for the filesystem, at least 8."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    soft = 1 << 20 if soft == resource.RLIM_INFINITY else soft
+    return max(8, soft - open_fds() - FD_RESERVE)
