@@ -64,6 +64,7 @@ class World:
         world_size (int): number of processes in the world.
         index (int): 0 for this process's first world, then 1, 2, ...
         previous_rank (int | None): this process's rank in its previous world (None in its first).
+        released (float): ``time.time()`` when this world's rendezvous returned (seconds).
         started (float): ``time.time()`` when this world's process group was ready (seconds).
         failure (BaseException | None): what ended this world, once it ended with a failure.
     """
@@ -73,6 +74,7 @@ class World:
     world_size: int
     index: int
     previous_rank: int | None
+    released: float = 0.0
     started: float = 0.0
     failure: BaseException | None = None
     finished: bool = False
@@ -176,6 +178,7 @@ def worlds(
             args = {k: v for k, v in kwargs.items() if k not in ("rank", "node_rank", "spare_timeout")}
             args.update(rank_order="key", topology_key=str(previous))
         r = rendezvous(dir, job_id, **args)
+        released = time.time()
         rank = r.rank if r.rank is not None else r.node_rank
         size = r.world_size if r.world_size is not None else r.nnodes
         os.environ.update({k: v for k, v in r.env().items() if k.endswith("_SOCKET_IFNAME")})
@@ -188,7 +191,7 @@ def worlds(
             world_size=size,
             timeout=datetime.timedelta(seconds=timeout if math.isfinite(timeout) else 86400 * 365),
         )
-        world = World(r, rank, size, index, previous, started=time.time())
+        world = World(r, rank, size, index, previous, released=released, started=time.time())
         log.info("world %d: generation %d, rank %d of %d (was %s)", index, r.generation, rank, size, previous)
         yield world
         if not world._closed:
