@@ -25,21 +25,36 @@ def main(argv=None) -> int:
     ap.add_argument(
         "--train-s", type=float, default=3.0, help="seconds of training with the spare waiting, then the fault"
     )
+    ap.add_argument("--recover-s", type=float, default=60.0, help="give up on a run after this many seconds")
+    ap.add_argument(
+        "--plan",
+        default=None,
+        help="instead of --n/--paths/--faults/--reps: 'N,N:PATHS|all:FAULTS:REPS;...' "
+        "(e.g. '4:all:kill:5;8,16:inproc,fsmingle-run:kill:5')",
+    )
     ap.add_argument("--out", default=None, help="directory for results.json and results.md")
     ap.add_argument("--keep-logs", default=None, help="copy each run's logs here")
     a = ap.parse_args(argv)
     rows = []
-    for n in [int(x) for x in a.n.split(",")]:
-        for fault in a.faults.split(","):
-            for path in a.paths.split(","):
-                for rep in range(a.reps):
-                    load = os.getloadavg()[0]
-                    r = one(path, n, fault, a.stale_after, a.pg_timeout, a.keep_logs, a.train_s)
-                    r.update(rep=rep, load=round(load, 2))
-                    rows.append(r)
-                    print(json.dumps(r), flush=True)
-                    if not r["ok"] and rep == 0:
-                        break  # a path that cannot recover once is not tried again at this size
+    if a.plan:
+        plan = []
+        for part in a.plan.split(";"):
+            ns, paths, faults, reps = part.split(":")
+            plan.append((ns, ",".join(PATHS) if paths == "all" else paths, faults, int(reps)))
+    else:
+        plan = [(a.n, a.paths, a.faults, a.reps)]
+    for ns, paths, faults, reps in plan:
+        for n in [int(x) for x in ns.split(",")]:
+            for fault in faults.split(","):
+                for path in paths.split(","):
+                    for rep in range(reps):
+                        load = os.getloadavg()[0]
+                        r = one(path, n, fault, a.stale_after, a.pg_timeout, a.keep_logs, a.train_s, a.recover_s)
+                        r.update(rep=rep, load=round(load, 2))
+                        rows.append(r)
+                        print(json.dumps(r), flush=True)
+                        if not r["ok"] and rep == 0:
+                            break  # a path that cannot recover once is not tried again at this size
     meta = dict(
         when=time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
         host=platform.node(),
@@ -68,15 +83,15 @@ def _med(xs):
 def markdown(rows: list[dict]) -> str:
     keys = sorted({(r["fault"], r["n"], r["path"]) for r in rows}, key=lambda k: (k[0], k[1], PATHS.index(k[2])))
     lines = [
-        "| fault | N | path | runs ok | detect (s) | release (s) | first step, every rank (s) | load |",
-        "|---|---|---|---|---|---|---|---|",
+        "| fault | N | path | runs ok | detect (s) | release (s) | ready, every rank (s) | first step, every rank (s) | load |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for k in keys:
         rs = [r for r in rows if (r["fault"], r["n"], r["path"]) == k]
         ok = [r for r in rs if r["ok"]]
         lines.append(
             f"| {k[0]} | {k[1]} | {k[2]} | {len(ok)}/{len(rs)} | {_med(r['detect'] for r in ok)} | "
-            f"{_med(r['release'] for r in ok)} | {_med(r['first_step'] for r in ok)} | "
+            f"{_med(r['release'] for r in ok)} | {_med(r.get('ready') for r in ok)} | {_med(r['first_step'] for r in ok)} | "
             f"{_med(r['load'] for r in rs)} |"
         )
     return "\n".join(lines) + "\n"

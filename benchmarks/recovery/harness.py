@@ -8,6 +8,8 @@ in-process trainer); every training process appends JSON lines to its node's log
 * **detect**: the first survivor whose collective raised (``lost``);
 * **release**: the first process of the next world started (a launcher's restart), or for the
   in-process path the first rendezvous that returned;
+* **ready**: every rank of the next world has its process group and its DDP model (after
+  ``init_process_group``, DDP's construction and one broadcast);
 * **first step**: every rank of the next world (the world whose ``wid`` shows N ranks after the
   fault) did its first step: the latest of their first steps.
 
@@ -158,8 +160,9 @@ class Run:
         self._wait_spare()
         time.sleep(train_s)
         ranks = self.world_ranks()[first]
-        # A non-master node: the highest rank not on node 0 (node 0 hosts torchrun c10d's store).
-        victim = next(ranks[r] for r in sorted(ranks, reverse=True) if ranks[r] != 0 and r != 0)
+        # A non-master node: the highest rank (for c10d: not node 0 either, which hosts the store).
+        host = 0 if self.path == "torchrun-c10d" else None
+        victim = next(ranks[r] for r in sorted(ranks, reverse=True) if r != 0 and ranks[r] != host)
         tree = _tree(self.procs[victim].pid)
         t_fault = time.time()
         sig = signal.SIGKILL if self.fault == "kill" else signal.SIGSTOP
@@ -181,9 +184,12 @@ class Run:
         else:
             rel = [e["t0"] for i, e in evs if e.get("ev") == "start"]
         firsts: dict[int, float] = {}
+        ready: dict[int, float] = {}
         for _i, e in evs:
             if e.get("ev") == "step" and e["wid"] == wid:
                 firsts.setdefault(e["rank"], e["t"])
+            if e.get("ev") == "ready" and e["wid"] == wid:
+                ready.setdefault(e["rank"], e["t"])
         return dict(
             path=self.path,
             n=self.n,
@@ -191,6 +197,7 @@ class Run:
             ok=True,
             detect=min(lost) - t_fault if lost else None,
             release=min(rel) - t_fault if rel else None,
+            ready=max(ready.values()) - t_fault if ready else None,
             first_step=max(firsts.values()) - t_fault,
             spare_in=self.n in set(self.world_ranks()[wid].values()),
         )
@@ -241,13 +248,20 @@ class Run:
 
 
 def one(
-    path: str, n: int, fault: str, stale_after: float, pg_timeout: float, keep: str | None = None, train_s: float = 3.0
+    path: str,
+    n: int,
+    fault: str,
+    stale_after: float,
+    pg_timeout: float,
+    keep: str | None = None,
+    train_s: float = 3.0,
+    recover_s: float = 60.0,
 ) -> dict:
     """One run; its row (times in seconds after the fault), ``ok`` False with a ``note`` if no world formed."""
     work = Path(tempfile.mkdtemp(prefix=f"rec-{path}-{n}-{fault}-"))
     r = Run(path, n, fault, work, stale_after, pg_timeout)
     try:
-        return r.run(train_s=train_s)
+        return r.run(train_s=train_s, recover_s=recover_s)
     except TimeoutError as e:
         return dict(path=path, n=n, fault=fault, ok=False, note=f"{e}\n{r._why()}")
     finally:
