@@ -213,11 +213,11 @@ class Run:
             # The spare claims a rank in the generation after the running one.
             def claimed():
                 gens = sorted((self.dir / self.job).glob("gen-*"))
-                return any(g.glob("rank-*.claim") for g in gens if not (g / "release.json").exists())
+                return any(any(g.glob("rank-*.claim")) for g in gens if not (g / "release.json").exists())
 
             _wait(claimed, 120, "the spare's claim")
         else:
-            time.sleep(5)  # torchrun: an agent in the waiting list leaves no trace we could read
+            time.sleep(12)  # torchrun: an agent in the waiting list leaves no trace we could read (import torch)
 
     def _why(self) -> str:
         outs = []

@@ -80,7 +80,11 @@ def main_env() -> int:
 
 
 def main_inproc(d: str, job: str, nnodes: int, spare: bool) -> int:
+    import logging
     import math
+
+    if os.environ.get("BENCH_LOGLEVEL"):  # fsmingle's own lines (rendezvous steps), timestamped
+        logging.basicConfig(level=os.environ["BENCH_LOGLEVEL"], format="%(created).3f %(name)s %(message)s")
 
     import fsmingle
 
