@@ -53,8 +53,9 @@ def main(argv=None) -> int:
                         r.update(rep=rep, load=round(load, 2))
                         rows.append(r)
                         print(json.dumps(r), flush=True)
-                        if not r["ok"] and rep == 0:
-                            break  # a path that cannot recover once is not tried again at this size
+                        fails = [x["ok"] for x in rows if (x["path"], x["n"], x["fault"]) == (path, n, fault)]
+                        if fails[-2:] == [False, False] or (fails == [False] and path.startswith("torchrun-")):
+                            break  # a path that does not recover is not tried again at this size
     meta = dict(
         when=time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
         host=platform.node(),

@@ -215,7 +215,7 @@ class Run:
                 gens = sorted((self.dir / self.job).glob("gen-*"))
                 return any(any(g.glob("rank-*.claim")) for g in gens if not (g / "release.json").exists())
 
-            _wait(claimed, 120, "the spare's claim")
+            _wait(claimed, 300, "the spare's claim")
         else:
             time.sleep(12)  # torchrun: an agent in the waiting list leaves no trace we could read (import torch)
 
