@@ -32,11 +32,19 @@ def main(argv=None) -> int:
         help="instead of --n/--paths/--faults/--reps: 'N,N:PATHS|all:FAULTS:REPS;...' "
         "(e.g. '4:all:kill:5;8,16:inproc,fsmingle-run:kill:5')",
     )
+    ap.add_argument(
+        "--from-log", default=None, help="no runs: rebuild the outputs from the JSON rows a run printed (its stdout)"
+    )
     ap.add_argument("--out", default=None, help="directory for results.json and results.md")
     ap.add_argument("--keep-logs", default=None, help="copy each run's logs here")
     a = ap.parse_args(argv)
     rows = []
-    if a.plan:
+    if a.from_log:
+        for line in Path(a.from_log).read_text().splitlines():
+            if line.startswith("{"):
+                rows.append(json.loads(line))
+        plan = []
+    elif a.plan:
         plan = []
         for part in a.plan.split(";"):
             ns, paths, faults, reps = part.split(":")
