@@ -109,6 +109,10 @@ class World:
             self.finished = True
             self._closed = True
             return False
+        # Abort first, before anything slow (logging formats the error, whose C++ backtrace is
+        # symbolised lazily; gc.collect()): each survivor's abort is what makes the peers still
+        # blocked on it fail, so its delay adds up along the chain of survivors (measured at N = 16:
+        # the last survivor saw the failure 5.4 s after the first with gc.collect() ahead of it).
         self.failure = exc
         _teardown_broken()
         self._closed = True
@@ -251,13 +255,13 @@ def _teardown_broken() -> None:
     import torch.distributed as dist
     from torch.distributed import distributed_c10d as c10d
 
-    gc.collect()
     if not dist.is_initialized():
         return
     try:
         c10d._abort_process_group()
     except Exception as e:  # an abort that fails still leaves destroy to try
         log.debug("abort of the broken process group: %s", e)
+    gc.collect()  # after the abort: the peers blocked on this process learn of the failure first
     if dist.is_initialized():
         try:
             dist.destroy_process_group()

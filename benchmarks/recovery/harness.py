@@ -178,7 +178,7 @@ class Run:
             return dict(path=self.path, n=self.n, fault=self.fault, ok=False, note=self._why())
         wid = self._next_world(before)
         evs = [(i, e) for i, e in self.events() if e["t"] >= t_fault]
-        lost = [e["t"] for i, e in evs if e.get("ev") == "lost" and i != victim]
+        lost = [e["t"] for i, e in evs if e.get("ev") in ("raised", "lost") and i != victim]
         if self.path == "inproc":
             rel = [e["t_rel"] for i, e in evs if e.get("ev") == "released"]
         else:

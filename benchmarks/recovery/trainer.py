@@ -55,6 +55,9 @@ def train(rank: int, net, step: int) -> int:
             step += 1
             say(ev="step", wid=wid, rank=rank, step=step)
             time.sleep(SLEEP)
+    except Exception:
+        say(ev="raised", rank=rank)  # before any teardown or formatting of the error
+        raise
     finally:
         del model, opt
 
