@@ -116,10 +116,10 @@ class World:
         self.failure = exc
         _teardown_broken()
         self._closed = True
-        if _is_peer_failure(exc):
-            log.warning("world of generation %d ended (rank %d): %s", self.generation, self.rank, _first_line(exc))
-            return True
-        return False
+        # A peer's failure is swallowed and said once the next world stands (worlds()): str() of
+        # a torch error symbolises its C++ backtrace, about a second under load, which here would
+        # delay the next rendezvous.
+        return _is_peer_failure(exc)
 
 
 def worlds(
@@ -172,6 +172,7 @@ def worlds(
         warm_up()
     index = 0
     previous: int | None = None
+    last: World | None = None
     first = dict(kwargs)
     first.setdefault("rank_order", "key")
     first.setdefault("topology_key", FRESH_KEY)
@@ -196,6 +197,10 @@ def worlds(
             timeout=datetime.timedelta(seconds=timeout if math.isfinite(timeout) else 86400 * 365),
         )
         world = World(r, rank, size, index, previous, released=released, started=time.time())
+        if last is not None:
+            log.warning(
+                "world of generation %d ended (rank %d): %s", last.generation, last.rank, _first_line(last.failure)
+            )
         log.info("world %d: generation %d, rank %d of %d (was %s)", index, r.generation, rank, size, previous)
         yield world
         if not world._closed:
@@ -203,7 +208,7 @@ def worlds(
             world.__exit__(None, None, None)
         if world.finished or world.failure is not None and not _is_peer_failure(world.failure):
             return
-        previous = rank
+        previous, last = rank, world
         index += 1
 
 

@@ -5,7 +5,7 @@ in the next generation.  One non-master node is SIGKILLed (or SIGSTOPped) mid-tr
 survivors' collectives raise, they tear their process group down and join the next generation
 in the same process (same pid, no second ``import torch``), with the spare; the new world keeps
 the survivors' order (old rank 0 stays 0, old rank 2 becomes 1, the spare comes last) and training
-resumes from rank 0's step to the end.
+resumes from rank 0's step.  (The end of a training, the clean teardown: tests/test_recovery_smoke.py.)
 """
 
 from __future__ import annotations
@@ -58,13 +58,16 @@ def _rank(p, world: int) -> int:
 
 def _check_recovered(nodes, spare, victim: int, steps: int, fault_at: float) -> float:
     survivors = [p for i, p in enumerate(nodes) if i != victim]
-    for p in [*survivors, spare]:
-        assert p.wait(150) == 0, f"{p.name}: exit {p.poll()}\n{p.stderr()[-3000:]}"
-        assert _lines(p)[-1] == {"t": _lines(p)[-1]["t"], "event": "done", "step": steps}, p.stdout()[-500:]
+
+    def trained_again():
+        return all(sum(1 for x in _steps(p) if x["gen"] == 2) >= 3 for p in [*survivors, spare])
+
+    wait_for(trained_again, 150, "three steps of every survivor and the spare in generation 2")
     old = {p.name: _rank(p, 0) for p in nodes}
     assert sorted(old.values()) == list(range(NNODES))
     # Each survivor's next world is world 1 of its own process (in-process), generation 2.
     for p in survivors:
+        assert p.poll() is None, p.stderr()[-2000:]
         w1 = [x for x in _steps(p) if x["world"] == 1]
         assert w1 and all(x["gen"] == 2 for x in w1), p.stdout()[-800:]
         assert w1[0]["prev"] == old[p.name]
@@ -79,13 +82,13 @@ def _check_recovered(nodes, spare, victim: int, steps: int, fault_at: float) -> 
     last_before = max(x["step"] for p in survivors for x in _steps(p) if x["world"] == 0)
     first_after = min(x["step"] for x in spare_steps)
     assert 1 <= first_after <= last_before + 1, (first_after, last_before)
-    assert {x["step"] for x in spare_steps} == set(range(first_after, steps + 1))
+    assert [x["step"] for x in spare_steps] == list(range(first_after, first_after + len(spare_steps)))
     resumed = min(x["t"] for p in [*survivors, spare] for x in _steps(p) if x["gen"] == 2)
     return resumed - fault_at
 
 
 def test_survivors_and_the_spare_train_again_in_process_after_a_sigkill(procs, d, tmp_path):
-    steps = 140
+    steps = 100_000  # never reached: the test ends the processes once the next world trains
     nodes, spare = _start(procs, d, tmp_path, steps, stale_after=5)
     victim = next(i for i, p in enumerate(nodes) if _rank(p, 0) == 1)  # a non-master node
     fault_at = time.time()
@@ -95,7 +98,7 @@ def test_survivors_and_the_spare_train_again_in_process_after_a_sigkill(procs, d
 
 
 def test_a_stopped_node_is_replaced_in_process_after_the_process_group_timeout(procs, d, tmp_path):
-    steps = 140
+    steps = 100_000  # never reached: the test ends the processes once the next world trains
     nodes, spare = _start(procs, d, tmp_path, steps, stale_after=4)
     victim = next(i for i, p in enumerate(nodes) if _rank(p, 0) == 1)
     fault_at = time.time()

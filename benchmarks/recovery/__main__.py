@@ -73,14 +73,14 @@ def main(argv=None) -> int:
         ).stdout.strip(),
         args=vars(a),
     )
-    table = markdown(rows)
+    table = markdown([r for r in rows if not r.get("before_fix")])
     print(table)
     if a.out:
         out = Path(a.out)
         out.mkdir(parents=True, exist_ok=True)
         (out / "results.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
         (out / "results.md").write_text(table)
-        plot(rows, out / "recovery.png")
+        plot([r for r in rows if not r.get("before_fix")], out / "recovery.png")
     return 0
 
 
