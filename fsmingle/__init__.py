@@ -6,7 +6,8 @@ release record lets everyone go.  No etcd, no known endpoint, no hostname that
 must resolve.  Importing this package does not import torch.
 
 Public API: :func:`rendezvous`, :class:`Rendezvous`, :func:`init_process_group`,
-:class:`FolderStore` (a ``torch.distributed.Store`` in the shared directory; torch is imported
+:func:`worlds` (successive worlds in one process: in-process re-rendezvous after a peer's
+failure), :class:`FolderStore` (a ``torch.distributed.Store`` in the shared directory; torch is imported
 when it is first used), and the :class:`FsmingleError` family in :mod:`fsmingle.errors`.
 """
 
@@ -23,6 +24,7 @@ from .errors import (
     UnsafeDirectoryError,
 )
 from .rendezvous.participant import Progress, Timing
+from .worlds import World, worlds
 
 __all__ = [
     "__version__",
@@ -31,6 +33,8 @@ __all__ = [
     "Timing",
     "Progress",
     "init_process_group",
+    "worlds",
+    "World",
     "FolderStore",
     "FsmingleError",
     "ConfigError",

@@ -1,0 +1,138 @@
+"""``python -m benchmarks.recovery``: the matrix of paths x faults x sizes, medians, table, plot."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import time
+from pathlib import Path
+
+from .harness import PATHS, ROOT, one
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.recovery", description=__doc__)
+    ap.add_argument("--n", default="4", help="node counts, comma-separated (default 4)")
+    ap.add_argument("--paths", default=",".join(PATHS), help=f"comma-separated, of {','.join(PATHS)}")
+    ap.add_argument("--faults", default="kill,stop", help="kill (SIGKILL of a node's tree), stop (SIGSTOP)")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--stale-after", type=float, default=10.0, help="fsmingle --stale-after (seconds)")
+    ap.add_argument("--pg-timeout", type=float, default=10.0, help="the training's process-group timeout (s)")
+    ap.add_argument(
+        "--train-s", type=float, default=3.0, help="seconds of training with the spare waiting, then the fault"
+    )
+    ap.add_argument("--recover-s", type=float, default=60.0, help="give up on a run after this many seconds")
+    ap.add_argument(
+        "--plan",
+        default=None,
+        help="instead of --n/--paths/--faults/--reps: 'N,N:PATHS|all:FAULTS:REPS;...' "
+        "(e.g. '4:all:kill:5;8,16:inproc,fsmingle-run:kill:5')",
+    )
+    ap.add_argument(
+        "--from-log", default=None, help="no runs: rebuild the outputs from the JSON rows a run printed (its stdout)"
+    )
+    ap.add_argument("--out", default=None, help="directory for results.json and results.md")
+    ap.add_argument("--keep-logs", default=None, help="copy each run's logs here")
+    a = ap.parse_args(argv)
+    rows = []
+    if a.from_log:
+        for line in Path(a.from_log).read_text().splitlines():
+            if line.startswith("{"):
+                rows.append(json.loads(line))
+        plan = []
+    elif a.plan:
+        plan = []
+        for part in a.plan.split(";"):
+            ns, paths, faults, reps = part.split(":")
+            plan.append((ns, ",".join(PATHS) if paths == "all" else paths, faults, int(reps)))
+    else:
+        plan = [(a.n, a.paths, a.faults, a.reps)]
+    for ns, paths, faults, reps in plan:
+        for n in [int(x) for x in ns.split(",")]:
+            for fault in faults.split(","):
+                for path in paths.split(","):
+                    for rep in range(reps):
+                        load = os.getloadavg()[0]
+                        r = one(path, n, fault, a.stale_after, a.pg_timeout, a.keep_logs, a.train_s, a.recover_s)
+                        r.update(rep=rep, load=round(load, 2))
+                        rows.append(r)
+                        print(json.dumps(r), flush=True)
+                        fails = [x["ok"] for x in rows if (x["path"], x["n"], x["fault"]) == (path, n, fault)]
+                        if fails[-2:] == [False, False] or (fails == [False] and path.startswith("torchrun-")):
+                            break  # a path that does not recover is not tried again at this size
+    meta = dict(
+        when=time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+        host=platform.node(),
+        cpus=os.cpu_count(),
+        git=subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+        ).stdout.strip(),
+        args=vars(a),
+    )
+    table = markdown([r for r in rows if not r.get("before_fix")])
+    print(table)
+    if a.out:
+        out = Path(a.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "results.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
+        (out / "results.md").write_text(table)
+        plot([r for r in rows if not r.get("before_fix")], out / "recovery.png")
+    return 0
+
+
+def _med(xs):
+    xs = [x for x in xs if x is not None]
+    return f"{statistics.median(xs):.2f}" if xs else "—"
+
+
+def markdown(rows: list[dict]) -> str:
+    keys = sorted({(r["fault"], r["n"], r["path"]) for r in rows}, key=lambda k: (k[0], k[1], PATHS.index(k[2])))
+    lines = [
+        "| fault | N | path | runs ok | detect (s) | release (s) | ready, every rank (s) | first step, every rank (s) | load |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for k in keys:
+        rs = [r for r in rows if (r["fault"], r["n"], r["path"]) == k]
+        ok = [r for r in rs if r["ok"]]
+        lines.append(
+            f"| {k[0]} | {k[1]} | {k[2]} | {len(ok)}/{len(rs)} | {_med(r['detect'] for r in ok)} | "
+            f"{_med(r['release'] for r in ok)} | {_med(r.get('ready') for r in ok)} | {_med(r['first_step'] for r in ok)} | "
+            f"{_med(r['load'] for r in rs)} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: list[dict], png: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    faults = sorted({r["fault"] for r in rows})
+    fig, axes = plt.subplots(1, len(faults), figsize=(6 * len(faults), 4), squeeze=False)
+    for ax, fault in zip(axes[0], faults):
+        for path in PATHS:
+            pts = {}
+            for r in rows:
+                if r["fault"] == fault and r["path"] == path and r["ok"]:
+                    pts.setdefault(r["n"], []).append(r["first_step"])
+            if pts:
+                ns = sorted(pts)
+                ax.plot(ns, [statistics.median(pts[n]) for n in ns], marker="o", label=path)
+        ax.set_title(f"{fault}: fault -> every rank's first step (median)")
+        ax.set_xlabel("nodes (N)")
+        ax.set_ylabel("seconds")
+        ax.set_xscale("log", base=2)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(png, dpi=90)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,299 @@
+"""One run of the recovery scenario: N nodes train, a spare waits, one non-master node fails.
+
+Each node is a process tree in its own session (a launcher and its training process, or one
+in-process trainer); every training process appends JSON lines to its node's log
+(:mod:`benchmarks.recovery.trainer`).  The fault hits one node whose training rank is not 0:
+``kill`` sends SIGKILL to every process of its tree, ``stop`` SIGSTOP.  From the logs:
+
+* **detect**: the first survivor whose collective raised (``lost``);
+* **release**: the first process of the next world started (a launcher's restart), or for the
+  in-process path the first rendezvous that returned;
+* **ready**: every rank of the next world has its process group and its DDP model (after
+  ``init_process_group``, DDP's construction and one broadcast);
+* **first step**: every rank of the next world (the world whose ``wid`` shows N ranks after the
+  fault) did its first step: the latest of their first steps.
+
+All times are seconds after the fault (``time.time()``, one clock: one host).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+
+ROOT = Path(__file__).resolve().parents[2]
+PATHS = ("inproc", "fsmingle-run", "torchrun-fsmingle", "torchrun-c10d", "torchrun-etcd")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Run:
+    def __init__(self, path: str, n: int, fault: str, work: Path, stale_after: float, pg_timeout: float):
+        self.path, self.n, self.fault, self.work = path, n, fault, work
+        self.stale_after, self.pg_timeout = stale_after, pg_timeout
+        self.dir = work / "rdzv"
+        self.dir.mkdir(mode=0o700)
+        self.job = "rec"
+        self.procs: list[subprocess.Popen] = []
+        self.logs: list[Path] = []
+        self.etcd: subprocess.Popen | None = None
+        self.c10d_port = _free_port()
+        self.etcd_port = _free_port()
+
+    # ------------------------------------------------------------------ commands
+    def _trainer(self) -> list[str]:
+        return [sys.executable, "-m", "benchmarks.recovery.trainer", "env"]
+
+    def _torchrun(self, i: int) -> list[str]:
+        tr = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(self.n), "--nproc-per-node", "1"]
+        tr += ["--max-restarts", "5", "--rdzv-id", self.job]
+        if self.path == "torchrun-c10d":
+            tr += ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{self.c10d_port}"]
+            tr += ["--rdzv-conf", f"is_host={1 if i == 0 else 0}"]
+        elif self.path == "torchrun-etcd":
+            tr += ["--rdzv-backend", "etcd-v2", "--rdzv-endpoint", f"127.0.0.1:{self.etcd_port}"]
+        else:
+            tr += ["--rdzv-backend", "fsmingle", "--rdzv-endpoint", str(self.dir)]
+            tr += ["--rdzv-conf", f"addr=127.0.0.1,stale_after={self.stale_after}"]
+        return tr + ["-m", "benchmarks.recovery.trainer", "env"]
+
+    def command(self, i: int, spare: bool) -> list[str]:
+        if self.path == "inproc":
+            c = [sys.executable, "-m", "benchmarks.recovery.trainer", "inproc", str(self.dir), self.job, str(self.n)]
+            return c + (["--spare"] if spare else [])
+        if self.path == "fsmingle-run":
+            fr = [sys.executable, "-m", "fsmingle", "run", "--dir", str(self.dir), "--job-id", self.job]
+            fr += ["--nnodes", str(self.n), "--addr", "127.0.0.1", "--stale-after", str(self.stale_after)]
+            fr += ["--timeout", "300"] + (["--spare-timeout", "inf"] if spare else [])
+            loop = " ".join(map(_q, fr + ["--"] + self._trainer()))
+            return ["bash", "-c", f"for i in 1 2 3 4 5; do {loop}; done"]
+        return self._torchrun(i)
+
+    def start_node(self, i: int, spare: bool = False) -> None:
+        log = self.work / f"node{i}.log"
+        self.logs.append(log)
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("FSMINGLE_", "PET_", "SLURM_", "TORCHELASTIC"))}
+        env.update(
+            PYTHONPATH=str(ROOT),
+            BENCH_LOG=str(log),
+            BENCH_PG_TIMEOUT=str(self.pg_timeout),
+            OMP_NUM_THREADS="1",
+            LOGLEVEL="WARNING",
+        )
+        out = open(self.work / f"node{i}.out", "wb")
+        p = subprocess.Popen(
+            self.command(i, spare), cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        self.procs.append(p)
+
+    def start_etcd(self) -> None:
+        peer = _free_port()
+        self.etcd = subprocess.Popen(
+            [
+                "etcd",
+                "--enable-v2=true",
+                "--data-dir",
+                str(self.work / "etcd"),
+                "--listen-client-urls",
+                f"http://127.0.0.1:{self.etcd_port}",
+                "--advertise-client-urls",
+                f"http://127.0.0.1:{self.etcd_port}",
+                "--listen-peer-urls",
+                f"http://127.0.0.1:{peer}",
+                "--initial-advertise-peer-urls",
+                f"http://127.0.0.1:{peer}",
+                "--initial-cluster",
+                f"default=http://127.0.0.1:{peer}",
+            ],
+            stdout=open(self.work / "etcd.out", "wb"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        _wait(lambda: _port_open(self.etcd_port), 30, "etcd")
+
+    # ------------------------------------------------------------------ reading
+    def events(self) -> list[tuple[int, dict]]:
+        out = []
+        for i, log in enumerate(self.logs):
+            try:
+                lines = log.read_text().splitlines()
+            except FileNotFoundError:
+                continue
+            for line in lines:
+                try:
+                    out.append((i, json.loads(line)))
+                except ValueError:
+                    pass
+        return out
+
+    def world_ranks(self) -> dict[str, dict[int, int]]:
+        """wid -> {rank: node index} of every world that stepped."""
+        w: dict[str, dict[int, int]] = {}
+        for i, e in self.events():
+            if e.get("ev") == "step":
+                w.setdefault(e["wid"], {})[e["rank"]] = i
+        return w
+
+    # ------------------------------------------------------------------ the scenario
+    def run(self, train_s: float = 3.0, recover_s: float = 120.0) -> dict:
+        if self.path == "torchrun-etcd":
+            self.start_etcd()
+        for i in range(self.n):
+            self.start_node(i)
+        _wait(lambda: any(len(r) == self.n for r in self.world_ranks().values()), 300, "the first world's steps")
+        first = next(w for w, r in self.world_ranks().items() if len(r) == self.n)
+        self.start_node(self.n, spare=True)
+        self._wait_spare()
+        time.sleep(train_s)
+        ranks = self.world_ranks()[first]
+        # A non-master node: the highest rank (for c10d: not node 0 either, which hosts the store).
+        host = 0 if self.path == "torchrun-c10d" else None
+        victim = next(ranks[r] for r in sorted(ranks, reverse=True) if r != 0 and ranks[r] != host)
+        tree = _tree(self.procs[victim].pid)
+        t_fault = time.time()
+        sig = signal.SIGKILL if self.fault == "kill" else signal.SIGSTOP
+        for p in tree:
+            try:
+                p.send_signal(sig)
+            except psutil.Error:
+                pass
+        before = set(self.world_ranks())
+        try:
+            _wait(lambda: self._next_world(before) is not None, recover_s, "the next world")
+        except TimeoutError:
+            return dict(path=self.path, n=self.n, fault=self.fault, ok=False, note=self._why())
+        wid = self._next_world(before)
+        evs = [(i, e) for i, e in self.events() if e["t"] >= t_fault]
+        lost = [e["t"] for i, e in evs if e.get("ev") in ("raised", "lost") and i != victim]
+        if self.path == "inproc":
+            rel = [e["t_rel"] for i, e in evs if e.get("ev") == "released"]
+        else:
+            rel = [e["t0"] for i, e in evs if e.get("ev") == "start"]
+        firsts: dict[int, float] = {}
+        ready: dict[int, float] = {}
+        for _i, e in evs:
+            if e.get("ev") == "step" and e["wid"] == wid:
+                firsts.setdefault(e["rank"], e["t"])
+            if e.get("ev") == "ready" and e["wid"] == wid:
+                ready.setdefault(e["rank"], e["t"])
+        return dict(
+            path=self.path,
+            n=self.n,
+            fault=self.fault,
+            ok=True,
+            detect=min(lost) - t_fault if lost else None,
+            release=min(rel) - t_fault if rel else None,
+            ready=max(ready.values()) - t_fault if ready else None,
+            first_step=max(firsts.values()) - t_fault,
+            spare_in=self.n in set(self.world_ranks()[wid].values()),
+        )
+
+    def _next_world(self, before: set) -> str | None:
+        for w, r in self.world_ranks().items():
+            if w not in before and len(r) == self.n:
+                return w
+        return None
+
+    def _wait_spare(self) -> None:
+        if self.path in ("inproc", "fsmingle-run"):
+            # The spare claims a rank in the generation after the running one.
+            def claimed():
+                gens = sorted((self.dir / self.job).glob("gen-*"))
+                return any(any(g.glob("rank-*.claim")) for g in gens if not (g / "release.json").exists())
+
+            _wait(claimed, 300, "the spare's claim")
+        else:
+            time.sleep(12)  # torchrun: an agent in the waiting list leaves no trace we could read (import torch)
+
+    def _why(self) -> str:
+        outs = []
+        for i in range(len(self.procs)):
+            try:
+                tail = (self.work / f"node{i}.out").read_text(errors="replace").strip().splitlines()[-2:]
+            except FileNotFoundError:
+                tail = []
+            outs.append(f"node{i}: " + " | ".join(x[:200] for x in tail))
+        return "\n".join(outs)
+
+    def close(self) -> None:
+        for p in self.procs + ([self.etcd] if self.etcd else []):
+            for q in _tree(p.pid):
+                try:
+                    q.send_signal(signal.SIGCONT)
+                    q.kill()
+                except psutil.Error:
+                    pass
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                pass
+
+
+def one(
+    path: str,
+    n: int,
+    fault: str,
+    stale_after: float,
+    pg_timeout: float,
+    keep: str | None = None,
+    train_s: float = 3.0,
+    recover_s: float = 60.0,
+) -> dict:
+    """One run; its row (times in seconds after the fault), ``ok`` False with a ``note`` if no world formed."""
+    work = Path(tempfile.mkdtemp(prefix=f"rec-{path}-{n}-{fault}-"))
+    r = Run(path, n, fault, work, stale_after, pg_timeout)
+    try:
+        return r.run(train_s=train_s, recover_s=recover_s)
+    except TimeoutError as e:
+        return dict(path=path, n=n, fault=fault, ok=False, note=f"{e}\n{r._why()}")
+    finally:
+        r.close()
+        if keep:
+            shutil.copytree(work, Path(keep) / work.name, dirs_exist_ok=True, ignore=shutil.ignore_patterns("rdzv"))
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _tree(pid: int) -> list[psutil.Process]:
+    try:
+        p = psutil.Process(pid)
+        return [p, *p.children(recursive=True)]
+    except psutil.Error:
+        return []
+
+
+def _port_open(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _wait(pred, timeout: float, what: str) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if pred():
+            return
+        time.sleep(0.05)
+    raise TimeoutError(f"no {what} within {timeout:g} s")
+
+
+def _q(s: str) -> str:
+    import shlex
+
+    return shlex.quote(s)

@@ -1,0 +1,52 @@
+"""Smoke of the recovery benchmark (``python -m benchmarks.recovery``) and of the in-process example
+(``examples/train_worlds.py``), small enough for every CI run: 2 nodes, one repetition.
+
+The full runs (N = 4, 8, 16, five paths, two faults) and their table are in
+``benchmarks/README.md``; ``tests/test_worlds.py`` drives the example through real faults.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from helpers import REPO, torch_env
+
+pytest.importorskip("torch")
+pytestmark = pytest.mark.torch
+
+
+def test_recovery_benchmark_smoke_in_process_path_after_a_sigkill(tmp_path):
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "benchmarks.recovery", "--n", "2", "--paths", "inproc", "--faults", "kill"]
+    cmd += ["--reps", "1", "--train-s", "0.5", "--out", str(out)]
+    p = subprocess.run(cmd, cwd=REPO, env=torch_env(tmp_path), capture_output=True, text=True, timeout=150)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    (row,) = json.loads((out / "results.json").read_text())["rows"]
+    assert row["ok"], row.get("note")
+    # The spare took the dead node's place; the survivor saw the failure before the new world stepped.
+    assert row["spare_in"] is True
+    assert 0 <= row["detect"] <= row["release"] <= row["first_step"]
+    assert "| kill | 2 | inproc | 1/1 |" in (out / "results.md").read_text()
+
+
+def test_example_train_worlds_trains_to_the_end_and_stops(tmp_path, d):
+    # No fault: one world, the loop ends when the block ends, both processes exit 0.
+    args = [sys.executable, str(REPO / "examples" / "train_worlds.py"), "--dir", str(d), "--job-id", "smoke"]
+    args += ["--nnodes", "2", "--steps", "5", "--addr", "127.0.0.1", "--timeout", "60"]
+    env = torch_env(tmp_path)
+    ps = [subprocess.Popen(args, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)]
+    ps.append(subprocess.Popen(args, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    outs = [p.communicate(timeout=120) for p in ps]
+    ranks = set()
+    for p, (o, e) in zip(ps, outs):
+        assert p.returncode == 0, e[-3000:]
+        lines = [json.loads(x) for x in o.splitlines()]
+        assert lines[-1]["event"] == "done" and lines[-1]["step"] == 5
+        steps = [x for x in lines if "loss" in x]
+        assert [x["step"] for x in steps] == [1, 2, 3, 4, 5]
+        assert {x["world"] for x in steps} == {0} and {x["gen"] for x in steps} == {1}
+        ranks.add(steps[0]["rank"])
+    assert ranks == {0, 1}
