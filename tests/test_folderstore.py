@@ -211,6 +211,28 @@ def test_binary_values_and_size_limit(make_store):
 
 
 @pytest.mark.torch
+def test_a_key_too_long_is_refused_at_set_and_nothing_accepted_reads_as_corrupt(make_store):
+    """Issue 30 item 4: a 5,000-character key with a value of MAX_VALUE bytes, or a 3,000,000-character key, used to
+    be accepted by ``set`` and poison the key (the next ``get`` raised CorruptStateError: a version file over 2 MiB).
+    Now ``set`` refuses it with a ValueError naming the limit, and the worst key that is accepted (MAX_KEY bytes of
+    characters JSON escapes six-fold) with the largest value reads back."""
+    from fsmingle.fs.folderstore import MAX_KEY, MAX_VALUE
+
+    store, _ = make_store()
+    for key, value in (("k" * 5000, b"v" * MAX_VALUE), ("x" * 3_000_000, b"x")):
+        with pytest.raises(ValueError, match=f"at most {MAX_KEY} bytes"):
+            store.set(key, value)
+        with pytest.raises(ValueError, match=f"at most {MAX_KEY} bytes"):
+            store.add(key, 1)
+    worst = "\x01" * MAX_KEY  # each byte is six in the version's JSON header
+    store.set(worst, b"v" * MAX_VALUE)
+    assert store.get(worst) == b"v" * MAX_VALUE
+    store.set("\U0001f600" * (MAX_KEY // 4), b"w" * MAX_VALUE)  # 4 bytes of UTF-8, 12 of JSON each
+    assert store.get("\U0001f600" * (MAX_KEY // 4)) == b"w" * MAX_VALUE
+    assert worst in store.list_keys()
+
+
+@pytest.mark.torch
 def test_a_fresh_directory_never_sees_a_previous_runs_keys(tmp_path):
     """The FileStore failure (a leftover file breaks the next run) is impossible by construction: each run (each
     generation) gets its own directory, and ``fsmingle clean`` retires the store with its generation."""

@@ -72,11 +72,33 @@ __all__ = ["FolderKV", "key_dir"]
 VERSION_RE = re.compile(r"^v-(\d{12})$")
 KEY_RE = re.compile(r"^(k-[0-9a-f]*|h-[0-9a-f]{64})$")
 MAX_HEX_KEY = 100  # bytes of key spelled in hex in the directory name (200 characters + "k-": under NAME_MAX 255)
-MAX_VALUE = (1 << 21) - 4096  # PosixStore.read refuses files over 2 MiB; the header fits in the rest
+MAX_RECORD = 1 << 21  # PosixStore.read refuses files over 2 MiB (as untrusted): no version file may be larger
+MAX_KEY = 4096  # bytes of a key's UTF-8: its JSON in a version header is at most 6 x that (\uXXXX escapes)
+MAX_VALUE = MAX_RECORD - 32 * 1024  # so that the longest key's header (< 25 KiB) always fits beside the value
 POLL_MIN = 0.002  # first pause of a waiting get/wait (seconds)
 POLL_MAX = 0.25  # longest pause: one listing per missing key per POLL_MAX is what a waiter costs
 SCHEMA = 1
 LIE_LIMIT = 120.0  # seconds a lookup may keep lying (61 s measured on GlusterFS nl-cache) before "removed"
+
+
+def check_key(key: str) -> bytes:
+    """The UTF-8 bytes of ``key``, refused if longer than :data:`MAX_KEY`.
+
+    Raises:
+        ValueError: the key is over ``MAX_KEY`` bytes: every version file carries the key in its
+            header and must stay under the record limit (``MAX_RECORD``, 2 MiB) beside a value of
+            ``MAX_VALUE`` bytes, or the next read would refuse it as damaged.
+        TypeError: the key is not a ``str``.
+    """
+    if not isinstance(key, str):
+        raise TypeError(f"FolderStore keys are str, not {type(key).__name__}")
+    raw = key.encode("utf-8", "surrogatepass")
+    if len(raw) > MAX_KEY:
+        raise ValueError(
+            f"FolderStore keys are at most {MAX_KEY} bytes (UTF-8); {key[:40]!r}... has {len(raw)}: every version "
+            f"file holds its key, and must stay under the {MAX_RECORD}-byte record limit"
+        )
+    return raw
 
 
 def key_dir(key: str) -> str:
@@ -84,8 +106,11 @@ def key_dir(key: str) -> str:
 
     Hex, not base64: case-insensitive filesystems (SMB exports, some FUSE mounts) would merge
     base64 names that differ only in case.
+
+    Raises:
+        ValueError: the key is over :data:`MAX_KEY` bytes (:func:`check_key`).
     """
-    raw = key.encode("utf-8", "surrogatepass")
+    raw = check_key(key)
     if len(raw) <= MAX_HEX_KEY:
         return "k-" + raw.hex()
     return "h-" + hashlib.sha256(raw).hexdigest()
@@ -127,7 +152,10 @@ class _Version:
     def encode(self) -> bytes:
         head = {"schema": SCHEMA, "kind": "kv", "key": self.key, "op": self.op, "token": self.token}
         head["len"] = len(self.value)
-        return json.dumps(head, separators=(",", ":")).encode() + b"\n" + self.value
+        data = json.dumps(head, separators=(",", ":")).encode() + b"\n" + self.value
+        if len(data) > MAX_RECORD:  # never reached within MAX_KEY and MAX_VALUE; never written past it
+            raise ValueError(f"FolderStore version of {self.key[:40]!r} would be {len(data)} bytes, over {MAX_RECORD}")
+        return data
 
     @classmethod
     def decode(cls, data: bytes, where: str) -> _Version:
@@ -293,7 +321,7 @@ class FolderKV:
                 return cur, False
             op, value = want
             if len(value) > MAX_VALUE:
-                raise ValueError(f"FolderStore values are at most {MAX_VALUE} bytes; {key!r} got {len(value)}")
+                raise ValueError(f"FolderStore values are at most {MAX_VALUE} bytes; {key[:40]!r} got {len(value)}")
             new = _Version(key, op, token, value)
             name = f"{d}/{version_name(n + 1)}"
             try:
