@@ -684,6 +684,58 @@ def test_every_timeout_is_kept_while_a_version_cannot_be_read(tmp_path, monkeypa
         assert "nl-cache" in str(e.value) or "unreadable" in str(e.value), str(e.value)
 
 
+def test_a_key_rewritten_all_day_costs_the_same_and_keeps_few_files(tmp_path):
+    """Issue 30 items 1 and 6: a key rewritten every few seconds for a day (a keep-alive, a progress counter: 20,000
+    writes) keeps a bounded number of files, and a get, a wait's poll, a set and an add make the same filesystem
+    calls after 20,000 writes as after a few (counted, not timed: before the fix a get after 10,000 versions listed
+    10,000 names and the key held 10,000 files).  A second process adds meanwhile, so seals race real writers."""
+    from fsmingle.fs.folderstore import SEAL_AT
+    from fsmingle.fs.folderstore_torch import open_store_dir
+
+    class Counting(type(open_store_dir(tmp_path / "s"))):
+        calls = 0
+        names = 0
+
+        def listdir(self, name=""):
+            out = super().listdir(name)
+            Counting.calls += 1
+            Counting.names += len(out)
+            return out
+
+        def read(self, name):
+            Counting.calls += 1
+            return super().read(name)
+
+    store = Counting(str(tmp_path / "s"))
+    kv = FolderKV(store, timeout=60)
+    other = subprocess.Popen(
+        [sys.executable, str(WORKER), str(tmp_path / "s"), "w1", "add=300"], stdout=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONPATH": str(HERE.parent)},
+    )  # fmt: skip
+
+    def cost(fn):
+        c0, n0 = Counting.calls, Counting.names
+        fn()
+        return Counting.calls - c0, Counting.names - n0
+
+    def costs():
+        return [cost(lambda: kv.set("alive", "x")), cost(lambda: kv.try_get("alive")),
+                cost(lambda: kv.try_get("alive", fresh=False)), cost(lambda: kv.add("ctr", 0))]  # fmt: skip
+
+    kv.set("alive", "0")
+    early = costs()
+    for i in range(20_000):
+        kv.set("alive", str(i))
+    assert other.wait(timeout=600) == 0
+    late = costs()
+    for (c1, n1), (c2, n2) in zip(early, late):
+        assert c2 <= 2 * c1 + 2 and n2 <= 2 * n1 + 2 * SEAL_AT, (early, late)
+    for k in ("alive", "ctr"):
+        files = [f for _, _, fs in os.walk(tmp_path / "s" / key_dir(k)) for f in fs]
+        assert len(files) <= 2 + 2 * SEAL_AT, f"{k}: {len(files)} files"
+    assert kv.try_get("alive") == b"x" and kv.add("ctr", 0) == 300
+
+
 def test_a_version_removed_by_hand_is_reported_not_waited_on_forever():
     """Versions are never removed; one that is listed but stays unreadable past any lookup cache's lifetime
     (LIE_LIMIT) is a damaged store: get/add raise CorruptStateError instead of hanging past their timeout."""
