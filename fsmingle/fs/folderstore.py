@@ -7,22 +7,17 @@ Every key is a **log of immutable versions** in epoch directories (layout:
   read version k: every write is linearizable at its ``link()``; a lost reply or an I/O error
   after the effect is read back by the call's token, never counted twice nor failed.
 * **Compaction without ABA**: the write that fills an epoch is a *seal* naming a new epoch (a
-  never-used random name, made before the seal); once the new epoch holds a version, the epochs
-  below are retired whole (``rename()``), so a stale writer's ``link()`` into one fails (ENOENT)
-  instead of re-using a freed name.  Epoch 0 holds two versions and is never retired.  Costs and
-  disk stay bounded by ``SEAL_AT`` versions per key, whatever the history.
-* **Every answer is linearizable**: an answer that writes nothing (a get, a check, a failed
-  compare_set, a delete that finds nothing) comes from a *fresh* read: each epoch directory is
-  probed (a hidden file created and removed in it) before its listing is trusted.
-* **Every timeout is kept**: each operation has a deadline (the store's timeout); a version that
-  stays unreadable until then raises the timeout error naming the likely cause.
+  never-used random name); the epochs below it are then retired whole (``rename()``), so a stale
+  writer's ``link()`` into one fails (ENOENT) instead of re-using a freed name.
+* **Every answer is linearizable**: one that writes nothing comes from a *fresh* read (each epoch
+  directory probed before its listing is trusted); **every timeout is kept** (a deadline per call).
 
-Importing this module does not import torch; the ``torch.distributed.Store`` face is
-:mod:`fsmingle.fs.folderstore_torch` (built on first use).
+No torch import here: the ``torch.distributed.Store`` face is :mod:`fsmingle.fs.folderstore_torch`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import random
 import secrets
@@ -73,13 +68,11 @@ class FolderKV:
     Args:
         store (Store): rooted at the store directory.
         clock: ``monotonic()`` and ``sleep()`` (the module ``time`` by default).
-        poll_min, poll_max (float): pauses of waiting reads (seconds): ``poll_min`` for the first
-            ``FAST_FOR`` seconds, then doubling up to ``poll_max``.
-        rng (random.Random): jitter (seeded in tests).
+        poll_min, poll_max (float): pauses of waiting reads (seconds): ``poll_min`` for ``FAST_FOR`` s, then
+            doubling up to ``poll_max``.  rng (random.Random): jitter (seeded in tests).
         timeout (float | None | callable): seconds any one operation may take (None or 0: no limit;
             a callable is asked at each operation); ``wait_for`` takes its own.
-        timeout_error: builds the exception raised on timeout from its message
-            (default :class:`FolderStoreTimeout`; the torch face: ``DistStoreError``).
+        timeout_error: builds the timeout's exception from its message (:class:`FolderStoreTimeout`).
     """
 
     def __init__(self, store: Store, clock=time, poll_min: float = POLL_MIN, poll_max: float = POLL_MAX, rng=None,
@@ -159,7 +152,7 @@ class FolderKV:
         return d
 
     def _saw(self, kd: str, ep: str, n: int) -> None:
-        # Never lower (torch may call one store from several threads: NCCL's monitor thread).
+        # Never lower (NCCL's monitor thread may call too).
         pos = (epoch_number(ep), ep, n)
         old = self._seen.get(kd)
         if old is None or (pos[0], pos[2]) > (old[0], old[2]):
@@ -207,14 +200,20 @@ class FolderKV:
             self._unreadable(op, missing, since, pause)
             pause = min(pause * 2, self.poll_max)
 
-    def _try_resolve(self, key: str | None, kd: str, fresh: bool, deep: bool = False) -> tuple[_State | None, str]:
+    def _try_resolve(self, key: str | None, kd: str, fresh: bool, deep: bool = False, full: bool = False):
         if deep and not self._probe(kd):  # deep: the epochs listed were gone -- a fresh listing of the key
             return None, kd
         seen = self._seen.get(kd, (-1, "", 0))
         e0_empty = False
-        eps = self._epochs(kd)
-        if seen[1] and seen[1] not in (n for _, n in eps):
-            eps = sorted([*eps, seen[:2]], reverse=True)
+        # A plain look (a poll, a write's first read) lists only the epoch this process last saw (epoch
+        # 0 at first): one listing per poll.  A write into a stale epoch fails and comes back fresh.
+        quick = not (fresh or deep or full)
+        if quick:
+            eps = [seen[:2]] if seen[1] else [(0, EPOCH0)]
+        else:
+            eps = self._epochs(kd)
+            if seen[1] and seen[1] not in (n for _, n in eps):
+                eps = sorted([*eps, seen[:2]], reverse=True)
         for num, ep in eps:
             if num < seen[0]:
                 break  # older than an epoch seen: sealed (and being retired)
@@ -250,6 +249,8 @@ class FolderKV:
                 n, v = m, w
             self._saw(kd, ep, n)
             return _State(ep, n, v), ""
+        if quick and eps[0][1] != EPOCH0:
+            return self._try_resolve(key, kd, fresh, full=True)
         if fresh and not e0_empty:
             return None, kd  # every epoch listed is gone and epoch 0 was not seen empty: list the key afresh
         return _State(EPOCH0, 0, None), ""  # never written (fresh: epoch 0, never retired, is empty)
@@ -301,8 +302,7 @@ class FolderKV:
             now = self.clock.monotonic()
             if op.deadline is not None and now >= op.deadline:
                 raise on_timeout([k for i, k in enumerate(keys) if i not in found])
-            # Jitter (+0..25 %, never below poll_min: at most one listing per poll_min per key):
-            # ranks that start waiting together must not poll in lockstep.
+            # Jitter (+0..25 %, never below poll_min): ranks that wait together must not poll in lockstep.
             self._nap(op, pause * (1 + self.rng.random() / 4), "")
             if now - t0 >= FAST_FOR:
                 pause = min(pause * 2, self.poll_max)
@@ -312,7 +312,7 @@ class FolderKV:
         return all(self.try_get(k) is not None for k in keys)
 
     def list_keys(self) -> list[str]:
-        """Keys that exist now, as this client's directory cache shows them (one listing per key)."""
+        """Keys that exist now, as this client's directory cache shows them."""
         out = []
         op = self._op("listing keys")
         for name in self.store.listdir(""):
@@ -332,11 +332,9 @@ class FolderKV:
     ) -> Version | None:
         """Apply ``change`` to the value of ``key`` atomically; returns the version written (None: nothing written).
 
-        ``change(value)`` (None: missing) returns ``(op, value)`` to write, or None to write
-        nothing.  Linearizable: the ``link()`` of version k+1 of an epoch succeeds for exactly one
-        writer, and that writer computed it from version k (or from the seal that named an empty
-        epoch).  A ``change`` that writes nothing is answered from a fresh read (``_resolve``), so
-        that a failed ``compare_set`` or a ``delete_key`` that finds nothing is linearizable too.
+        ``change(value)`` (None: missing) returns ``(op, value)`` to write, or None to write nothing
+        (then answered from a fresh read: a failed ``compare_set`` is linearizable too).  The ``link()``
+        of version k+1 of an epoch succeeds for one writer, who computed it from version k.
         """
         kd = self._keydir(key)
         op = self._op(f"{what} {key[:80]!r}")
@@ -442,10 +440,8 @@ class FolderKV:
                 self._retire(f"{kd}/{ep}")
 
     def _retire(self, d: str) -> None:
-        try:
+        with contextlib.suppress(FileNotFoundError, StorageError):  # a later seal tries again
             self.store.retire(d)  # one rename() out of every reader's view, then the delete
-        except (FileNotFoundError, StorageError):
-            pass  # a later seal tries again
 
     # ------------------------------------------------------------------ the operations
     def set(self, key: str, value) -> None:
