@@ -1,153 +1,65 @@
 """FolderStore: a ``torch.distributed.Store`` kept in a shared directory, correct without flock or a server.
 
-Layout of a store directory (``<dir>/<job>/gen-N/store`` when the rendezvous hands it out)::
+Every key is a **log of immutable versions** in epoch directories (layout:
+:mod:`fsmingle.fs.folderstore_log`; the argument, rule by rule: ``docs/folderstore.md``):
 
-    store/                          the store: mkdir, owner-only; removed with its generation
-        k-<hex of the key's UTF-8>/ one directory per key (``h-<sha256>`` for keys over 100 bytes)
-            v-000000000001          version 1 of the key: link() of a complete file (exclusive)
-            v-000000000002          version 2: made by whoever read version 1 and won the link()
-            ...
+* **Whoever creates version k+1 of an epoch made the change** (an exclusive ``link()``), having
+  read version k: every write is linearizable at its ``link()``; a lost reply or an I/O error
+  after the effect is read back by the call's token, never counted twice nor failed.
+* **Compaction without ABA**: the write that fills an epoch is a *seal* naming a new epoch (a
+  never-used random name); the epochs below it are then retired whole (``rename()``), so a stale
+  writer's ``link()`` into one fails (ENOENT) instead of re-using a freed name.
+* **Every answer is linearizable**: one that writes nothing comes from a *fresh* read (each epoch
+  directory probed before its listing is trusted); **every timeout is kept** (a deadline per call).
 
-Every key is a **log of immutable versions**.  Each version file is a header line (JSON: the
-key, the operation, a token unique to the writing call, the value's length) and the value's
-bytes.  The rules, each because of a filesystem fact (``docs/folderstore.md``, ``store.py``):
-
-* **Whoever creates version k+1 made the change.**  ``set``, ``add``, ``compare_set``,
-  ``append`` and ``delete_key`` read the newest version k, compute the new value and create
-  ``v-(k+1)`` with :meth:`~fsmingle.fs.store.PosixStore.create` (``link()`` of a complete, fsynced
-  file: exclusive on NFSv3+, Lustre, GPFS, GlusterFS, and a name never shows a partial file).
-  The loser of the ``link()`` re-reads and retries on top of the winner's version.  So every
-  read-modify-write is linearizable across nodes whose caches lie: the log is a chain in which
-  each version was computed from its predecessor, and its linearization point is its ``link()``.
-* **A lost reply is read back.**  ``link()`` may answer EEXIST after it succeeded (a
-  retransmitted NFS request); ``PosixStore.create`` trusts the link count, and the store reads
-  the version back and compares the token it wrote (an ``add`` must never count twice).
-* **Versions are never removed while the store lives** (no compaction).  Exclusive creation
-  only excludes names that exist *now*: a removed version's name could be linked again by a
-  writer whose listing is stale (it read version k, the log moved on to k+5, versions k+1.. were
-  compacted away: its ``link()`` of k+1 succeeds and its ``add`` is lost -- ABA).  Freeing names
-  safely needs a monotone floor that every writer re-reads after each create, and reading it
-  fresh is exactly what these filesystems do not promise.  Immutable, never-removed versions
-  also make every stale read harmless: a version read is the right content, or absent.  The
-  store is scoped by its directory and removed as a whole with its generation
-  (``fsmingle clean``); it is meant for start-up and control traffic (a few versions per key),
-  not per-step traffic.
-* **Readers find the newest version by listing** the key's directory (readdir is answered by the
-  server when the directory changed), never by looking up a name that may not exist yet (a
-  negative lookup cache would answer "absent" for up to a minute).  A key's directory is made
-  (``mkdir``, EEXIST is fine) by the first access of each process before it is listed, for the
-  same reason.  A process never goes back to an older version than one it has seen or written.
-* **Deleting writes a tombstone version**, so a concurrent ``add`` that read the old value
-  cannot resurrect it: it loses the ``link()`` of the same version number and retries on top of
-  the tombstone (from 0).
-* **Waiting costs one listing per key per poll**: ``get``/``wait`` back off from
-  ``poll_min`` (2 ms) to ``poll_max`` (0.25 s, jittered ±25 %): a waiting rank costs its metadata
-  server 4 READDIRs a second per missing key once backed off (about 8 in its first second),
-  nothing else.  The price is latency: a waiter sees a key up to ``poll_max`` after it is set.
-
-Consistency: ``add``, ``compare_set``, ``append``, ``delete_key`` and ``set`` are linearizable.
-``get``, ``check``, ``wait``, ``num_keys`` and ``list_keys`` return what the client's directory
-cache shows, never older than what this process saw or wrote, and never a value that was not in
-the log (a key written once -- the common case in torch -- reads exactly).
-
-Importing this module does not import torch; the ``torch.distributed.Store`` face is
-:mod:`fsmingle.fs.folderstore_torch` (built on first use).
+No torch import here: the ``torch.distributed.Store`` face is :mod:`fsmingle.fs.folderstore_torch`.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
+import contextlib
+import errno
 import random
-import re
 import secrets
 import time
 from collections.abc import Callable, Iterable
 
-from ..errors import CorruptStateError
-from .store import UNTRUSTED, Store
+from ..errors import CorruptStateError, StorageError
+from .folderstore_log import (
+    _UNREADABLE,
+    EPOCH0,
+    EPOCH_RE,
+    KEY_RE,
+    MAX_KEY,
+    MAX_VALUE,
+    VERSION_RE,
+    FolderStoreTimeout,
+    Version,
+    as_bytes,
+    create_unsynced,
+    epoch_number,
+    key_dir,
+    key_of_dir,
+    new_epoch_name,
+    probe_dir,
+    version_name,
+)
+from .folderstore_log import (
+    Op as _Op,
+)
+from .folderstore_log import (
+    State as _State,
+)
+from .store import UNTRUSTED, PosixStore, Store
 
-__all__ = ["FolderKV", "key_dir"]
+__all__ = ["MAX_KEY", "MAX_VALUE", "FolderKV", "FolderStoreTimeout", "key_dir"]
 
-VERSION_RE = re.compile(r"^v-(\d{12})$")
-KEY_RE = re.compile(r"^(k-[0-9a-f]*|h-[0-9a-f]{64})$")
-MAX_HEX_KEY = 100  # bytes of key spelled in hex in the directory name (200 characters + "k-": under NAME_MAX 255)
-MAX_VALUE = (1 << 21) - 4096  # PosixStore.read refuses files over 2 MiB; the header fits in the rest
-POLL_MIN = 0.002  # first pause of a waiting get/wait (seconds)
-POLL_MAX = 0.25  # longest pause: one listing per missing key per POLL_MAX is what a waiter costs
-SCHEMA = 1
+POLL_MIN = 0.010  # pause of a waiting get/wait: one listing per 10 ms per missing key while it is young
+FAST_FOR = 1.0  # seconds a wait polls every POLL_MIN before backing off (a barrier's wake in milliseconds)
+POLL_MAX = 0.25  # longest pause: one listing per missing key per POLL_MAX is what a long waiter costs
+SEAL_AT = 32  # versions an epoch holds (its last one a seal) before the log moves to a new epoch
+SEAL_AT0 = 2  # epoch 0 is never retired (no stale writer can re-create it): it holds two versions
 LIE_LIMIT = 120.0  # seconds a lookup may keep lying (61 s measured on GlusterFS nl-cache) before "removed"
-
-
-def key_dir(key: str) -> str:
-    """The directory name of ``key``: its UTF-8 bytes in hex (never a path), hashed when long.
-
-    Hex, not base64: case-insensitive filesystems (SMB exports, some FUSE mounts) would merge
-    base64 names that differ only in case.
-    """
-    raw = key.encode("utf-8", "surrogatepass")
-    if len(raw) <= MAX_HEX_KEY:
-        return "k-" + raw.hex()
-    return "h-" + hashlib.sha256(raw).hexdigest()
-
-
-def _key_of_dir(name: str) -> str | None:
-    """The key a ``k-`` directory names (None for ``h-``: read it from a version)."""
-    if name.startswith("k-"):
-        return bytes.fromhex(name[2:]).decode("utf-8", "surrogatepass")
-    return None
-
-
-def version_name(n: int) -> str:
-    return f"v-{n:012d}"
-
-
-def _as_bytes(v) -> bytes:
-    if isinstance(v, str):
-        return v.encode("utf-8")
-    if isinstance(v, (bytes, bytearray, memoryview)):
-        return bytes(v)
-    if isinstance(v, list):  # torch passes std::vector<uint8_t> as a list of ints in some paths
-        return bytes(v)
-    raise TypeError(f"store values are bytes or str, not {type(v).__name__}")
-
-
-class _Version:
-    """One immutable version of a key: ``op`` is ``set`` or ``del`` (a tombstone)."""
-
-    __slots__ = ("key", "op", "token", "value")
-
-    def __init__(self, key: str, op: str, token: str, value: bytes):
-        self.key, self.op, self.token, self.value = key, op, token, value
-
-    @property
-    def live(self) -> bool:
-        return self.op == "set"
-
-    def encode(self) -> bytes:
-        head = {"schema": SCHEMA, "kind": "kv", "key": self.key, "op": self.op, "token": self.token}
-        head["len"] = len(self.value)
-        return json.dumps(head, separators=(",", ":")).encode() + b"\n" + self.value
-
-    @classmethod
-    def decode(cls, data: bytes, where: str) -> _Version:
-        head, sep, value = data.partition(b"\n")
-        try:
-            h = json.loads(head) if sep else None
-            ok = (
-                isinstance(h, dict)
-                and h.get("schema") == SCHEMA
-                and h.get("kind") == "kv"
-                and h.get("op") in ("set", "del")
-                and isinstance(h.get("key"), str)
-                and isinstance(h.get("token"), str)
-                and h.get("len") == len(value)
-            )
-        except ValueError:
-            ok = False
-        if not ok:
-            raise CorruptStateError(f"{where} is not a FolderStore version (damaged or foreign); remove the store")
-        return cls(h["key"], h["op"], h["token"], value)
 
 
 class FolderKV:
@@ -156,221 +68,389 @@ class FolderKV:
     Args:
         store (Store): rooted at the store directory.
         clock: ``monotonic()`` and ``sleep()`` (the module ``time`` by default).
-        poll_min, poll_max (float): backoff of waiting reads (seconds).
-        rng (random.Random): jitter and tokens (seeded in tests).
+        poll_min, poll_max (float): pauses of waiting reads (seconds): ``poll_min`` for ``FAST_FOR`` s, then
+            doubling up to ``poll_max``.  rng (random.Random): jitter (seeded in tests).
+        timeout (float | None | callable): seconds any one operation may take (None or 0: no limit;
+            a callable is asked at each operation); ``wait_for`` takes its own.
+        timeout_error: builds the timeout's exception from its message (:class:`FolderStoreTimeout`).
     """
 
-    def __init__(self, store: Store, clock=time, poll_min: float = POLL_MIN, poll_max: float = POLL_MAX, rng=None):
+    def __init__(self, store: Store, clock=time, poll_min: float = POLL_MIN, poll_max: float = POLL_MAX, rng=None,
+                 timeout=None, timeout_error: Callable[[str], Exception] = FolderStoreTimeout):  # fmt: skip
         self.store, self.clock = store, clock
         self.poll_min, self.poll_max = poll_min, max(poll_min, poll_max)
         self.rng = rng or random.Random(secrets.randbits(64))
+        self.timeout, self.timeout_error = timeout, timeout_error
+        self.seal_at = SEAL_AT  # versions per epoch (tests lower it to compact often)
         self._made: set[str] = set()  # key directories this process made or found (mkdir)
-        self._seen: dict[str, int] = {}  # key dir -> newest version number this process saw or wrote
+        # key dir -> (epoch number, epoch, version) newest this process saw or wrote: never go back
+        self._seen: dict[str, tuple[int, str, int]] = {}
+        self._seal: dict[str, tuple[str, Version]] = {}  # key dir -> (epoch, the seal that named it), newest
+        self._posix = store.root if isinstance(store, PosixStore) else None
+        self._proven = False  # the first create goes through PosixStore.create: its link count probe
 
-    # ------------------------------------------------------------------ reading
-    def _keydir(self, key: str) -> str:
+    # ------------------------------------------------------------------ primitives
+    def _op(self, what: str, secs: float | None = -1.0) -> _Op:
+        if secs == -1.0:
+            secs = self.timeout() if callable(self.timeout) else self.timeout
+        return _Op(self.clock, secs, what)
+
+    def _nap(self, op: _Op, pause: float, why: str) -> None:
+        """Sleep ``pause`` seconds, never past the deadline; at the deadline raise the timeout, saying ``why``."""
+        now = self.clock.monotonic()
+        if op.deadline is not None:
+            if now >= op.deadline:
+                raise self.timeout_error(f"Timeout after {op.secs:g} s {op.what}: {why}")
+            pause = min(pause, op.deadline - now)
+        self.clock.sleep(pause)
+
+    def _create(self, name: str, data: bytes) -> bool:
+        if self._posix is None or not self._proven:
+            made = self.store.create(name, data)
+            self._proven = self._proven or made
+            return made
+        # No fsync: a version is needed only while the job's generation lives; a crash of the writer's
+        # node ends that generation (docs/folderstore.md, "What an fsync would buy").
+        return create_unsynced(self._posix, name, data)
+
+    def _probe(self, d: str) -> bool:
+        """Make the next listing of directory ``d`` fresh (a change of ours in it); False if ``d`` is gone."""
+        if self._posix is not None:
+            return probe_dir(self._posix, d)
+        name = f"{d}/.p-{secrets.token_hex(6)}"
+        try:
+            self.store.publish(name, b"")
+        except FileNotFoundError:
+            return False
+        self.store.remove(name)
+        return True
+
+    def _keydir(self, key: str, again: bool = False) -> str:
         d = key_dir(key)
-        if d not in self._made:
+        if again or d not in self._made:
             # mkdir before the first listing, EEXIST is fine: a directory looked up before it
             # exists can stay "absent" in a negative lookup cache for a minute, while mkdir goes
             # to the server (PosixStore.mkdir cures a lying lookup after EEXIST: stat_existing).
-            self.store.mkdir(d)
+            # Epoch 0 likewise; it is never retired, so this mkdir never re-creates a retired epoch.
+            try:
+                made = self.store.mkdir(d)
+            except FileNotFoundError:
+                if not again:
+                    raise
+                return d  # the store directory is missing, or its lookup lies: the caller retries
+            if made and again and d in self._seen:
+                # Versions we saw are gone: the store was removed under us.  Never write into a
+                # fresh directory as if nothing had happened (the log would restart at version 1).
+                raise CorruptStateError(
+                    f"{self.store.path(d)} was removed while in use (fsmingle clean of a live store?)"
+                )
+            try:
+                self.store.mkdir(f"{d}/{EPOCH0}")
+            except FileNotFoundError:
+                return d  # the key directory's lookup lies: a write into it fails, and comes back here
             self._made.add(d)
         return d
 
-    def _saw(self, d: str, n: int) -> None:
-        # Never lower (torch may call one store from several threads: NCCL's monitor thread).
-        if n > self._seen.get(d, 0):
-            self._seen[d] = n
+    def _saw(self, kd: str, ep: str, n: int) -> None:
+        # Never lower (NCCL's monitor thread may call too).
+        pos = (epoch_number(ep), ep, n)
+        old = self._seen.get(kd)
+        if old is None or (pos[0], pos[2]) > (old[0], old[2]):
+            self._seen[kd] = pos
 
     def _listed(self, d: str) -> int:
-        """Newest version number a listing of key directory ``d`` shows (0: none), never below one seen."""
-        # readdir is answered by the server when the directory changed; a name is never looked
-        # up before a listing showed it (negative caches).
+        """Newest version number a listing of directory ``d`` shows (0: none)."""
         best = 0
         for n in self.store.listdir(d):
             m = VERSION_RE.match(n)
             if m:
                 best = max(best, int(m.group(1)))
-        return max(best, self._seen.get(d, 0))
+        return best
 
-    def _read_version(self, d: str, n: int, key: str) -> _Version | None:
-        """Version ``n`` of key dir ``d``; None if this client cannot see it yet (lookup lies, ESTALE)."""
+    def _epochs(self, kd: str) -> list[tuple[int, str]]:
+        return sorted(((epoch_number(n), n) for n in self.store.listdir(kd) if EPOCH_RE.match(n)), reverse=True)
+
+    def _read(self, d: str, n: int, key: str | None) -> Version | None:
+        """Version ``n`` of directory ``d``; None if this client cannot see it (lookup lies, ESTALE, retired)."""
         name = f"{d}/{version_name(n)}"
         data = self.store.read(name)  # a fresh open(): close-to-open consistency
         if data is None:
             return None
         if data == UNTRUSTED:
             raise CorruptStateError(f"{self.store.path(name)} is not a file of yours; remove the store")
-        v = _Version.decode(data, self.store.path(name))
-        if v.key != key:
+        v = Version.decode(data, self.store.path(name))
+        if key is not None and v.key != key:
             raise CorruptStateError(f"{self.store.path(name)} holds key {v.key!r}, not {key!r} (hash collision?)")
         return v
 
-    def _newest(self, key: str, d: str) -> tuple[int, _Version | None]:
-        """(number, version) of the newest version a listing shows; (0, None) when there is none.
+    # ------------------------------------------------------------------ where a key's log stands
+    def _resolve(self, key: str | None, kd: str, op: _Op, fresh: bool = False) -> _State:
+        """The newest version of the key (``_State``).  ``fresh``: linearizable -- every epoch
+        directory trusted is probed first, so that its listing shows every version made before.
 
-        Versions are never removed, so a listed version that reads as absent is a lookup that
-        lies (a negative cache entry, ESTALE) for a moment: retried with backoff until it shows.
+        Versions are immutable; a listed one that reads as absent is a lookup that lies or an epoch
+        retired meanwhile: looked for again, fresh, after a pause (at most until the deadline).
         """
-        pause = self.poll_min
-        since = self.clock.monotonic()
+        pause, since, missing = self.poll_min, self.clock.monotonic(), ""
         while True:
-            n = self._listed(d)
-            if n == 0:
-                return 0, None
-            v = self._read_version(d, n, key)
-            if v is not None:
-                self._saw(d, n)
-                return n, v
-            self._unreadable(d, n, since)
-            self.clock.sleep(pause)
+            st, missing = self._try_resolve(key, kd, fresh, deep=pause > self.poll_min or missing == kd)
+            if st is not None:
+                return st
+            fresh = True
+            self._unreadable(op, missing, since, pause)
             pause = min(pause * 2, self.poll_max)
 
-    def _unreadable(self, d: str, n: int, since: float) -> None:
-        """Version ``n`` exists (listed, or EEXIST) but reads as absent: fine while a lookup may lie."""
+    def _try_resolve(self, key: str | None, kd: str, fresh: bool, deep: bool = False, full: bool = False):
+        if deep and not self._probe(kd):  # deep: the epochs listed were gone -- a fresh listing of the key
+            return None, kd
+        seen = self._seen.get(kd, (-1, "", 0))
+        e0_empty = False
+        # A plain look (a poll, a write's first read) lists only the epoch this process last saw (epoch
+        # 0 at first): one listing per poll.  A write into a stale epoch fails and comes back fresh.
+        quick = not (fresh or deep or full)
+        if quick:
+            eps = [seen[:2]] if seen[1] else [(0, EPOCH0)]
+        else:
+            eps = self._epochs(kd)
+            if seen[1] and seen[1] not in (n for _, n in eps):
+                eps = sorted([*eps, seen[:2]], reverse=True)
+        for num, ep in eps:
+            if num < seen[0]:
+                break  # older than an epoch seen: sealed (and being retired)
+            d = f"{kd}/{ep}"
+            if fresh and not self._probe(d):
+                if ep == seen[1]:
+                    # Retired (or its lookup lies): an epoch goes only once its successor holds a
+                    # version, so a listing of the key shows a later one; keep only the number as a floor.
+                    self._seen[kd] = (seen[0], "", 0)
+                    return None, d
+                continue
+            n = max(self._listed(d), seen[2] if ep == seen[1] else 0)
+            if n == 0 and self._seal.get(kd, (None,))[0] == ep:
+                return _State(ep, 0, self._seal[kd][1]), ""  # just sealed into: the seal's value is current
+            if n == 0:
+                e0_empty = ep == EPOCH0
+                continue  # empty: an orphan of a lost seal, or just sealed into (reached by its seal below)
+            v = self._read(d, n, key)
+            if v is None:
+                return None, f"{d}/{version_name(n)}"
+            while v.next is not None:  # a seal: the log goes on in the epoch it names
+                ep, d = v.next, f"{kd}/{v.next}"
+                if fresh and not self._probe(d):
+                    return None, d  # sealed into and already retired: the key moved on further
+                m = self._listed(d)
+                self._seal[kd] = (ep, v)  # immutable: what an empty epoch's value is, once its seal is read
+                if m == 0:
+                    self._saw(kd, ep, 0)
+                    return _State(ep, 0, v), ""
+                w = self._read(d, m, key)
+                if w is None:
+                    return None, f"{d}/{version_name(m)}"
+                n, v = m, w
+            self._saw(kd, ep, n)
+            return _State(ep, n, v), ""
+        if quick and eps[0][1] != EPOCH0:
+            return self._try_resolve(key, kd, fresh, full=True)
+        if fresh and not e0_empty:
+            return None, kd  # every epoch listed is gone and epoch 0 was not seen empty: list the key afresh
+        return _State(EPOCH0, 0, None), ""  # never written (fresh: epoch 0, never retired, is empty)
+
+    def _unreadable(self, op: _Op, what: str, since: float, pause: float) -> None:
         if self.clock.monotonic() - since > LIE_LIMIT:
             raise CorruptStateError(
-                f"{self.store.path(d)}/{version_name(n)} exists but has been unreadable for {LIE_LIMIT:g} s: "
-                "removed by hand (remove the store), or a client cache that keeps a lost race's ENOENT for "
-                "good (GlusterFS nl-cache without upcalls: `fsmingle check` names the fix)"
+                f"{self.store.path(what)} has been {_UNREADABLE} for {LIE_LIMIT:g} s; was the store removed?"
             )
+        self._nap(op, pause, f"{self.store.path(what)} is {_UNREADABLE}")
 
-    def try_get(self, key: str) -> bytes | None:
-        """The value of ``key`` now, or None if it is missing (never set, or deleted)."""
-        d = self._keydir(key)
-        _, v = self._newest(key, d)
-        return v.value if v is not None and v.live else None
+    # ------------------------------------------------------------------ reading
+    def try_get(self, key: str, fresh: bool = True, op: _Op | None = None) -> bytes | None:
+        """The value of ``key`` now, or None if it is missing (never set, or deleted).
+
+        ``fresh`` (the default): linearizable (the directories read are probed first); False: what
+        this client's directory cache shows (never older than what this process saw).
+
+        Raises:
+            the timeout error: a listed version stayed unreadable until the store's timeout.
+        """
+        kd = self._keydir(key)
+        return self._resolve(key, kd, op or self._op(f"reading {key[:80]!r}"), fresh).value
 
     def wait_for(self, keys: Iterable[str], timeout: float | None, on_timeout: Callable[[list[str]], Exception]):
-        """Block until every key exists; returns their values in order.
+        """Block until every key exists; returns their values in order (each read linearizably).
 
         Args:
             timeout (float | None): seconds; None or 0 waits forever (torch's kNoTimeout).
             on_timeout: builds the exception to raise from the keys still missing.
         """
         keys = list(keys)
+        for k in keys:
+            key_dir(k)  # a key too long is refused, not waited for
         found: dict[int, bytes] = {}
-        deadline = None if not timeout else self.clock.monotonic() + timeout
+        op = self._op(f"waiting for {keys[:8]}", timeout)
+        t0 = self.clock.monotonic()
         pause = self.poll_min
         while True:
             for i, k in enumerate(keys):
-                if i not in found:
-                    v = self.try_get(k)
+                # A cheap look (the cached listing) first; a value it shows is confirmed by a fresh,
+                # linearizable read (a get must not return a value deleted before it began).
+                if i not in found and self.try_get(k, fresh=False, op=op) is not None:
+                    v = self.try_get(k, fresh=True, op=op)
                     if v is not None:
                         found[i] = v
             if len(found) == len(keys):
                 return [found[i] for i in range(len(keys))]
             now = self.clock.monotonic()
-            if deadline is not None and now >= deadline:
+            if op.deadline is not None and now >= op.deadline:
                 raise on_timeout([k for i, k in enumerate(keys) if i not in found])
-            # Backoff with jitter (mean: the pause): ranks that start waiting together must not
-            # poll in lockstep.
-            nap = pause * (0.75 + self.rng.random() / 2)
-            if deadline is not None:
-                nap = min(nap, max(0.0, deadline - now))
-            self.clock.sleep(nap)
-            pause = min(pause * 2, self.poll_max)
+            # Jitter (+0..25 %, never below poll_min): ranks that wait together must not poll in lockstep.
+            self._nap(op, pause * (1 + self.rng.random() / 4), "")
+            if now - t0 >= FAST_FOR:
+                pause = min(pause * 2, self.poll_max)
+
+    def check(self, keys: Iterable[str]) -> bool:
+        """True if every key exists (each read linearizably)."""
+        return all(self.try_get(k) is not None for k in keys)
+
+    def list_keys(self) -> list[str]:
+        """Keys that exist now, as this client's directory cache shows them."""
+        out = []
+        op = self._op("listing keys")
+        for name in self.store.listdir(""):
+            if not KEY_RE.match(name):
+                continue
+            st = self._resolve(None, name, op)
+            if st.value is None:
+                continue
+            self._made.add(name)
+            key = key_of_dir(name)
+            out.append(st.ver.key if key is None else key)
+        return sorted(out)
 
     # ------------------------------------------------------------------ read-modify-write
-    def _update(self, key: str, change: Callable[[_Version | None], tuple[str, bytes] | None], blind: bool = False):
-        """Apply ``change`` to the newest version of ``key`` atomically; returns (version written or read, wrote).
+    def _update(
+        self, key: str, change: Callable[[bytes | None], tuple[str, bytes] | None], what: str
+    ) -> Version | None:
+        """Apply ``change`` to the value of ``key`` atomically; returns the version written (None: nothing written).
 
-        ``change(current)`` returns ``(op, value)`` to write, or None to write nothing (the
-        result is then ``current``).  Linearizable: the ``link()`` of version k+1 succeeds for
-        exactly one writer, and that writer computed it from version k.  ``blind``: ``change``
-        ignores the current value (``set``): only its number is needed, from a listing.
+        ``change(value)`` (None: missing) returns ``(op, value)`` to write, or None to write nothing
+        (then answered from a fresh read: a failed ``compare_set`` is linearizable too).  The ``link()``
+        of version k+1 of an epoch succeeds for one writer, who computed it from version k.
         """
-        d = self._keydir(key)
+        kd = self._keydir(key)
+        op = self._op(f"{what} {key[:80]!r}")
         token = secrets.token_hex(8)
-        n, cur = (self._listed(d), None) if blind else self._newest(key, d)
-        pause = self.poll_min
+        st, fresh = self._resolve(key, kd, op), False
         lost = 0.001  # backoff after a lost race (see below)
-        since = self.clock.monotonic()
+        gone = 0.0
         while True:
-            want = change(cur if cur is not None and cur.live else None)
+            want = change(st.value)
             if want is None:
-                return cur, False
-            op, value = want
+                if fresh:
+                    return None
+                st, fresh = self._resolve(key, kd, op, fresh=True), True
+                continue
+            kind, value = want
             if len(value) > MAX_VALUE:
-                raise ValueError(f"FolderStore values are at most {MAX_VALUE} bytes; {key!r} got {len(value)}")
-            new = _Version(key, op, token, value)
-            name = f"{d}/{version_name(n + 1)}"
+                raise ValueError(f"FolderStore values are at most {MAX_VALUE} bytes; {key[:40]!r} got {len(value)}")
+            seal = None
+            if st.n + 1 >= (SEAL_AT0 if st.ep == EPOCH0 else self.seal_at):
+                seal = self._new_epoch(kd, st.ep)
+            new = Version(key, kind, token, value, seal)
+            got = self._link(f"{kd}/{st.ep}", st.n + 1, new, key, op)
+            if got is new:
+                self._saw(kd, st.ep, st.n + 1)
+                if seal is not None:
+                    self._seal[kd] = (seal, new)
+                    self._sealed(kd, st.ep, seal, new)
+                return new
+            if seal is not None:
+                self._retire(f"{kd}/{seal}")  # nobody knows its name: the seal that would have named it lost
+            if got is None:  # the epoch is gone (retired: the log moved on), or its lookup lies
+                gone = gone or self.clock.monotonic()
+                if self.clock.monotonic() - gone > LIE_LIMIT:
+                    raise CorruptStateError(f"{self.store.path(kd)}/{st.ep} has been missing for {LIE_LIMIT:g} s")
+                self._nap(op, self.poll_min, f"{self.store.path(kd)}/{st.ep} is missing (or its lookup lies)")
+                self._keydir(key, again=True)
+                st, fresh = self._resolve(key, kd, op, fresh=True), True
+                continue
+            # Lost the race.  Under contention (N ranks adding to one counter) every retry at once
+            # would mostly lose again: back off a random moment, growing with the losses in a row
+            # (at most poll_max), as CAS loops do.
+            self._saw(kd, st.ep, st.n + 1)
+            self.clock.sleep(self.rng.random() * lost)
+            lost = min(lost * 2, self.poll_max)
+            # Retry on top of the newest version we can see: the winner's, or a newer one a listing
+            # shows (never below the winner's: _seen).  The next link() is the judge.
+            st, fresh = self._resolve(key, kd, op), False
+
+    def _link(self, d: str, n: int, new: Version, key: str, op: _Op) -> Version | None:
+        """Create version ``n`` of epoch ``d`` as ``new``: returns ``new`` if ours, the winner's version if
+        another's, None if the epoch directory is gone.  Whose is told by the token: a lost reply
+        (EEXIST after success) and an I/O error after the effect are read back, never failed."""
+        name, data = f"{d}/{version_name(n)}", new.encode()
+        pause, since = self.poll_min, self.clock.monotonic()
+        while True:
             try:
-                made = self.store.create(name, new.encode())
+                made = self._create(name, data)
             except FileNotFoundError:
-                # link() into the key's directory said ENOENT although mkdir made or found it: a
-                # lying lookup of the directory (negative cache, spurious ENOENT), or the store
-                # was removed (``fsmingle clean`` of its generation).  mkdir asks the server.
-                self._directory_lies(d, since)
-                self.clock.sleep(pause)
+                return None
+            except StorageError as e:
+                if e.errno not in (errno.EIO, errno.ETIMEDOUT, errno.EAGAIN):
+                    raise
+                # The effect is unknown (a soft mount's timeout, a reply lost for good): create it
+                # again with the same token -- EEXIST then reads back whose it is.
+                self._nap(op, pause, f"creating {self.store.path(name)} keeps failing: {e}")
                 pause = min(pause * 2, self.poll_max)
                 continue
             if made:
-                self._saw(d, n + 1)
-                return new, True
-            # EEXIST: somebody made version n+1 -- or we did and the reply was lost (a
-            # retransmitted LINK answers EEXIST): read it back, and our token says which.
-            won = self._read_version(d, n + 1, key)
-            if won is not None and won.token == token:
-                self._saw(d, n + 1)
-                return new, True
-            lied = self.clock.monotonic()
-            while won is None:
-                self._unreadable(d, n + 1, lied)
-                # The server said version n+1 exists but this client cannot see it yet (a lying
-                # lookup): versions are never removed, so list (a listing links the name into the
-                # client's caches) and read it again after a pause; our token still tells whose.
-                self.clock.sleep(pause)
-                pause = min(pause * 2, self.poll_max)
-                self._listed(d)
-                won = self._read_version(d, n + 1, key)
-            if won.token == token:
-                self._saw(d, n + 1)
-                return new, True
-            # Lost the race.  Under contention (N ranks adding to one counter) every retry at once
-            # would mostly lose again, each loss a file write and a link(): back off a random
-            # moment, growing with the losses in a row (at most poll_max), as CAS loops do.
-            # Measured, 64 ranks adding to one key at once on a local disk: metadata operations
-            # per add 102 without backoff, 66 with a 50 ms cap, 39 with 0.25 s, and faster too.
-            self.clock.sleep(self.rng.random() * lost)
-            lost = min(lost * 2, self.poll_max)
-            # Retry on top of the newest version we can see -- the winner's, or a
-            # newer one a fresh listing shows (under contention the log may have moved several
-            # versions on; walking them one link() at a time would cost a file write each).  A
-            # listing may be stale, never a reason to retry below n+1: the next link() is the judge.
-            self._saw(d, n + 1)
-            n, cur = n + 1, won
-            m = self._listed(d)
-            if m > n:
-                newer = self._read_version(d, m, key)
-                if newer is not None:
-                    n, cur = m, newer
-                    self._saw(d, m)
+                return new
+            won = self._read(d, n, key)
+            if won is not None:
+                return new if won.token == new.token else won
+            # The server said it exists but this client cannot read it: a lying lookup (list, read
+            # again after a pause) -- or the epoch was retired since (then the probe says so).
+            self._unreadable(op, name, since, pause)
+            pause = min(pause * 2, self.poll_max)
+            if not self._probe(d):
+                return None
 
-    def _directory_lies(self, d: str, since: float) -> None:
-        """A create in key directory ``d`` failed with ENOENT: raise unless the directory is still there."""
+    def _new_epoch(self, kd: str, cur: str) -> str:
+        """mkdir the epoch the seal about to be linked will name: numbered above every epoch listed,
+        under a name never used (a stale writer's mkdir can never re-create a retired one)."""
+        top = max([epoch_number(cur), *(num for num, _ in self._epochs(kd))])
+        name = new_epoch_name(top + 1)
+        self.store.mkdir(f"{kd}/{name}")
+        return name
+
+    def _sealed(self, kd: str, old: str, new_ep: str, seal: Version) -> None:
+        """After our seal of ``old`` won: copy its value into the new epoch, then retire the epochs below it."""
+        if old == EPOCH0:
+            return  # epoch 0 stays (a seal's value stays readable there): nothing to retire
+        copy = Version(seal.key, seal.op, secrets.token_hex(8), seal.value)
         try:
-            made = self.store.mkdir(d)  # goes to the server; EEXIST -> stat_existing cures a lying lookup
-        except FileNotFoundError:
-            made = None  # the store directory itself is gone, or its lookup lies too
-        if made and self._seen.get(d, 0) > 0:
-            # Versions we saw are gone: the store was removed under us.  Never write into a fresh
-            # directory as if nothing had happened (the chain would restart at version 1).
-            raise CorruptStateError(f"{self.store.path(d)} was removed while in use (fsmingle clean of a live store?)")
-        if made is None and self.clock.monotonic() - since > LIE_LIMIT:
-            raise CorruptStateError(
-                f"{self.store.path(d)}: the store directory has been missing for {LIE_LIMIT:g} s; was it removed?"
-            )
+            self._create(f"{kd}/{new_ep}/{version_name(1)}", copy.encode())  # EEXIST: a writer's successor
+        except (FileNotFoundError, StorageError):
+            return  # not proven there: a later seal retires these epochs
+        # Every epoch below the new one is sealed (or an orphan nobody names) and the new one holds
+        # the value: retiring them loses nothing, and a stale writer's link() into one now fails
+        # (ENOENT) instead of succeeding: the directory, not its files, goes, and no name comes back.
+        mine = epoch_number(new_ep)
+        for num, ep in self._epochs(kd):
+            if num < mine and ep != EPOCH0:
+                self._retire(f"{kd}/{ep}")
 
+    def _retire(self, d: str) -> None:
+        with contextlib.suppress(FileNotFoundError, StorageError):  # a later seal tries again
+            self.store.retire(d)  # one rename() out of every reader's view, then the delete
+
+    # ------------------------------------------------------------------ the operations
     def set(self, key: str, value) -> None:
-        value = _as_bytes(value)
-        self._update(key, lambda cur: ("set", value), blind=True)
+        value = as_bytes(value)
+        self._update(key, lambda cur: ("set", value), "setting")
 
     def add(self, key: str, amount: int) -> int:
         """Add ``amount`` to the integer in ``key`` (missing: 0); returns the new value.  Always writes a
-        version, even for ``amount == 0`` (torch's barrier reads counters with ``add(k, 0)``, and a read
-        from a listing could be stale)."""
+        version, even for ``amount == 0`` (torch's barrier reads counters with ``add(k, 0)``)."""
         amount = int(amount)
         out = []
 
@@ -378,35 +458,35 @@ class FolderKV:
             base = 0
             if cur is not None:
                 try:
-                    base = int(cur.value)
+                    base = int(cur)
                 except ValueError:
-                    raise ValueError(f"add: the value of {key!r} is not an integer: {cur.value[:40]!r}") from None
+                    raise ValueError(f"add: the value of {key!r} is not an integer: {cur[:40]!r}") from None
             out[:] = [base + amount]
             return "set", str(base + amount).encode()
 
-        self._update(key, change)
+        self._update(key, change, "adding to")
         return out[0]
 
     def compare_set(self, key: str, expected, desired) -> bytes:
         """torch's semantics: missing key -> set ``desired`` if ``expected`` is empty and return it, else
         return ``expected``; present -> set ``desired`` if the value equals ``expected`` and return it,
         else return the current value."""
-        expected, desired = _as_bytes(expected), _as_bytes(desired)
+        expected, desired = as_bytes(expected), as_bytes(desired)
         out = []
 
         def change(cur):
             if cur is None:
                 out[:] = [desired if expected == b"" else expected]
                 return ("set", desired) if expected == b"" else None
-            out[:] = [desired if cur.value == expected else cur.value]
-            return ("set", desired) if cur.value == expected else None
+            out[:] = [desired if cur == expected else cur]
+            return ("set", desired) if cur == expected else None
 
-        self._update(key, change)
+        self._update(key, change, "compare_set of")
         return out[0]
 
     def append(self, key: str, value) -> None:
-        value = _as_bytes(value)
-        self._update(key, lambda cur: ("set", (cur.value if cur is not None else b"") + value))
+        value = as_bytes(value)
+        self._update(key, lambda cur: ("set", (cur or b"") + value), "appending to")
 
     def delete(self, key: str) -> bool:
         """Write a tombstone if ``key`` exists; True if it existed."""
@@ -416,34 +496,5 @@ class FolderKV:
             out[0] = cur is not None
             return ("del", b"") if cur is not None else None
 
-        self._update(key, change)
+        self._update(key, change, "deleting")
         return out[0]
-
-    def check(self, keys: Iterable[str]) -> bool:
-        return all(self.try_get(k) is not None for k in keys)
-
-    def list_keys(self) -> list[str]:
-        """Keys that exist now (one listing of the store, one listing and one read per key directory)."""
-        out = []
-        for name in self.store.listdir(""):
-            if not KEY_RE.match(name):
-                continue
-            key = _key_of_dir(name)
-            n = self._listed(name)
-            if n == 0:
-                continue
-            if key is None:  # a hashed name: the key is in every version
-                v = self._read_version_any(name, n)
-                if v is None:
-                    continue
-                key = v.key
-            self._made.add(name)
-            if self.try_get(key) is not None:
-                out.append(key)
-        return sorted(out)
-
-    def _read_version_any(self, d: str, n: int) -> _Version | None:
-        data = self.store.read(f"{d}/{version_name(n)}")
-        if not data:
-            return None
-        return _Version.decode(data, self.store.path(f"{d}/{version_name(n)}"))

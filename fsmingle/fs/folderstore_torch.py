@@ -72,11 +72,18 @@ def folder_store_class():
             # call from C++ fails "Not implemented" (init.cpp).  So a FolderStore lives as long as
             # the process: a few small objects per process (one per generation or round).
             _LIVE.append(self)
-            self._kv = FolderKV(open_store_dir(self.path), poll_max=poll_max)
             self.set_timeout(timeout)
+            # Every operation keeps the store's timeout (set_timeout included): set/add/compare_set
+            # too, and a version that stays unreadable says why in the DistStoreError.
+            self._kv = FolderKV(
+                open_store_dir(self.path), poll_max=poll_max, timeout=self._seconds, timeout_error=self._store_error
+            )
 
         def __repr__(self):
             return f"FolderStore({self.path!r})"
+
+        def _store_error(self, msg: str):
+            return dist.DistStoreError(f"FolderStore {self.path}: {msg}")
 
         def _timeout_error(self, what: str, secs: float):
             def make(missing):
