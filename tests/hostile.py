@@ -10,12 +10,13 @@ Rank 0's port is found the way a member finds it: its endpoint record in
 * ``flood``: 200 connections at once -- 50 asks for the right job and generation, 50
   well-formed hellos with invented identities for the last rank, 50 silent, 50 random bytes --
   and every second each one that was closed is opened again.
-* ``forger WHAT``: rank 0's impostor (issue 29).  Started once rank 0 is dead, it binds rank 0's
+* ``forger WHAT [V]``: rank 0's impostor (issue 29).  Started once rank 0 is dead, it binds rank 0's
   port from the endpoint record (it takes the port, the instance id and the generation -- all of
   which travel in clear -- never the secret) and plays rank 0 to whoever connects: a challenge,
   an offer to an asker, then to a hello a ``welcome`` naming rank 0's instance and, by ``WHAT``:
   ``go`` (a ``prepare`` then a ``go`` whose master is 10.66.6.6:29999), ``prepare`` (a
-  ``prepare``, then silence), ``void``.  Prints ``hello``/``ack``/``sent`` lines.
+  ``prepare``, then silence), ``void``; its challenge announces wire version ``V``.  Prints
+  ``hello``/``ack``/``sent`` lines.
 
 Prints one line per event worth knowing to stdout (``dropped``, ``offer``...) for the test.
 Works against fsmingle's older wire versions too (no challenge: it does not wait for one).
@@ -23,6 +24,7 @@ Works against fsmingle's older wire versions too (no challenge: it does not wait
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
 import json
@@ -32,6 +34,7 @@ import socket
 import sys
 import threading
 import time
+import zlib
 from pathlib import Path
 
 
@@ -201,11 +204,6 @@ FORGED_MASTER = ("10.66.6.6", 29999)
 
 
 def forger(d: str, job: str, what: str) -> None:
-    global V
-    try:  # the version a current rank 0 announces (PYTHONPATH: the tree under test)
-        from fsmingle.net.wire import WIRE_VERSION as V
-    except ImportError:
-        V = 4
     b = endpoint(d, job)
     gen, inst = b["generation"], b["instance"]
     lsock = socket.socket()
@@ -223,7 +221,7 @@ def _impostor(s: socket.socket, b: dict, gen: int, inst: str, what: str, offered
     """Play rank 0 on one connection; nothing is signed (the impostor has no secret)."""
     buf = bytearray()
     s.setblocking(False)
-    r = 1
+    r, wants_members = 1, False
 
     def send(m: dict) -> None:
         s.sendall(line(m))
@@ -242,7 +240,7 @@ def _impostor(s: socket.socket, b: dict, gen: int, inst: str, what: str, offered
                     print("ask", flush=True)
                     send({"t": "offer", "gen": gen, "ranks": [next(offered, 1)]})
                 elif t == "hello":
-                    r = m.get("rank")
+                    r, wants_members = m.get("rank"), m.get("members") is True
                     print("hello", r, flush=True)
                     send({"t": "welcome", "inst": inst, "gen": gen, "present": b["size"], "missing": [], "nmissing": 0})
                     if what in ("go", "prepare"):
@@ -253,6 +251,10 @@ def _impostor(s: socket.socket, b: dict, gen: int, inst: str, what: str, offered
                     print("ack", flush=True)
                     if what == "go":
                         addr, port = FORGED_MASTER
+                        if wants_members:  # the member list (hostfiles, `fsmingle env`), as rank 0 encodes it
+                            hosts = [[f"forged{i}", addr, 0.0] for i in range(b["size"])]
+                            data = base64.b64encode(zlib.compress(json.dumps(hosts).encode())).decode()
+                            send({"t": "members", "gen": gen, "k": 0, "n": 1, "data": data})
                         pl = dict(generation=gen, master_addr=addr, master_port=port, mode=b["mode"], size=b["size"])
                         pl.update(rank=r, node_rank=r, nnodes=b["size"], local_rank=0, local_world_size=1)
                         send({"t": "go", "placement": pl})
@@ -266,6 +268,7 @@ if __name__ == "__main__":
     if mode == "reasker":
         reasker(d, job, "--secret" in sys.argv)
     elif mode == "forger":
+        V = int(sys.argv[5]) if len(sys.argv) > 5 else 4  # the version a current rank 0 announces
         forger(d, job, sys.argv[4])
     else:
         flood(d, job)

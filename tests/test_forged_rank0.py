@@ -30,19 +30,21 @@ N = 3
 @pytest.mark.parametrize("what", ["go", "prepare", "void"])
 def test_an_impostor_on_rank0s_port_releases_nobody(procs, d, what):
     job = f"forge-{what}"
-    first = procs.env(d, job, "--nnodes", N, timeout=60, stale_after=4, name="rank0")
-    wait_claimed(d, job, 1, [0], timeout=20, procs=[first])
+    first = procs.env(d, job, "--nnodes", N, timeout=120, stale_after=4, name="rank0")
+    wait_claimed(d, job, 1, [0], timeout=60, procs=[first])
     first.kill()  # SIGKILL: its port is free, its claim and endpoint record stay
-    forger = procs.spawn([sys.executable, str(REPO / "tests" / "hostile.py"), "forger", str(d), job, what])
-    wait_for(lambda: "listening" in forger.stdout() or forger.poll() is not None, 10, "the impostor")
+    hostile = [sys.executable, str(REPO / "tests" / "hostile.py"), "forger", str(d), job, what, str(WIRE_VERSION)]
+    forger = procs.spawn(hostile, name="forger")
+    wait_for(lambda: "listening" in forger.stdout() or forger.poll() is not None, 60, "the impostor")
     assert forger.poll() is None, forger.stderr()
-    nodes = [procs.env(d, job, "--nnodes", N, timeout=60, stale_after=4, name=f"node{i}") for i in range(N)]
-    # Whatever the impostor says, the world forms in generation 2 with a real rank 0.
-    res = results(nodes, timeout=60)
+    nodes = [procs.env(d, job, "--nnodes", N, timeout=120, stale_after=4, name=f"node{i}") for i in range(N)]
+    # Whatever the impostor says, the world forms in a later generation with a real rank 0.
+    res = results(nodes, timeout=150)
     said = forger.stdout()
     print(said)
     assert "hello" in said, "no member reached the impostor: the test proves nothing"
-    assert_one_world(res, N, generation=2)
+    world = assert_one_world(res, N)
+    assert world["generation"] >= 2, res
     assert {r["master_addr"] for r in res} == {"127.0.0.1"}, res
     rec = release_of(d, job, 1)
     assert rec is not None and rec["state"] == "restart", rec  # voided, as from a lost connection
