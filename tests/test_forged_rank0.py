@@ -20,7 +20,7 @@ import sys
 import time
 
 import pytest
-from helpers import REPO, assert_one_world, release_of, results, wait_claimed, wait_for
+from helpers import REPO, assert_one_world, gen_dir, read_json, release_of, results, wait_claimed, wait_for
 
 from fsmingle.net.wire import WIRE_VERSION, Unsealer, decode_msg, encode_msg, new_nonce, new_secret, seal
 
@@ -32,6 +32,8 @@ def test_an_impostor_on_rank0s_port_releases_nobody(procs, d, what):
     job = f"forge-{what}"
     first = procs.env(d, job, "--nnodes", N, timeout=120, stale_after=4, name="rank0")
     wait_claimed(d, job, 1, [0], timeout=60, procs=[first])
+    master = gen_dir(d, job, 1) / "master"  # its endpoint record, which members (and the impostor) read
+    wait_for(lambda: any(read_json(f) for f in master.glob("beacon-*.json")), 60, "rank 0's endpoint record")
     first.kill()  # SIGKILL: its port is free, its claim and endpoint record stay
     hostile = [sys.executable, str(REPO / "tests" / "hostile.py"), "forger", str(d), job, what, str(WIRE_VERSION)]
     forger = procs.spawn(hostile, name="forger")
