@@ -90,26 +90,30 @@ def _keyed(secret: str):
     return hmac.new(secret.encode(), digestmod=hashlib.sha256)
 
 
-def _seal_mac(secret: str, nonce: str, mnonce: str, n: int, body: dict) -> str:
-    head = json.dumps([WIRE_VERSION, "rank0", nonce, mnonce, n], separators=(",", ":"))
+def canonical(msg: dict) -> bytes:
+    """The bytes a seal covers: ``msg`` (without ``seq`` and ``mac``) as JSON with sorted keys."""
+    return json.dumps(msg, separators=(",", ":"), sort_keys=True).encode()
+
+
+def _seal_mac(secret: str, nonce: str, mnonce: str, n: int, body: bytes) -> str:
     h = _keyed(secret).copy()
-    h.update((head + "\n" + json.dumps(body, separators=(",", ":"), sort_keys=True)).encode())
+    h.update(json.dumps([WIRE_VERSION, "rank0", nonce, mnonce, n], separators=(",", ":")).encode() + b"\n" + body)
     return h.hexdigest()
 
 
-def seal(secret: str, nonce: str, mnonce: str, n: int, msg: dict) -> dict:
+def seal(secret: str, nonce: str, mnonce: str, n: int, msg: dict, body: bytes | None = None) -> dict:
     """``msg`` as rank 0 sends it on an authenticated connection: a copy with ``seq`` (``n``, this
     connection's counter) and ``mac``, HMAC-SHA256 keyed by ``secret`` over the challenge
     ``nonce``, the member's ``mnonce``, ``n`` and the message.  ``msg`` itself is not changed (a
-    broadcast shares one dict among connections).
+    broadcast shares one dict among connections).  ``body``: :func:`canonical` of ``msg`` if the
+    caller has it already (a broadcast encodes it once for every connection).
 
     Raises:
         ValueError: ``msg`` has a ``seq`` or ``mac`` field of its own (a programming error)."""
     if "seq" in msg or "mac" in msg:
         raise ValueError(f"a {msg.get('t')!r} message may not use the fields seal adds (seq, mac)")
-    out = dict(msg, seq=n)
-    out["mac"] = _seal_mac(secret, nonce, mnonce, n, out)
-    return out
+    mac = _seal_mac(secret, nonce, mnonce, n, canonical(msg) if body is None else body)
+    return dict(msg, seq=n, mac=mac)
 
 
 class Unsealer:
@@ -133,9 +137,14 @@ class Unsealer:
             return f"a {str(m.get('t'))[:16]!r} without a mac"
         if type(n) is not int or n <= self.last:
             return f"a {str(m.get('t'))[:16]!r} out of order or replayed (seq {str(n)[:24]}, after {self.last})"
-        body = {k: v for k, v in m.items() if k != "mac"}
         try:
-            want = _seal_mac(self.secret, self.nonce, self.mnonce, n, body)
+            want = _seal_mac(
+                self.secret,
+                self.nonce,
+                self.mnonce,
+                n,
+                canonical({k: v for k, v in m.items() if k not in ("seq", "mac")}),
+            )
         except (TypeError, ValueError, RecursionError):  # NaN is fine; only an unencodable value
             return f"a {str(m.get('t'))[:16]!r} that cannot be checked"
         if not hmac.compare_digest(want, mac):

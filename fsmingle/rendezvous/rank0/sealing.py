@@ -14,7 +14,7 @@ answer to a peer of an older wire version, leave as they are.
 
 from __future__ import annotations
 
-from ...net.wire import seal
+from ...net.wire import canonical, seal
 
 
 class Session:
@@ -25,11 +25,11 @@ class Session:
     def __init__(self, secret: str, nonce: str, mnonce: str):
         self.secret, self.nonce, self.mnonce, self.n = secret, nonce, mnonce, 0
 
-    def seal(self, msg: dict) -> dict:
+    def seal(self, msg: dict, body: bytes) -> dict:
         # The counter moves before the send: a send interrupted before it left leaves a gap,
         # which the member accepts (a message it never got), never a reused counter.
         n, self.n = self.n, self.n + 1
-        return seal(self.secret, self.nonce, self.mnonce, n, msg)
+        return seal(self.secret, self.nonce, self.mnonce, n, msg, body)
 
 
 class SealedHub:
@@ -43,10 +43,21 @@ class SealedHub:
 
     def __init__(self, hub, sessions: dict[int, Session]):
         self._hub, self._sessions = hub, sessions
+        self._last: tuple[dict | None, bytes] = (None, b"")  # the last message and its canonical JSON
 
     def send(self, conn: int, msg: dict) -> None:
         s = self._sessions.get(conn)
-        self._hub.send(conn, msg if s is None else s.seal(msg))
+        if s is None:
+            self._hub.send(conn, msg)
+            return
+        # A broadcast (status, prepare, void) passes one dict for every connection: its JSON is
+        # made once, not N times.  Held by reference, so the identity cannot be reused; a dict
+        # changed between sends would only fail the member's check (a lost connection).
+        last, body = self._last
+        if last is not msg:
+            body = canonical(msg)
+            self._last = (msg, body)
+        self._hub.send(conn, s.seal(msg, body))
 
     def __getattr__(self, name: str):
         return getattr(self._hub, name)
