@@ -13,6 +13,13 @@ Rank 0's port is found the way a member finds it: its endpoint record in
 * ``flood``: 200 connections at once -- 50 asks for the right job and generation, 50
   well-formed hellos with invented identities for the last rank, 50 silent, 50 random bytes --
   and every second each one that was closed is opened again.
+* ``forger WHAT [V]``: rank 0's impostor (issue 29).  Started once rank 0 is dead, it binds rank 0's
+  port from the endpoint record (it takes the port, the instance id and the generation -- all of
+  which travel in clear -- never the secret) and plays rank 0 to whoever connects: a challenge,
+  an offer to an asker, then to a hello a ``welcome`` naming rank 0's instance and, by ``WHAT``:
+  ``go`` (a ``prepare`` then a ``go`` whose master is 10.66.6.6:29999), ``prepare`` (a
+  ``prepare``, then silence), ``void``; its challenge announces wire version ``V``.  Prints
+  ``hello``/``ack``/``sent`` lines.
 
 Prints one line per event worth knowing to stdout (``dropped``, ``offer``...) for the test.
 Works against fsmingle's older wire versions too (no challenge: it does not wait for one).
@@ -20,6 +27,7 @@ Works against fsmingle's older wire versions too (no challenge: it does not wait
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
 import json
@@ -29,7 +37,9 @@ import secrets
 import selectors
 import socket
 import sys
+import threading
 import time
+import zlib
 from pathlib import Path
 
 
@@ -50,13 +60,15 @@ V = 3  # the wire version rank 0 speaks (detect_version): the intruder speaks it
 
 
 def detect_version(b: dict) -> None:
-    """Wire 3 (and later) challenge every connection at once; an older rank 0 says nothing."""
+    """Wire 3 (and later) challenge every connection at once, 4 and later saying their version;
+    an older rank 0 says nothing."""
     global V
     with socket.create_connection((b["addr"], b["master_port"]), timeout=5) as s:
         s.settimeout(0.5)
         try:
-            V = 3 if b'"challenge"' in s.recv(4096) else 2
-        except OSError:
+            got = s.recv(4096)
+            V = (json.loads(got.split(b"\n")[0]).get("v") or 3) if b'"challenge"' in got else 2
+        except (OSError, ValueError):
             V = 2
     print("wire version", V, flush=True)
 
@@ -86,7 +98,8 @@ def line(m: dict) -> bytes:
 
 def mac(secret: str, nonce: str, m: dict) -> str:
     rank = m.get("rank") if m["t"] == "hello" else None
-    body = json.dumps([V, nonce, m["t"], m["job"], m["gen"], m["inst"], rank], separators=(",", ":"), sort_keys=True)
+    fields = [V, nonce, m["t"], m["job"], m["gen"], m["inst"], rank] + ([m.get("mnonce", "")] if V >= 4 else [])
+    body = json.dumps(fields, separators=(",", ":"), sort_keys=True)
     return hmac.new(secret.encode(), body.encode(), hashlib.sha256).hexdigest()
 
 
@@ -131,6 +144,8 @@ def reasker(d: str, job: str, with_secret: bool) -> None:
         print("connected", flush=True)
         while True:
             m = {**who(b, "ask"), "inst": inst, "taken": []}
+            if V >= 4:
+                m["mnonce"] = secrets.token_hex(16)
             if nonce is not None:
                 m["mac"] = mac(b["secret"], nonce, m)
             try:
@@ -229,11 +244,77 @@ def sources(d: str, job: str, nsrc: int, per: int) -> None:
             print("opened", counts["opened"], "holding", len(sel.get_map()), "errors", counts["refused"], flush=True)
 
 
+FORGED_MASTER = ("10.66.6.6", 29999)
+
+
+def forger(d: str, job: str, what: str) -> None:
+    b = endpoint(d, job)
+    gen, inst = b["generation"], b["instance"]
+    lsock = socket.socket()
+    lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    lsock.bind(("", b["master_port"]))  # rank 0 is dead: its port is anybody's
+    lsock.listen(16)
+    print("listening", b["master_port"], flush=True)
+    offered = iter(range(1, b["size"]))
+    while True:
+        s, _ = lsock.accept()
+        threading.Thread(target=_impostor, args=(s, b, gen, inst, what, offered), daemon=True).start()
+
+
+def _impostor(s: socket.socket, b: dict, gen: int, inst: str, what: str, offered) -> None:
+    """Play rank 0 on one connection; nothing is signed (the impostor has no secret)."""
+    buf = bytearray()
+    s.setblocking(False)
+    r, wants_members = 1, False
+
+    def send(m: dict) -> None:
+        s.sendall(line(m))
+        print("sent", m["t"], flush=True)
+
+    try:
+        s.sendall(line({"t": "challenge", "nonce": secrets.token_hex(16), "v": V}))
+        while True:
+            got = read_lines(s, buf)
+            if got is None:
+                print("closed", flush=True)
+                return
+            for m in got:
+                t = m.get("t")
+                if t == "ask":
+                    print("ask", flush=True)
+                    send({"t": "offer", "gen": gen, "ranks": [next(offered, 1)]})
+                elif t == "hello":
+                    r, wants_members = m.get("rank"), m.get("members") is True
+                    print("hello", r, flush=True)
+                    send({"t": "welcome", "inst": inst, "gen": gen, "present": b["size"], "missing": [], "nmissing": 0})
+                    if what in ("go", "prepare"):
+                        send({"t": "prepare", "gen": gen})
+                    elif what == "void":
+                        send({"t": "void", "why": "forged"})
+                elif t == "ack":
+                    print("ack", flush=True)
+                    if what == "go":
+                        addr, port = FORGED_MASTER
+                        if wants_members:  # the member list (hostfiles, `fsmingle env`), as rank 0 encodes it
+                            hosts = [[f"forged{i}", addr, 0.0] for i in range(b["size"])]
+                            data = base64.b64encode(zlib.compress(json.dumps(hosts).encode())).decode()
+                            send({"t": "members", "gen": gen, "k": 0, "n": 1, "data": data})
+                        pl = dict(generation=gen, master_addr=addr, master_port=port, mode=b["mode"], size=b["size"])
+                        pl.update(rank=r, node_rank=r, nnodes=b["size"], local_rank=0, local_world_size=1)
+                        send({"t": "go", "placement": pl})
+            time.sleep(0.01)
+    except OSError:
+        print("closed", flush=True)
+
+
 if __name__ == "__main__":
     mode, d, job = sys.argv[1:4]
     if mode == "reasker":
         reasker(d, job, "--secret" in sys.argv)
     elif mode == "sources":
         sources(d, job, int(sys.argv[4]), int(sys.argv[5]))
+    elif mode == "forger":
+        V = int(sys.argv[5]) if len(sys.argv) > 5 else 4  # the version a current rank 0 announces
+        forger(d, job, sys.argv[4])
     else:
         flood(d, job)

@@ -11,8 +11,10 @@
   with rank 0, in generation 1.
 * **A member** (the real :class:`fsmingle.rendezvous.member.Member`, explicit rank 1) connects to a fake rank 0
   whose endpoint record is in ``master/``; the fake answers its hello with a welcome, then with
-  the drawn lines.  Property: nothing escapes the member's ``step`` but the documented failure of a
-  fatal reject (``WorldSizeMismatchError``/``ConfigError``, ``member.py``), and a member released by
+  the drawn lines, each message sealed with the secret (wire 4: what a rank 0 holding the secret
+  could send, however malformed) or, drawn, left unsealed (an impostor: a lost connection).
+  Property: nothing escapes the member's ``step`` but the documented failure of a sealed fatal
+  reject (``WorldSizeMismatchError``/``ConfigError``, ``member.py``), and a member released by
   the fake is released into generation 1 only after it acknowledged.
 * **Records** (:func:`fsmingle.fs.records.decode` of beacons, claims and releases,
   :func:`~fsmingle.fs.chunks.attach_members`): arbitrary bytes, arbitrary JSON and valid records with
@@ -45,7 +47,7 @@ from fsmingle.fs.records import Member as RecMember
 from fsmingle.fs.store import PosixStore
 from fsmingle.net.channel import TcpTransport
 from fsmingle.net.hostinfo import this_process
-from fsmingle.net.wire import MAX_LINE, WIRE_VERSION, auth_mac, new_nonce, new_secret
+from fsmingle.net.wire import MAX_LINE, WIRE_VERSION, auth_mac, new_nonce, new_secret, seal
 from fsmingle.rendezvous.decision import Placement
 from fsmingle.rendezvous.member import Member
 from fsmingle.rendezvous.participant import Participant, State
@@ -350,7 +352,8 @@ def _send_signed(r0: Rank0, msgs: list, pump) -> None:
                 else:
                     inst, job = m.get("inst"), m.get("job")
                 try:
-                    m = dict(m, mac=auth_mac(r0.p.role.secret, nonce, m["t"], job, m.get("gen"), inst, rank))
+                    mn = m.get("mnonce", "") if isinstance(m.get("mnonce", ""), str) else ""
+                    m = dict(m, mac=auth_mac(r0.p.role.secret, nonce, m["t"], job, m.get("gen"), inst, rank, mn))
                 except (TypeError, ValueError):
                     pass  # a field json cannot encode: sent unsigned
             try:
@@ -433,6 +436,7 @@ class FakeRank0:
         self.lsock.bind((ADDR, 0))
         self.lsock.listen(4)
         self.port = self.lsock.getsockname()[1]
+        self.secret, self.nonce, self.mnonce, self.seq = new_secret(), "", "", 0
         self.store.mkdir(gen_name(1))
         self.store.mkdir(master_dir(1))
         self.store.create(claim_name(1, 0), encode(Claim(0, self.inst)))
@@ -449,7 +453,7 @@ class FakeRank0:
             restart_count=0,
             host=this_process(),
             wall_time=time.time(),
-            secret=new_secret(),
+            secret=self.secret,
         )
         self.store.publish(master_name(1, self.inst), encode(b))
         self.conn: socket.socket | None = None
@@ -459,7 +463,30 @@ class FakeRank0:
         self.lsock.settimeout(timeout)
         self.conn, _ = self.lsock.accept()
         self.conn.settimeout(timeout)
-        self.send(_dumps({"t": "challenge", "nonce": new_nonce()}) + b"\n")
+        self.nonce = new_nonce()
+        self.send(_dumps({"t": "challenge", "nonce": self.nonce, "v": WIRE_VERSION}) + b"\n")
+
+    def sealed(self, m) -> bytes:
+        """One line: ``m`` sealed as rank 0 seals it on this connection (wire 4); as it is when it
+        cannot be (not an object, a field seal adds, a value json cannot encode)."""
+        try:
+            m = seal(self.secret, self.nonce, self.mnonce, self.seq, m)
+            self.seq += 1
+        except (AttributeError, TypeError, ValueError):
+            pass
+        return _dumps(m) + b"\n"
+
+    def seal_lines(self, payload: bytes, keep) -> bytes:
+        """Seal each complete line of ``payload`` that decodes to an object, unless ``keep()``."""
+        *whole, tail = payload.split(b"\n")
+        out = []
+        for ln in whole:
+            try:
+                m = json.loads(ln)
+            except (ValueError, UnicodeDecodeError):
+                m = None
+            out.append(self.sealed(m) if isinstance(m, dict) and not keep() else ln + b"\n")
+        return b"".join(out) + tail
 
     def read_line(self) -> bytes:
         buf = b""
@@ -494,6 +521,7 @@ def _member_until_connected(root: str) -> tuple[Participant, FakeRank0, dict]:
     _step(p, 3)  # the member reads the challenge and answers with its signed hello
     hello = json.loads(fake.read_line().split(b"\n")[0])
     assert hello["t"] == "hello" and hello["inst"] == p.instance
+    fake.mnonce = hello["mnonce"]
     return p, fake, hello
 
 
@@ -508,11 +536,12 @@ def test_a_member_survives_any_lines_from_rank0():
             try:
                 welcome = data.draw(st.booleans())
                 if welcome:
-                    fake.send(_dumps(wire.welcome(fake.inst)) + b"\n")
+                    fake.send(fake.sealed(wire.welcome(fake.inst)))
                     _step(p, 3)
                 payload = data.draw(payloads(wire.to_member(fake.inst, fake.port)))
+                payload = fake.seal_lines(payload, lambda: data.draw(st.integers(0, 3)) == 0)  # 1 in 4 unsealed
                 note(repr(payload[:300]))
-                fatal = any(b'"reject"' in ln and b'"fatal":' in ln for ln in payload.split(b"\n"))
+                fatal = any(b'"reject"' in ln and b'"fatal":' in ln and b'"mac"' in ln for ln in payload.split(b"\n"))
                 fake.send(payload)
                 try:
                     pl = _step(p, 6)
@@ -553,11 +582,11 @@ def test_a_member_survives_malformed_fields_from_rank0(line):
     with tempfile.TemporaryDirectory() as root:
         p, fake, _hello = _member_until_connected(root)
         try:
-            fake.send(_dumps(Wire().welcome(fake.inst)) + b"\n")
+            fake.send(fake.sealed(Wire().welcome(fake.inst)))
             _step(p, 3)
             assert p.role.welcomed
             msg = {k: (fake.inst if v == "INST" else v) for k, v in line.items()}
-            fake.send(_dumps(msg) + b"\n")
+            fake.send(fake.sealed(msg))
             _step(p, 4)
         finally:
             if p.role is not None:

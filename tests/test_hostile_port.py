@@ -175,6 +175,8 @@ class Raw:
         self.s.setblocking(False)
         self.buf = b""
         self.nonce: str | None = None
+        self.mnonce = secrets.token_hex(16)  # this client's own nonce: rank 0 seals over it
+        self.unsealer = None
 
     def recv(self, timeout: float = 2.0, pump: bool = True):
         """The next message; "EOF" once rank 0 closed the connection; None if nothing came
@@ -186,6 +188,10 @@ class Raw:
                 m = json.loads(line)
                 if m.get("t") == "ping":
                     continue
+                if self.unsealer is not None and "mac" in m:
+                    # Rank 0's seal (wire 4): checked, then left out so tests compare the message.
+                    assert self.unsealer.check(m) is None, (self.unsealer.check(m), m)
+                    m = {k: v for k, v in m.items() if k not in ("seq", "mac")}
                 return m
             try:
                 data = self.s.recv(65536)
@@ -210,6 +216,10 @@ class Raw:
         m = self.recv()
         assert isinstance(m, dict) and m["t"] == "challenge", m
         self.nonce = m["nonce"]
+        if self.r0.secret is not None:
+            from fsmingle.net.wire import Unsealer
+
+            self.unsealer = Unsealer(self.r0.secret, self.nonce, self.mnonce)
         return self.nonce
 
     def send(self, m: dict) -> None:
@@ -228,13 +238,20 @@ class Raw:
             "mode": "node",
             "size": b["size"],
         }
-        m.update(restart_count=0, slurm_job_id="", taken=[])
+        m.update(restart_count=0, slurm_job_id="", taken=[], mnonce=self.mnonce)
         if t == "hello":
             host = {"hostname": "h", "boot_id": "b", "pidns": "p", "pid": 1, "pid_start": 1.0}
             m.update(rank=rank, addr="127.0.0.1", host=host)
         if sign and self.r0.secret is not None:
             m["mac"] = wire.auth_mac(
-                secret or self.r0.secret, nonce or self.nonce, t, "auth", 1, self.inst, rank if t == "hello" else None
+                secret or self.r0.secret,
+                nonce or self.nonce,
+                t,
+                "auth",
+                1,
+                self.inst,
+                rank if t == "hello" else None,
+                self.mnonce,
             )
         return m
 
@@ -291,7 +308,10 @@ def test_an_older_wire_version_is_told_which_versions_meet(rank0):
     c.challenge(required=True)
     c.send({**c.msg("hello", rank=1, sign=False), "v": 2})  # an older fsmingle sends its hello at once
     m = c.recv()
-    assert m["t"] == "reject" and m["fatal"] and "wire protocol 3, you sent 2" in m["why"], m
+    from fsmingle.net.wire import WIRE_VERSION
+
+    assert m["t"] == "reject" and m["fatal"] and f"wire protocol {WIRE_VERSION}, you sent 2" in m["why"], m
+    assert "mac" not in m  # the one answer to a peer that did not authenticate: nothing to seal it with
     assert c.recv() == "EOF"
 
 
@@ -489,7 +509,9 @@ def test_a_member_meeting_an_older_rank0_says_so(procs, d):
         os.chmod(rec, 0o600)
         p = procs.env(d, "old", "--nnodes", 2, timeout=20)
         assert p.wait(15) == 3, p.stderr()
-    assert "runs fsmingle 0.0.9" in p.stderr() and "wire protocol 3" in p.stderr(), p.stderr()
+    from fsmingle.net.wire import WIRE_VERSION
+
+    assert "runs fsmingle 0.0.9" in p.stderr() and f"wire protocol {WIRE_VERSION}" in p.stderr(), p.stderr()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,9 +1,12 @@
 """The wire format of the direct channel: framing, versions, the handshake's HMAC, long values in parts.
 
 Newline-terminated UTF-8 JSON objects, each at most :data:`MAX_LINE` bytes, with a string type
-field ``t``.  Rank 0 challenges every connection with a nonce; a member's hello, ask and ack
-carry :func:`auth_mac` over it, keyed by the generation's secret that only the owner-only
-endpoint record holds (``docs/protocol.md``, "Threat model").  A value too long for one line
+field ``t``.  Authentication is mutual, keyed by the generation's secret that only the
+owner-only endpoint record holds (``docs/protocol.md``, "Threat model"): rank 0 challenges every
+connection with a nonce, and a member's hello, ask and ack carry :func:`auth_mac` over it and
+the member's own nonce; every message rank 0 sends after the challenge is sealed
+(:func:`seal`) over both nonces and a per-connection counter, which the member checks
+(:class:`Unsealer`).  A value too long for one line
 (the member list at release) travels as :func:`encode_parts`.  Pure functions, no sockets:
 :mod:`fsmingle.net.channel` does the I/O.
 """
@@ -11,6 +14,7 @@ endpoint record holds (``docs/protocol.md``, "Threat model").  A value too long 
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import hmac
 import ipaddress
@@ -22,8 +26,12 @@ MAX_LINE = 64 * 1024  # a hello or a placement is ~300 bytes; anything larger is
 
 
 # 3: rank 0 challenges every connection; hello, ask and ack carry an HMAC over the challenge
-# keyed by the generation's secret (see "Authentication" below and docs/protocol.md).
-WIRE_VERSION = 3
+# keyed by the generation's secret (docs/protocol.md, "Threat model").
+# 4: mutual: the challenge says the version (``v``), hello and ask carry the member's own nonce
+# (``mnonce``, under their mac), and everything rank 0 sends after the challenge carries a
+# ``mac`` over both nonces and a counter ``seq`` (seal).  A v3 member meets a v4 rank 0's fatal
+# reject naming both versions; a v4 member reads a v3 rank 0's version in its endpoint record.
+WIRE_VERSION = 4
 
 
 def new_secret() -> str:
@@ -36,23 +44,113 @@ def new_nonce() -> str:
     return secrets.token_hex(16)
 
 
-def auth_mac(secret: str, nonce: str, t, job, gen, inst, rank=None) -> str:
+def auth_mac(secret: str, nonce: str, t, job, gen, inst, rank=None, mnonce="") -> str:
     """The ``mac`` of a hello, ask or ack: HMAC-SHA256 keyed by ``secret`` over the connection's
-    ``nonce`` and the fields that say who speaks and what for (hex).  The values are taken as the
-    message carries them (any JSON), so a receiver checks exactly what it then acts on."""
-    body = json.dumps([WIRE_VERSION, nonce, t, job, gen, inst, rank], separators=(",", ":"), sort_keys=True)
+    ``nonce`` (rank 0's challenge), the member's own ``mnonce`` and the fields that say who
+    speaks and what for (hex).  The values are taken as the message carries them (any JSON), so
+    a receiver checks exactly what it then acts on."""
+    body = json.dumps([WIRE_VERSION, nonce, t, job, gen, inst, rank, mnonce], separators=(",", ":"), sort_keys=True)
     return hmac.new(secret.encode(), body.encode(), hashlib.sha256).hexdigest()
 
 
-def mac_ok(secret: str, nonce: str, mac, t, job, gen, inst, rank=None) -> bool:
+def mac_ok(secret: str, nonce: str, mac, t, job, gen, inst, rank=None, mnonce="") -> bool:
     """True if ``mac`` (as received: any JSON value) is :func:`auth_mac` of these fields; constant time."""
-    if not secret or not isinstance(mac, str) or len(mac) != 64 or not mac.isascii():
+    if not secret or not _is_mac(mac):
         return False
     try:
-        want = auth_mac(secret, nonce, t, job, gen, inst, rank)
+        want = auth_mac(secret, nonce, t, job, gen, inst, rank, mnonce)
     except (TypeError, ValueError, RecursionError):  # a value json cannot encode (never from the wire)
         return False
     return hmac.compare_digest(want, mac)
+
+
+def _is_mac(mac) -> bool:
+    return isinstance(mac, str) and len(mac) == 64 and mac.isascii()
+
+
+def nonce_ok(nonce) -> bool:
+    """A nonce as a peer may send it: a non-empty string of at most 256 characters."""
+    return isinstance(nonce, str) and 0 < len(nonce) <= 256
+
+
+# ---------------------------------------------------------------- rank 0's seal (wire 4)
+# What rank 0 sends on an authenticated connection is bound to (1) the secret: only rank 0 and
+# the job's own processes can make it; (2) the member's nonce, fresh and random per connection:
+# nothing recorded on another connection -- to another member, or to this one before -- verifies
+# here, even if whoever holds rank 0's port replays rank 0's challenge nonce too; (3) the counter
+# ``seq``, strictly increasing per connection: nothing is replayed or reordered within it.  A gap
+# is allowed (a send interrupted before it left): it is a message the member never got, as after
+# a reset.  The body is the message as JSON with sorted keys, so the member recomputes it from
+# the dict it decoded: rank 0's messages hold only JSON values with string keys.
+
+
+@functools.lru_cache(maxsize=8)
+def _keyed(secret: str):
+    # HMAC's key schedule once per secret, not per message: rank 0 seals N messages per status.
+    return hmac.new(secret.encode(), digestmod=hashlib.sha256)
+
+
+def canonical(msg: dict) -> bytes:
+    """The bytes a seal covers: ``msg`` (without ``seq`` and ``mac``) as JSON with sorted keys."""
+    return json.dumps(msg, separators=(",", ":"), sort_keys=True).encode()
+
+
+def _seal_mac(secret: str, nonce: str, mnonce: str, n: int, body: bytes) -> str:
+    h = _keyed(secret).copy()
+    h.update(json.dumps([WIRE_VERSION, "rank0", nonce, mnonce, n], separators=(",", ":")).encode() + b"\n" + body)
+    return h.hexdigest()
+
+
+def seal(secret: str, nonce: str, mnonce: str, n: int, msg: dict, body: bytes | None = None) -> dict:
+    """``msg`` as rank 0 sends it on an authenticated connection: a copy with ``seq`` (``n``, this
+    connection's counter) and ``mac``, HMAC-SHA256 keyed by ``secret`` over the challenge
+    ``nonce``, the member's ``mnonce``, ``n`` and the message.  ``msg`` itself is not changed (a
+    broadcast shares one dict among connections).  ``body``: :func:`canonical` of ``msg`` if the
+    caller has it already (a broadcast encodes it once for every connection).
+
+    Raises:
+        ValueError: ``msg`` has a ``seq`` or ``mac`` field of its own (a programming error)."""
+    if "seq" in msg or "mac" in msg:
+        raise ValueError(f"a {msg.get('t')!r} message may not use the fields seal adds (seq, mac)")
+    mac = _seal_mac(secret, nonce, mnonce, n, canonical(msg) if body is None else body)
+    return dict(msg, seq=n, mac=mac)
+
+
+class Unsealer:
+    """A member's check of what rank 0 sends on one connection (see :func:`seal`).
+
+    Args:
+        secret (str): the generation's secret, from rank 0's endpoint record.
+        nonce (str): rank 0's challenge on this connection.
+        mnonce (str): this member's own nonce on this connection.
+    """
+
+    def __init__(self, secret: str, nonce: str, mnonce: str):
+        self.secret, self.nonce, self.mnonce = secret, nonce, mnonce
+        self.last = -1  # the counter of the last message accepted
+
+    def check(self, m: dict) -> str | None:
+        """None if ``m`` (a decoded message) carries a valid ``mac`` and a counter above every one
+        accepted before on this connection (it is then accepted); else why not, for a log line."""
+        mac, n = m.get("mac"), m.get("seq")
+        if not _is_mac(mac):
+            return f"a {str(m.get('t'))[:16]!r} without a mac"
+        if type(n) is not int or n <= self.last:
+            return f"a {str(m.get('t'))[:16]!r} out of order or replayed (seq {str(n)[:24]}, after {self.last})"
+        try:
+            want = _seal_mac(
+                self.secret,
+                self.nonce,
+                self.mnonce,
+                n,
+                canonical({k: v for k, v in m.items() if k not in ("seq", "mac")}),
+            )
+        except (TypeError, ValueError, RecursionError):  # NaN is fine; only an unencodable value
+            return f"a {str(m.get('t'))[:16]!r} that cannot be checked"
+        if not hmac.compare_digest(want, mac):
+            return f"a {str(m.get('t'))[:16]!r} with a wrong mac"
+        self.last = n
+        return None
 
 
 def peer_host(addr: str) -> str:

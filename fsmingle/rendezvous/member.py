@@ -12,9 +12,13 @@ hello on the same connection.  A rank it found taken goes back in the next ``ask
 knows no free rank, or the connection fails before a claim, the member lists the generation
 instead -- the filesystem stays the arbiter of claims; rank 0 only saves the listing.
 
-Every connection starts with rank 0's challenge (``{"t": "challenge", "nonce": ...}``); the
-member answers with its ask or hello carrying an HMAC over it, keyed by the secret in rank 0's
-endpoint record (:func:`fsmingle.net.wire.auth_mac`), and signs its ack the same way.
+Every connection starts with rank 0's challenge (``{"t": "challenge", "nonce": ..., "v": 4}``);
+the member answers with its ask or hello carrying its own fresh nonce (``mnonce``) and an HMAC
+over both, keyed by the secret in rank 0's endpoint record (:func:`fsmingle.net.wire.auth_mac`),
+and signs its ack the same way.  Authentication is mutual: everything rank 0 sends after the
+challenge is sealed over both nonces and a counter (:func:`fsmingle.net.wire.seal`), and a
+message without a valid seal is a lost connection (below) -- whoever holds rank 0's port
+without the secret cannot hand this member a ``go``, nor anything else it acts on.
 
 Failure rules (**no release on absence of evidence**):
 
@@ -25,7 +29,8 @@ Failure rules (**no release on absence of evidence**):
   challenge never came, or rank 0 dropped it as one of too many unauthenticated connections
   from this address: proves nothing either (rank 0 may simply have shed it under a flood);
   connect again, as for an unreachable master, never void.
-* Connection lost, or rank 0 silent for ``stale_after`` seconds: void the generation.  If this
+* Connection lost, a message without a valid seal (not rank 0 on rank 0's port), or rank 0
+  silent for ``stale_after`` seconds: void the generation.  If this
   member had acknowledged the release, a release naming it may exist (the commit window): when
   the void loses the race, read the decision until it shows; a ``void`` message is read the same
   way, never obeyed on its word.
@@ -41,8 +46,9 @@ from ..fs.layout import BEACON_RE, claimed_ranks, gen_name, master_dir, master_n
 from ..fs.records import RecordError, Release
 from ..net.channel import Outcome, hostport
 from ..net.mesh import mesh_probe
-from ..net.wire import WIRE_VERSION, auth_mac
+from ..net.wire import WIRE_VERSION, Unsealer, new_nonce, nonce_ok
 from .decision import Placement
+from .member_auth import Sealed
 from .member_ending import Ending
 from .member_list import MemberList
 from .states import RankSet, State
@@ -55,7 +61,7 @@ log = logging.getLogger("fsmingle")
 MEMBER_BEACONS_PER_S = 50
 
 
-class Member(Ending):
+class Member(Ending, Sealed):
     """The member role (rank > 0) of a :class:`~fsmingle.rendezvous.participant.Participant` in its current generation."""
 
     def __init__(self, p):
@@ -78,6 +84,8 @@ class Member(Ending):
         self.ask_again: float | None = None  # when to repeat an ask rank 0 told us to repeat
         self.member_list = MemberList(p.size)  # its parts so far (``members`` messages; hostfiles)
         self.nonce: str | None = None  # rank 0's challenge on this connection (None: not yet)
+        self.mnonce = ""  # this member's own nonce on this connection (what rank 0's seals bind to)
+        self.unsealer: Unsealer | None = None  # checks rank 0's seals on this connection
         self.heard = False  # rank 0 answered a signed message on this connection
         self.connected_at = now
 
@@ -120,8 +128,9 @@ class Member(Ending):
         msgs, self.inbox = self.inbox + self.link.poll(0), []
         if not self.heard:
             msgs = self._before_heard(msgs, now)
-            if self.link is None:
-                return None  # connecting again (_reconnect)
+            if self.link is None or p.role is not self:
+                return None  # connecting again (_reconnect), or the connection was lost
+        msgs, forged = self._unseal(msgs)
         if self.asking and self.ask_again is not None and now >= self.ask_again:
             self.ask_again = None
             self.link.send(self._ask())
@@ -129,6 +138,11 @@ class Member(Ending):
             done = self._on_message(m)
             if done is not None or p.role is not self:
                 return done
+        if forged is not None:
+            # Not rank 0 (a real one seals everything), or not the rank 0 of the record we
+            # read: as a lost connection, never acted on (the module doc).
+            log.warning("job %s: the master's connection carried %s", p.job_id, forged)
+            return self._lost(f"the process on the master port sent {forged}")
         # Our own beacon beats every 2 x stale_after (60 s: 0.067 op/s, for people reading the
         # directory), in a big world every N / 50 s (MEMBER_BEACONS_PER_S; 44 min at 131,072):
         # rank 0 holds us by the connection, and its beacon vouches for us (_beacon_period).
@@ -147,8 +161,12 @@ class Member(Ending):
         if self.nonce is None:
             for i, m in enumerate(msgs):
                 nonce = m.get("nonce")
-                if m.get("t") == "challenge" and isinstance(nonce, str) and 0 < len(nonce) <= 256:
-                    self.nonce = nonce
+                if m.get("t") == "challenge" and nonce_ok(nonce):
+                    if m.get("v") != WIRE_VERSION:
+                        self._other_version(m.get("v"))
+                        return []
+                    self.nonce, self.mnonce = nonce, new_nonce()
+                    self.unsealer = Unsealer(self.master.secret, nonce, self.mnonce)
                     self.link.send(self._ask() if self.asking else self._hello())
                     msgs = msgs[i + 1 :]
                     break
@@ -171,17 +189,11 @@ class Member(Ending):
             self.link.close()
             self.link = None
         self.master, self.nonce, self.heard, self.ask_again = None, None, False, None
+        self.mnonce, self.unsealer = "", None
         self.look_delay = min(p.timing.poll_max, max(p.timing.poll_min, self.look_delay) * p.timing.backoff)
         # Spread: members shed together (a burst from one host over the per-source cap) must not
         # all come back in the same instant.
         self.next_look = now + self.look_delay * p.rng.uniform(0.5, 1.5)
-
-    def _sign(self, msg: dict) -> dict:
-        """``msg`` with its ``mac``: over this connection's challenge and who sends it for what."""
-        p = self.p
-        rank = None if msg["t"] == "ask" else p.rank
-        msg["mac"] = auth_mac(self.master.secret, self.nonce, msg["t"], p.job_id, p.gen, p.instance, rank)
-        return msg
 
     def _beacon_period(self) -> float:
         """Seconds between this member's own beacon heartbeats while connected (see ``step``).
@@ -278,6 +290,7 @@ class Member(Ending):
         if outcome is Outcome.CONNECTED:
             self.link, self.master = link, b
             self.nonce, self.heard, self.connected_at = None, False, now
+            self.mnonce, self.unsealer = "", None
             # The ask or hello goes out once rank 0's challenge is here (_before_heard).
             # Rank 0 holds us by the connection from now on (see _beacon_period); rank 0's next
             # beacon after our welcome vouches for us, within stale_after / 2.

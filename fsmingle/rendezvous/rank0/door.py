@@ -1,8 +1,9 @@
 """Rank 0's door: who may talk to it at all (the channel's authentication, issues 21 and 29).
 
 Every connection gets a challenge on accept; its first message (a hello or an ask) must carry
-an HMAC over it, keyed by this generation's secret, which only the owner-only endpoint record
-holds (:mod:`fsmingle.net.channel`).  Whatever fails is dropped at once and costs rank 0 nothing
+an HMAC over it and the member's own nonce, keyed by this generation's secret, which only the
+owner-only endpoint record holds (:mod:`fsmingle.net.channel`); from then on, everything rank 0
+sends on it is sealed (:mod:`.sealing`).  Whatever fails is dropped at once and costs rank 0 nothing
 more.  The threat model is in ``docs/protocol.md``.  Mixed into
 :class:`~fsmingle.rendezvous.rank0.coordinator.Coordinator`.
 
@@ -27,7 +28,8 @@ import functools
 import ipaddress
 import logging
 
-from ...net.wire import WIRE_VERSION, mac_ok, new_nonce, new_secret
+from ...net.wire import WIRE_VERSION, mac_ok, new_nonce, new_secret, nonce_ok
+from .sealing import SealedHub, Session
 
 log = logging.getLogger("fsmingle")
 
@@ -70,6 +72,10 @@ class Door:
         self.unauth_of: dict[str, dict[int, None]] = {}  # a source address or a prefix -> conns
         self.crowded: set[str] = set()  # sources and prefixes over their cap (until under it)
         self.nonces: dict[int, str] = {}
+        # Answered connections' nonces and counters: what rank 0 sends them leaves sealed, here
+        # for every mixin at once (SealedHub wraps the participant's hub for this generation).
+        self.sessions: dict[int, Session] = {}
+        self.hub = SealedHub(self.hub, self.sessions)
         self.refused_conns = 0  # connections dropped for failing the challenge (logged once)
         self.shed_conns = 0  # of which shed for a crowd or for descriptors (logged once)
 
@@ -88,7 +94,9 @@ class Door:
             conns[conn] = None
             if len(conns) > cap:
                 self.crowded.add(key)
-        self.hub.send(conn, {"t": "challenge", "nonce": nonce})
+        # The version: a member of another wire version knows at once (it reads the endpoint
+        # record's fsmingle version before it believes a challenge that nobody signed).
+        self.hub.send(conn, {"t": "challenge", "nonce": nonce, "v": WIRE_VERSION})
 
     def _expire_unauth(self, now: float) -> None:
         """Drop unanswered connections past ``stale_after``, and shed crowds (:meth:`_shed`).
@@ -146,6 +154,7 @@ class Door:
 
     def _forget_conn(self, conn: int) -> None:
         self.nonces.pop(conn, None)
+        self.sessions.pop(conn, None)
         self.waiting.pop(conn, None)
         self.offers_to.pop(conn, None)
         entry = self.unauth.pop(conn, None)
@@ -189,25 +198,35 @@ class Door:
             self._agrees(conn, m)  # the version mismatch: a fatal reject naming both versions
             return False
         rank = m.get("rank") if t == "hello" else None
-        if t not in ("hello", "ask") or not mac_ok(
-            self.secret, entry[0], m.get("mac"), t, m.get("job"), m.get("gen"), m.get("inst"), rank
+        # The member's nonce binds what rank 0 says back to this connection (sealing.py); a peer
+        # that sends none gets "" (it is the member's protection, not rank 0's).
+        mnonce = m.get("mnonce", "")
+        if (
+            t not in ("hello", "ask")
+            or not (mnonce == "" or nonce_ok(mnonce))
+            or not mac_ok(
+                self.secret, entry[0], m.get("mac"), t, m.get("job"), m.get("gen"), m.get("inst"), rank, mnonce
+            )
         ):
             self._refuse(conn, f"a {str(t)[:16]!r} without a valid mac")
             return False
         self._forget_conn(conn)
         self.nonces[conn] = entry[0]
+        self.sessions[conn] = Session(self.secret, entry[0], mnonce)
         return True
 
     def _signed(self, conn: int, m: dict) -> bool:
         """A later hello, ask or ack on an authenticated connection carries a valid ``mac`` too."""
         t = m.get("t")
-        nonce = self.nonces[conn]
+        nonce, mn = self.nonces[conn], self.sessions[conn].mnonce
         if t in ("hello", "ask"):
             rank = m.get("rank") if t == "hello" else None
-            ok = mac_ok(self.secret, nonce, m.get("mac"), t, m.get("job"), m.get("gen"), m.get("inst"), rank)
+            ok = mac_ok(self.secret, nonce, m.get("mac"), t, m.get("job"), m.get("gen"), m.get("inst"), rank, mn)
         elif t == "ack" and conn in self.conn_rank:
             r = self.conn_rank[conn]
-            ok = mac_ok(self.secret, nonce, m.get("mac"), t, self.p.job_id, m.get("gen"), self.members[r].instance, r)
+            ok = mac_ok(
+                self.secret, nonce, m.get("mac"), t, self.p.job_id, m.get("gen"), self.members[r].instance, r, mn
+            )
         else:
             return True  # nothing rank 0 acts on
         if not ok:
