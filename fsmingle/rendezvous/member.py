@@ -405,8 +405,11 @@ class Member(Ending):
                         ack["port"] = p.hub.port
                     except ConfigError as e:
                         ack["error"] = str(e)
-                self.link.send(self._sign(ack))
+                # The commit window opens before the ack leaves (as rank 0's before its create): a
+                # signal landing between the send and this flag would leave a member rank 0 can
+                # release that withdraws (void lost to the release) without reading the decision.
                 self.acked = "error" not in ack and "mesh_fail" not in ack
+                self.link.send(self._sign(ack))
         elif t == "members":
             if self.acked:
                 self.member_list.add(m, p.gen)
