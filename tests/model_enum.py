@@ -15,7 +15,7 @@ n-th step of the i-th process is the same step until the fault lands -- and chec
 Fault kinds (:data:`STORE_KINDS`, :data:`NET_KINDS`, :data:`SCHED_KINDS`): an interrupt (SIGTERM:
 ``KeyboardInterrupt``) before the operation or after its effect, or after its effect with the
 others running for :data:`LATE` seconds before the handler does (true concurrency: rank 0 acts on an
-acknowledgement while the member's signal handler has not run yet); ``StorageError``/``OSError`` EIO
+acknowledgement while the member's signal handler has not run yet; ``eio-late`` the same with EIO); ``StorageError``/``OSError`` EIO
 before it or after its effect; a lost reply of a ``create`` (it took effect, EEXIST on the
 retransmission); the death of the process there (before or after the effect); a pause of
 ``stale_after`` there (the others run meanwhile).  Reads have no effect to land after: only the
@@ -51,6 +51,7 @@ STORE_KINDS = {
     "interrupt-late": ("late", True),
     "eio": ("storage", False),
     "eio-after": ("storage", True),
+    "eio-late": ("late-storage", True),
     "lost-reply": ("lost", True),
     "death": ("crash", False),
     "death-after": ("crash", True),
@@ -62,6 +63,7 @@ NET_KINDS = {
     "interrupt-late": ("late", True),
     "eio": ("oserror", False),
     "eio-after": ("oserror", True),
+    "eio-late": ("late-oserror", True),
     "death": ("crash", False),
     "death-after": ("crash", True),
     "pause": ("pause", False),
@@ -119,6 +121,53 @@ class EnumWorld(World):
         self.points: list[Point] | None = [] if record else None
         self.fired: list[tuple[Point, str]] = []
         self.paused: list[Proc] = []
+        # The handler of the first fault (Participant.withdraw in the process it hit): its calls are
+        # recorded (handler_ops: [(where, op)]) or one of them gets ``handler`` (where, k, kind).
+        self.handler_ops: list[tuple[str, str]] | None = None
+        self.handler: tuple[str, int, str] | None = None
+        self._handled = False
+
+    def start(self, *a, **kw) -> Proc:
+        q = super().start(*a, **kw)
+        orig = q.p.withdraw
+        q.p.withdraw = lambda reason: self._withdraw(q, orig, reason)
+        return q
+
+    def _withdraw(self, q: Proc, orig, reason: str):
+        if self._handled or not self.fired or q is not self.procs[self.fired[0][0].proc]:
+            return orig(reason)
+        self._handled = True
+        store, net = q.host.store, self.net
+        if self.handler_ops is not None:
+            store.trace, net.trace = [], []
+            try:
+                return orig(reason)
+            finally:
+                self.handler_ops.extend(("store", f"{op} {name}") for op, name in store.trace)
+                self.handler_ops.extend(("net", f"{w} {t}".strip()) for o, w, t in net.trace if o == q.instance)
+                store.trace = net.trace = None
+        if self.handler is None:
+            return orig(reason)
+        where, k, kind = self.handler
+        self.say(f"enumeration: {kind} at {where} #{k} of {q.instance[:4]}'s handler (withdraw)")
+        exc, after = (STORE_KINDS if where == "store" else NET_KINDS)[kind]
+        make = (lambda what: Crash(what)) if exc == "crash" else self.exc_factory(exc)
+        if exc == "pause":
+            make = lambda what: self.pause(q, self.timing.stale_after)
+        if where == "net":
+            net.arm_fault(q.instance, k, make, after)
+        elif exc == "pause":
+            store.arm_hook(k, lambda: make(""))
+        elif exc == "lost":
+            store.arm_lost_reply(0, None)
+        else:
+            store.arm_crash(k, after, exc=None if exc == "crash" else make)
+        try:
+            return orig(reason)
+        finally:
+            store.disarm()
+            net.disarm(q.instance)
+            store._lost_reply_at = store._lost_reply_match = None
 
     def step(self, q: Proc, **kw):
         if kw:
@@ -136,7 +185,21 @@ class EnumWorld(World):
             self.plan.setdefault((idx, n + 1), []).extend(rest)
         self.fired.append((pt, kind))
         self.say(f"enumeration: {kind} at {pt}")
-        return self._faulted(q, pt, kind)
+        gen = q.p.gen
+        try:
+            return self._faulted(q, pt, kind)
+        except Crash as e:  # died inside its handler (World.step handles deaths in the step proper)
+            self.say(f"crash in the handler of {q.instance[:4]}: {e}")
+            self._die(q, "crashed")
+        except AssertionError:
+            raise
+        except BaseException as e:  # the handler itself raised: the process exits with that
+            q.error = e
+            self.say(f"exit {q.instance[:4]} from its handler: {e.__class__.__name__}: {e}")
+            self._die(q, "exited")
+            self._note_left(q, gen)
+            self._check_exception(q, e, None)
+        return None
 
     def _recorded(self, q: Proc, idx: int, n: int):
         role, store, net = role_of(q), q.host.store, self.net
@@ -168,8 +231,8 @@ class EnumWorld(World):
         # A process paused inside its step takes no other step meanwhile (not even on a message).
         return [q for q in super().running() if q not in self.paused]
 
-    def _late(self, q: Proc):
-        make = self.exc_factory("interrupt")
+    def _late(self, q: Proc, exc: str):
+        make = self.exc_factory(exc.split("-", 1)[1] if "-" in exc else "interrupt")
 
         def late(what: str) -> BaseException:
             self.pause(q, LATE)
@@ -184,8 +247,8 @@ class EnumWorld(World):
             store = q.host.store
             if exc == "crash":
                 return super().step(q, crash_at=pt.k, after_effect=after)
-            if exc == "late":
-                store.arm_crash(pt.k, True, exc=self._late(q))
+            if exc.startswith("late"):
+                store.arm_crash(pt.k, True, exc=self._late(q, exc))
                 return super().step(q)
             if exc == "pause":
                 store.arm_hook(pt.k, lambda: self.pause(q, stale))
@@ -206,8 +269,8 @@ class EnumWorld(World):
             if exc == "pause":
                 self.net.arm_fault(q.instance, pt.k, lambda what: self.pause(q, stale), False)
                 return super().step(q)
-            if exc == "late":
-                self.net.arm_fault(q.instance, pt.k, self._late(q), True)
+            if exc.startswith("late"):
+                self.net.arm_fault(q.instance, pt.k, self._late(q, exc), True)
                 return super().step(q)
             return super().step(q, fault=("net", pt.k, exc), after_effect=after)
         exc, _ = SCHED_KINDS[kind]
@@ -294,7 +357,7 @@ def transient_oracle(w: EnumWorld) -> None:
     for pt, kind in w.fired:
         verb = pt.op.split(" ", 1)[0]
         q = w.procs[pt.proc]
-        if kind == "eio-after" and verb in ("create", "mkdir", "publish") and q.status == "exited":
+        if kind in ("eio-after", "eio-late") and verb in ("create", "mkdir", "publish") and q.status == "exited":
             raise AssertionError(
                 f"{EFFECT_THEN_EIO}: {pt.op} took effect and reported EIO; {q.instance} failed "
                 f"({q.error.__class__.__name__}) instead of reading it back"
@@ -353,6 +416,8 @@ def enumerate_scenario(sc: Scenario, depth: int = DEPTH) -> Report:
             if why is not None:
                 rep.failures.append((str(pt), kind, why))
                 continue
+            if kind == HANDLED:
+                rep.runs += _enumerate_handler(sc, pt, kind, rep)
             if depth < 2:
                 continue
             for later in _points_after(sc, pt, kind):
@@ -363,6 +428,45 @@ def enumerate_scenario(sc: Scenario, depth: int = DEPTH) -> Report:
                         rep.failures.append((f"{pt} then {later}", f"{kind} then {kind2}", why))
     rep.seconds, rep.cpu = time.monotonic() - t0, time.process_time() - c0
     return rep
+
+
+HANDLED = "interrupt"  # the first fault whose handler's own calls are enumerated too
+HANDLER_KINDS = ("eio", "eio-after", "lost-reply", "death", "pause")
+
+
+def _enumerate_handler(sc: Scenario, pt: Point, kind: str, rep: Report) -> int:
+    """The calls of the handler (``withdraw``) after ``(pt, kind)``: each gets each of
+    :data:`HANDLER_KINDS` it admits (a lost reply: a create; after the effect: a write); runs made."""
+    w = sc.world(plan=[(pt, kind)])
+    w.handler_ops = []
+    try:
+        sc.script(w)
+    except AssertionError:
+        return 1  # reported by the run without the recording
+    runs, ops = 1, w.handler_ops
+    for i, (where, op) in enumerate(ops):
+        k = sum(1 for x, _ in ops[:i] if x == where)
+        verb = op.split(" ", 1)[0]
+        for hk in HANDLER_KINDS:
+            if (hk == "lost-reply" and verb != "create") or (
+                hk == "eio-after" and where == "store" and verb not in WRITES
+            ):
+                continue
+            if where == "net" and hk == "lost-reply":
+                continue
+            w = sc.world(plan=[(pt, kind)])
+            w.handler = (where, k, hk)
+            runs += 1
+            why = None
+            try:
+                sc.script(w)
+                w.run_to_completion()
+                final_oracles(w)
+            except AssertionError as e:
+                why = str(e).split("\n", 1)[0][:300]
+            if why is not None:
+                rep.failures.append((f"{pt}, then its handler's {where} #{k} {op}", f"{kind} then {hk}", why))
+    return runs
 
 
 def _points_after(sc: Scenario, pt: Point, kind: str) -> list[Point]:

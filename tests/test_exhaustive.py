@@ -11,7 +11,8 @@ point, enumerated") keeps the last measured ones.
 the run with the first): a deeper run, for a protocol change, far too long for CI.
 
 Findings (each with its replay below, failing before its fix): a member interrupted between its
-ack and recording it (fixed: ``Member._on_message`` opens the commit window first); two spares
+ack and recording it (fixed: ``Member._on_message`` opens the commit window first); rank 0 whose
+handler failed telling the members their go (fixed: ``Leaving.withdraw``, best effort); two spares
 forming a world of their own, and a node failed by a write that took effect and reported EIO
 (others' areas, xfail until their fixes are merged).
 """
@@ -107,6 +108,24 @@ def test_a_member_interrupted_between_sending_its_ack_and_recording_it_is_releas
     q = w.procs[pt.proc]
     assert q.status == "done" and q.result is not None and q.interrupted is not None, (q.status, q.error)
     assert q.result.generation == 1
+
+
+def test_rank0_whose_go_fails_in_its_handler_still_starts_with_its_release():
+    """Found by the enumeration (an interrupt at rank 0's ``send go``, then EIO at the first network
+    call of its handler): rank 0 had created ``release.json``; ``withdraw()`` read it back (it
+    stands) and told the members -- and the error raised there left ``withdraw()``: rank 0 exited
+    with it while the release names it (``World._note_left``).  Telling the others is best effort
+    now (``Leaving.withdraw``): the members that miss the go read ``release.json``."""
+    sc = SCENARIOS[0]
+    pt = _point(sc, "rank0", "send go")
+    w = sc.world(plan=[(pt, "interrupt")])
+    w.handler = ("net", 0, "eio")
+    sc.script(w)
+    w.run_to_completion()
+    final_oracles(w)
+    q = w.procs[pt.proc]
+    assert q.status == "done" and q.result.generation == 1, (q.status, q.error)
+    assert any("handler" in line for line in w.log), "the handler's fault was not placed"
 
 
 @pytest.mark.xfail(strict=True, reason="issue 29 item 7 (spares rules, helper 'spares'): two spares form a world")
