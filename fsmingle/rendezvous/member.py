@@ -46,6 +46,7 @@ from .decision import Placement
 from .member_ending import Ending
 from .member_list import MemberList
 from .states import RankSet, State
+from .testhooks import pause
 
 log = logging.getLogger("fsmingle")
 
@@ -410,6 +411,7 @@ class Member(Ending):
                 # release that withdraws (void lost to the release) without reading the decision.
                 self.acked = "error" not in ack and "mesh_fail" not in ack
                 self.link.send(self._sign(ack))
+                pause("ack")  # tests only: land a signal just after the ack left (fsmingle.rendezvous.testhooks)
         elif t == "members":
             if self.acked:
                 self.member_list.add(m, p.gen)
