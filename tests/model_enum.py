@@ -169,8 +169,14 @@ class EnumWorld(World):
             net.disarm(q.instance)
             store._lost_reply_at = store._lost_reply_match = None
 
+    def stop_faults(self) -> None:
+        """Faults stop (liveness is judged from here): no planned fault fires and no point is
+        recorded any more (a fault point is one of the script, before this)."""
+        self.faults_stopped = True
+        super().stop_faults()
+
     def step(self, q: Proc, **kw):
-        if kw:
+        if kw or getattr(self, "faults_stopped", False):
             return super().step(q, **kw)
         idx = self.procs.index(q)
         n = self.steps_of.get(q.instance, 0)

@@ -61,6 +61,8 @@ def _quiet():
     logging.getLogger("fsmingle").setLevel(level)
 
 
+# About 5-50 CPU seconds each; the default 600 s wall limit is too short on a loaded shared machine.
+@pytest.mark.timeout(3600)
 @pytest.mark.parametrize("sc", SCENARIOS, ids=[sc.name for sc in SCENARIOS])
 def test_every_fault_point_of_a_small_world(sc: Scenario, capsys):
     rep = enumerate_scenario(sc, DEPTH)
