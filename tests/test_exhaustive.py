@@ -51,6 +51,15 @@ SCENARIOS = [
 # Findings in other modules' areas, tolerated here (printed) until their fixes are merged; each has
 # a strict xfail replay below.  Oracle message prefix -> finding.
 KNOWN = {EFFECT_THEN_EIO: "issue 29 item 6: an effect-then-EIO write fails the node (no read-back)"}
+ABANDONED_VOID = "a void abandoned after its next generation was made strands the world (open)"
+
+
+def _known(point: str, kind: str, why: str) -> str | None:
+    name = next((v for k, v in KNOWN.items() if why.startswith(k)), None)
+    if name is None and kind in ("interrupt then death", "interrupt then eio") and "handler's store" in point:
+        if why.startswith("not released within"):
+            return ABANDONED_VOID  # test_a_void_abandoned_after_making_the_next_generation_strands_nobody
+    return name
 
 
 @pytest.fixture(autouse=True)
@@ -69,7 +78,7 @@ def test_every_fault_point_of_a_small_world(sc: Scenario, capsys):
     known: dict[str, int] = {}
     unknown = []
     for point, kind, why in rep.failures:
-        name = next((v for k, v in KNOWN.items() if why.startswith(k)), None)
+        name = _known(point, kind, why)
         if name is None:
             unknown.append(f"{kind} at {point}: {why}")
         else:
@@ -128,6 +137,27 @@ def test_rank0_whose_go_fails_in_its_handler_still_starts_with_its_release():
     q = w.procs[pt.proc]
     assert q.status == "done" and q.result.generation == 1, (q.status, q.error)
     assert any("handler" in line for line in w.log), "the handler's fault was not placed"
+
+
+@pytest.mark.xfail(strict=True, reason="open finding of the enumeration: a void abandoned midway strands the world")
+def test_a_void_abandoned_after_making_the_next_generation_strands_nobody():
+    """Found by the enumeration ("3 explicit, peer jobs, relay": an interrupt on a member, then its
+    handler's void dies -- or meets EIO -- after making generation 2's directories and before
+    creating generation 1's restart record).  Generation 1 stays undecided with its members
+    waiting for rank 0; rank 0, arriving late (its job was pending), joins the newest generation,
+    2, and waits for members there: nobody is released (liveness, once faults stop).  Open: the
+    void (``Participant.void``) or the joining rule (a late explicit rank 0 and an undecided
+    older generation) must change; not fixed in this round."""
+    sc = SCENARIOS[6]
+    pt = next(p for p in count_points(sc) if p.role == "member" and p.where == "store")
+    w = sc.world(plan=[(pt, "interrupt")])
+    w.handler_ops = []
+    sc.script(w)
+    k = [op for where, op in w.handler_ops if where == "store"].index("mkdir gen-00000002/master")
+    w = sc.world(plan=[(pt, "interrupt")])
+    w.handler = ("store", k, "death")
+    sc.script(w)
+    w.run_to_completion()
 
 
 @pytest.mark.xfail(strict=True, reason="issue 29 item 7 (spares rules, helper 'spares'): two spares form a world")
