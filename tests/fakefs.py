@@ -245,6 +245,7 @@ class FakeStore(Store):
         self.seen: dict[str, int] = {}  # name -> history index last returned (caches never go back)
         self.listed: dict[str, float] = {}  # directory -> truth time of the last listing returned
         self.ops = 0
+        self.trace: list[tuple[str, str]] | None = None  # (op, name) of every operation, when a list (enumeration)
         self._crash_at: int | None = None
         self._crash_after_effect = False
         self._crash_exc: Callable[[str], BaseException] | None = None
@@ -409,8 +410,10 @@ class FakeStore(Store):
         self._lost_reply_match = match
         self._lost_reply_blind = blind_for
 
-    def _op(self) -> bool:
+    def _op(self, op: str = "", name: str = "") -> bool:
         """Count one operation; True if the process dies in it."""
+        if self.trace is not None:
+            self.trace.append((op, name))
         n = self.ops
         self.ops += 1
         if self._hook is not None and n >= self._hook_at:
@@ -423,7 +426,7 @@ class FakeStore(Store):
 
     # ------------------------------------------------------------------ reads
     def read(self, name: str) -> bytes | None:
-        if self._op():
+        if self._op("read", name):
             raise self._death(f"{self.node} died reading {name}")
         fs = self.fs
         if self.hidden(name):
@@ -443,7 +446,7 @@ class FakeStore(Store):
         return h[idx].data
 
     def listdir(self, name: str = "") -> list[str]:
-        if self._op():
+        if self._op("listdir", name):
             raise self._death(f"{self.node} died listing {name!r}")
         if name and self.hidden(name):
             return []  # opendir() needs a lookup of the directory, which the cache answers "absent"
@@ -465,7 +468,7 @@ class FakeStore(Store):
             raise FileNotFoundError(f"{self.path(parent(name))}: no such directory")
 
     def publish(self, name: str, data: bytes) -> None:
-        crash = self._op()
+        crash = self._op("publish", name)
         self._check_parent(name)
         if crash and not self._crash_after_effect:
             self.fs.new_tmp(parent(name), self.node)  # written (perhaps partly), never renamed
@@ -481,7 +484,7 @@ class FakeStore(Store):
             raise self._death(f"{self.node} died after publishing {name}")
 
     def create(self, name: str, data: bytes) -> bool:
-        crash = self._op()
+        crash = self._op("create", name)
         self._check_parent(name)
         fs = self.fs
         if fs.current(name) is not None or fs.dir_exists(name):
@@ -515,7 +518,7 @@ class FakeStore(Store):
         return True
 
     def mkdir(self, name: str) -> bool:
-        crash = self._op()
+        crash = self._op("mkdir", name)
         if crash and not self._crash_after_effect:
             raise self._death(f"{self.node} died before mkdir {name}")
         if parent(name) and self.hidden(parent(name)):
@@ -539,7 +542,7 @@ class FakeStore(Store):
         return made
 
     def remove(self, name: str) -> None:
-        crash = self._op()
+        crash = self._op("remove", name)
         if crash and not self._crash_after_effect:
             raise self._death(f"{self.node} died before removing {name}")
         if self.fs.current(name) is not None and not self.hidden(name):  # ENOENT from the cache: ignored
@@ -549,7 +552,7 @@ class FakeStore(Store):
             raise self._death(f"{self.node} died after removing {name}")
 
     def retire(self, name: str) -> bool:
-        crash = self._op()
+        crash = self._op("retire", name)
         if crash and not self._crash_after_effect:
             raise self._death(f"{self.node} died before retiring {name}")
         gone = False if self.hidden(name) else self.fs.retire_truth(name, self.node)

@@ -331,6 +331,7 @@ class FakeNet:
         self.net_ops: dict[Any, int] = {}  # owner -> sends and polls counted (arm_fault)
         self.faults: dict[Any, tuple[int, Callable[[str], BaseException], bool, Callable | None]] = {}
         self._fault_due: dict[Any, Callable[[str], BaseException]] = {}
+        self.trace: list[tuple[Any, str, str]] | None = None  # (owner, send|poll, message type), when a list
 
     # ------------------------------------------------------------------ exceptions inside calls
     def arm_fault(
@@ -342,7 +343,8 @@ class FakeNet:
         match: Callable[[str, dict | None], bool] | None = None,
     ) -> None:
         """``owner``'s ``after_ops``-th next ``send`` or ``poll`` raises ``exc(what)``, before or after it takes
-        effect (a ``KeyboardInterrupt`` from SIGTERM lands wherever the process is).  ``match(what, msg)``:
+        effect (a ``KeyboardInterrupt`` from SIGTERM lands wherever the process is); an ``exc`` that returns
+        None raises nothing (it did something there instead: the enumeration's pause).  ``match(what, msg)``:
         count only the calls it accepts (``what`` is ``send`` or ``poll``; ``msg`` what is sent)."""
         if match is None:
             at = self.net_ops.get(owner, 0) + after_ops
@@ -359,11 +361,14 @@ class FakeNet:
     def fault_point(self, owner, what: str, *, after: bool, msg: dict | None = None) -> None:
         if after:
             exc = self._fault_due.pop(owner, None)
-            if exc is not None:
-                raise exc(f"{what} {msg.get('t') if msg else ''} (after it took effect)")
+            e = exc(f"{what} {msg.get('t') if msg else ''} (after it took effect)") if exc is not None else None
+            if e is not None:
+                raise e
             return
         n = self.net_ops.get(owner, 0)
         self.net_ops[owner] = n + 1
+        if self.trace is not None:
+            self.trace.append((owner, what, str(msg.get("t")) if msg else ""))
         armed = self.faults.get(owner)
         if armed is None:
             return
@@ -379,7 +384,9 @@ class FakeNet:
         if armed[2]:
             self._fault_due[owner] = armed[1]
         else:
-            raise armed[1](what)
+            e = armed[1](what)
+            if e is not None:  # a factory may act there instead (a pause: the others run meanwhile)
+                raise e
 
     def sent(self, pipe: Pipe, direction: int, msg: dict) -> None:
         if self.on_send is not None and msg.get("t") != "ping":

@@ -119,3 +119,29 @@ def test_hostfile_world_of_5000_gets_its_member_list_without_a_long_line():
     assert out["long_lines"] == 0, out
     assert out["members_asked"] >= 90 and out["members_ok"] == out["members_asked"], out
     assert out["generations"] == [1], out
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signal_on_a_member_just_after_its_ack_keeps_one_world(procs, d, sig):
+    """Issue 29, measured 1 (found again by the fault enumeration, ``tests/test_exhaustive.py``): a
+    signal landing on a member just after its ``ack`` left (``FSMINGLE_TEST_PAUSE=ack:SECONDS``),
+    while rank 0 releases with it.  Before, the member recorded its ack only after the send: its
+    withdraw voided, lost to the release and never read it back, and it exited 130 "withdrew" while
+    rank 0 started with it.  Now its commit window opens before the ack leaves: it reads the
+    release back and exits 143, too late to withdraw; rank 0 starts in generation 1."""
+    r0 = procs.env(d, JOB, "--nnodes", 2, "--node-rank", 0, timeout=60, stale_after=10, name="r0")
+    m = procs.env(
+        d, JOB, "--nnodes", 2, "--node-rank", 1, timeout=60, stale_after=10, name="m",
+        extra_env={"FSMINGLE_TEST_PAUSE": "ack:30"},
+    )  # fmt: skip
+    rel = wait_for(lambda: release_of(d, JOB, 1), 30, "rank 0 to create generation 1's release.json")
+    assert rel["state"] == "released", rel
+    m.signal(sig)
+    rc = m.wait(30)
+    name = "SIGTERM" if sig == signal.SIGTERM else "SIGINT"
+    assert rc == 143, f"the member exited {rc}:\n{m.stderr()[-3000:]}"
+    assert f"terminated ({name}) after job {JOB} generation 1 was released" in m.stderr(), m.stderr()
+    assert "Traceback" not in m.stderr()
+    (res,) = results([r0], timeout=30)
+    assert (res["generation"], res["node_rank"]) == (1, 0), res
+    assert release_of(d, JOB, 2) is None  # nobody regrouped

@@ -149,12 +149,18 @@ class Leaving:
                 self.in_doubt = decided is None
         mine = self.decision_for_me(decided) if decided is not None else None
         if self.role is not None:
-            if mine is not None:
-                self.role.leaving("", released=decided)
-            else:
-                # "void" on the wire only where no release can exist: nothing acknowledged, or
-                # a restart record created by us or read back.
-                self.role.leaving(f"{reason}; it left", voided=voided or not acked or decided is not None)
+            try:
+                if mine is not None:
+                    self.role.leaving("", released=decided)
+                else:
+                    # "void" on the wire only where no release can exist: nothing acknowledged, or
+                    # a restart record created by us or read back.
+                    self.role.leaving(f"{reason}; it left", voided=voided or not acked or decided is not None)
+            except (OSError, FsmingleError) as e:
+                # Telling the others is a courtesy: what this participant is, the record says (a
+                # released rank 0 whose go could not leave still starts; the members that miss it
+                # lose the connection and read release.json).  Found by the fault enumeration.
+                log.warning("could not tell the others how this participant leaves: %s", e)
             self.role.close()  # rank 0 sees the connection drop at once
             self.role = None
         if self.hub is not None:

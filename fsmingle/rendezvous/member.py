@@ -52,6 +52,7 @@ from .member_auth import Sealed
 from .member_ending import Ending
 from .member_list import MemberList
 from .states import RankSet, State
+from .testhooks import pause
 
 log = logging.getLogger("fsmingle")
 
@@ -419,8 +420,12 @@ class Member(Ending, Sealed):
                         ack["port"] = p.hub.port
                     except ConfigError as e:
                         ack["error"] = str(e)
-                self.link.send(self._sign(ack))
+                # The commit window opens before the ack leaves (as rank 0's before its create): a
+                # signal landing between the send and this flag would leave a member rank 0 can
+                # release that withdraws (void lost to the release) without reading the decision.
                 self.acked = "error" not in ack and "mesh_fail" not in ack
+                self.link.send(self._sign(ack))
+                pause("ack")  # tests only: land a signal just after the ack left (fsmingle.rendezvous.testhooks)
         elif t == "members":
             if self.acked:
                 self.member_list.add(m, p.gen)

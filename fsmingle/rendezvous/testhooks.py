@@ -5,7 +5,8 @@ sending the last ``go`` (the commit window, ``docs/protocol.md``).  A test that 
 signal there sets ``FSMINGLE_TEST_PAUSE=<point>:<seconds>`` in one participant's environment, and
 that participant sleeps at the named point.  Points: ``commit`` (rank 0, after ``release.json``
 was created, before any ``go``); ``beacon`` (any participant, after writing its beacon: a member
-that claimed its rank has not said hello yet, so its world is full but cannot be released).  Nothing else reads the variable; unset, :func:`pause` is one
+that claimed its rank has not said hello yet, so its world is full but cannot be released); ``ack``
+(a member, just after its ``ack`` left: rank 0 may release while the member's signal lands).  Nothing else reads the variable; unset, :func:`pause` is one
 dictionary lookup.
 """
 

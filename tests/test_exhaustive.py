@@ -1,0 +1,202 @@
+"""Every fault point of small worlds, with every fault kind, on the model (issue 29): the real
+``Participant`` on :mod:`fakefs` and :mod:`fakenet`, deterministic (:mod:`model_enum` says how).
+
+Each scenario is counted once without faults, then run once per (fault point x fault kind); every
+oracle of :class:`model_world.World` is checked on every action of every run, then liveness once
+faults stop, then :func:`model_enum.final_oracles` and :func:`model_enum.transient_oracle`.  The
+counts (fault points per role, runs, seconds) are printed; ``docs/protocol.md`` ("Every fault
+point, enumerated") keeps the last measured ones.
+
+``FSMINGLE_ENUM_DEPTH=2`` runs every pair of faults as well (the second among the fault points of
+the run with the first): a deeper run, for a protocol change, far too long for CI.
+
+Findings (each with its replay below, failing before its fix): a member interrupted between its
+ack and recording it (fixed: ``Member._on_message`` opens the commit window first); rank 0 whose
+handler failed telling the members their go (fixed: ``Leaving.withdraw``, best effort); two spares
+forming a world of their own, and a node failed by a write that took effect and reported EIO
+(others' areas, xfail until their fixes are merged).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+try:
+    from model_enum import DEPTH, EFFECT_THEN_EIO, Scenario, count_points, enumerate_scenario, final_oracles, run_one
+except ImportError:  # tests/ imported as a package
+    from tests.model_enum import (
+        DEPTH,
+        EFFECT_THEN_EIO,
+        Scenario,
+        count_points,
+        enumerate_scenario,
+        final_oracles,
+        run_one,
+    )
+
+SCENARIOS = [
+    Scenario("2 explicit", 2, explicit=True),
+    Scenario("2 first-come", 2),
+    Scenario("3 explicit", 3, explicit=True),
+    Scenario("3 first-come", 3),
+    Scenario("2 first-come per-rank --port", 2, mode="rank", master_port=29500),
+    Scenario("2 first-come + spare", 2, spares=1),
+    Scenario("3 explicit, peer jobs, relay", 3, explicit=True, peers=True),
+    Scenario("2 explicit, peer jobs, relay + spare", 2, explicit=True, spares=1, peers=True),
+]
+# Elastic MIN:MAX worlds: fsmingle has no elastic size (a world is exactly --nnodes), so none here.
+
+# Findings in other modules' areas, tolerated here (printed) until their fixes are merged; each has
+# a strict xfail replay below.  Oracle message prefix -> finding.
+KNOWN = {EFFECT_THEN_EIO: "issue 29 item 6: an effect-then-EIO write fails the node (no read-back)"}
+ABANDONED_VOID = "a void abandoned after its next generation was made strands the world (open)"
+
+
+def _known(point: str, kind: str, why: str) -> str | None:
+    name = next((v for k, v in KNOWN.items() if why.startswith(k)), None)
+    if name is None and kind in ("interrupt then death", "interrupt then eio") and "handler's store" in point:
+        if why.startswith("not released within"):
+            return ABANDONED_VOID  # test_a_void_abandoned_after_making_the_next_generation_strands_nobody
+    return name
+
+
+@pytest.fixture(autouse=True)
+def _quiet():
+    level = logging.getLogger("fsmingle").level
+    logging.getLogger("fsmingle").setLevel(logging.CRITICAL)
+    yield
+    logging.getLogger("fsmingle").setLevel(level)
+
+
+# About 5-50 CPU seconds each; the default 600 s wall limit is too short on a loaded shared machine.
+@pytest.mark.timeout(3600)
+@pytest.mark.parametrize("sc", SCENARIOS, ids=[sc.name for sc in SCENARIOS])
+def test_every_fault_point_of_a_small_world(sc: Scenario, capsys):
+    rep = enumerate_scenario(sc, DEPTH)
+    known: dict[str, int] = {}
+    unknown = []
+    for point, kind, why in rep.failures:
+        name = _known(point, kind, why)
+        if name is None:
+            unknown.append(f"{kind} at {point}: {why}")
+        else:
+            known[name] = known.get(name, 0) + 1
+    with capsys.disabled():
+        print(f"\n[fault enumeration, depth {DEPTH}] {rep.line()}")
+        for name, n in known.items():
+            print(f"    known finding, {n} runs: {name}")
+    assert not unknown, f"{len(unknown)} runs broke an oracle:\n" + "\n".join(unknown[:20])
+
+
+def test_the_enumeration_is_deterministic():
+    """A search that can fail CI by chance is a flaky test: the same scenario counts the same points."""
+    sc = SCENARIOS[3]
+    assert count_points(sc) == count_points(sc)
+
+
+def _point(sc: Scenario, role: str, op: str, nth: int = 0):
+    pts = [p for p in count_points(sc) if p.role == role and p.op == op]
+    assert len(pts) > nth, f"no {role} {op!r} in {sc.name}"
+    return pts[nth]
+
+
+# ---------------------------------------------------------------------------------------------
+# Findings, replayed.
+
+
+@pytest.mark.parametrize("sc", [SCENARIOS[0], SCENARIOS[3]], ids=["2 explicit", "3 first-come"])
+def test_a_member_interrupted_between_sending_its_ack_and_recording_it_is_released(sc):
+    """Issue 29, measured 1 (found again by the enumeration: ``interrupt-late`` at a member's
+    ``send ack``): the ack left, rank 0 had every ack and created ``release.json`` while the
+    member's SIGTERM handler had not run yet; ``withdraw()`` then voided, lost to the release and,
+    ``acked`` not yet set, never read the decision back: exit 130 "withdrew" while the others start
+    with it (``World._note_left``).  The member's commit window now opens before its ack leaves."""
+    pt = _point(sc, "member", "send ack")
+    why, w = run_one(sc, [(pt, "interrupt-late")])
+    assert why is None, why
+    q = w.procs[pt.proc]
+    assert q.status == "done" and q.result is not None and q.interrupted is not None, (q.status, q.error)
+    assert q.result.generation == 1
+
+
+def test_rank0_whose_go_fails_in_its_handler_still_starts_with_its_release():
+    """Found by the enumeration (an interrupt at rank 0's ``send go``, then EIO at the first network
+    call of its handler): rank 0 had created ``release.json``; ``withdraw()`` read it back (it
+    stands) and told the members -- and the error raised there left ``withdraw()``: rank 0 exited
+    with it while the release names it (``World._note_left``).  Telling the others is best effort
+    now (``Leaving.withdraw``): the members that miss the go read ``release.json``."""
+    sc = SCENARIOS[0]
+    pt = _point(sc, "rank0", "send go")
+    w = sc.world(plan=[(pt, "interrupt")])
+    w.handler = ("net", 0, "eio")
+    sc.script(w)
+    w.run_to_completion()
+    final_oracles(w)
+    q = w.procs[pt.proc]
+    assert q.status == "done" and q.result.generation == 1, (q.status, q.error)
+    assert any("handler" in line for line in w.log), "the handler's fault was not placed"
+
+
+@pytest.mark.xfail(strict=True, reason="open finding of the enumeration: a void abandoned midway strands the world")
+def test_a_void_abandoned_after_making_the_next_generation_strands_nobody():
+    """Found by the enumeration ("3 explicit, peer jobs, relay": an interrupt on a member, then its
+    handler's void dies -- or meets EIO -- after making generation 2's directories and before
+    creating generation 1's restart record).  Generation 1 stays undecided with its members
+    waiting for rank 0; rank 0, arriving late (its job was pending), joins the newest generation,
+    2, and waits for members there: nobody is released (liveness, once faults stop).  Open: the
+    void (``Participant.void``) or the joining rule (a late explicit rank 0 and an undecided
+    older generation) must change; not fixed in this round."""
+    sc = SCENARIOS[6]
+    pt = next(p for p in count_points(sc) if p.role == "member" and p.where == "store")
+    w = sc.world(plan=[(pt, "interrupt")])
+    w.handler_ops = []
+    sc.script(w)
+    k = [op for where, op in w.handler_ops if where == "store"].index("mkdir gen-00000002/master")
+    w = sc.world(plan=[(pt, "interrupt")])
+    w.handler = ("store", k, "death")
+    sc.script(w)
+    w.run_to_completion()
+
+
+@pytest.mark.xfail(strict=True, reason="issue 29 item 7 (spares rules, helper 'spares'): two spares form a world")
+def test_two_spares_alone_never_form_a_second_world():
+    """Found by the enumeration's fault-free count of "2 first-come + two spares": the world of 2
+    is released in generation 1 and the two spares, waiting in generation 2, are released there
+    together -- two trainings of one job (issue 29, measured 7)."""
+    sc = Scenario("2 first-come + two spares", 2, spares=2)
+    w = sc.world()
+    sc.script(w)
+    w.run_to_completion()
+    final_oracles(w)
+
+
+@pytest.mark.xfail(strict=True, reason="issue 29 item 6 (store read-back, helper 'spares'): EIO after a claim's link")
+def test_a_claim_whose_create_took_effect_and_reported_eio_is_read_back():
+    """Found by the enumeration (``eio-after`` at ``create gen-00000001/rank-00001.claim``): the
+    claim is on the server, but the node fails (StorageError, exit 5) instead of reading it back."""
+    sc = SCENARIOS[0]
+    pt = next(p for p in count_points(sc) if p.op.startswith("create ") and p.op.endswith(".claim") and p.proc == 1)
+    why, _ = run_one(sc, [(pt, "eio-after")])
+    assert why is None, why
+
+
+@pytest.mark.xfail(strict=True, reason="issue 29 item 6 (store read-back, helper 'spares'): EIO after a mkdir")
+def test_a_generation_directory_whose_mkdir_took_effect_and_reported_eio_is_used():
+    """Found by the enumeration (``eio-after`` at ``mkdir gen-00000001``): the directory exists, but
+    the node fails (StorageError, exit 5) instead of finding it there (issue 29, measured 6)."""
+    sc = SCENARIOS[0]
+    pt = next(p for p in count_points(sc) if p.op == "mkdir gen-00000001")
+    why, _ = run_one(sc, [(pt, "eio-after")])
+    assert why is None, why
+
+
+@pytest.mark.xfail(strict=True, reason="issue 29 item 6 (store read-back, helper 'spares'): EIO after a rename")
+def test_a_beacon_whose_publish_took_effect_and_reported_eio_does_not_fail_the_node():
+    """Found by the enumeration (``eio-after`` at ``publish gen-00000001/beacon-*.json``): the beacon
+    was renamed into place, but the node fails (StorageError, exit 5)."""
+    sc = SCENARIOS[0]
+    pt = next(p for p in count_points(sc) if p.op.startswith("publish gen-00000001/beacon-"))
+    why, _ = run_one(sc, [(pt, "eio-after")])
+    assert why is None, why
