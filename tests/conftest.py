@@ -5,12 +5,22 @@
   test leaves running is killed at teardown.
 * ``d``: a rendezvous directory (``--dir``), made 0700 the way users make it once.
 * cluster fixtures (``make_cluster``, ``cluster``, ``make_slurm``...) from ``conftest_cluster``.
+
+Hypothesis searches are derandomized (the same examples on every run): a search that can fail a
+CI run by chance is a flaky test (issue 29).  ``FSMINGLE_HYPOTHESIS_RANDOM=1`` draws fresh examples,
+for a deeper hunt beside ``FSMINGLE_MODEL_EXAMPLES``; a failure it finds becomes a replay test.
 """
 
 import os
 import sys
 
 import pytest
+from hypothesis import settings
+
+# Loaded before any test module builds its settings, which inherit it (hypothesis: a settings
+# object's unset fields come from the profile active when it is created).
+settings.register_profile("fsmingle", derandomize=not os.environ.get("FSMINGLE_HYPOTHESIS_RANDOM"))
+settings.load_profile("fsmingle")
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from helpers import REPO, Procs

@@ -13,8 +13,8 @@ the run with the first): a deeper run, for a protocol change, far too long for C
 Findings (each with its replay below, failing before its fix): a member interrupted between its
 ack and recording it (fixed: ``Member._on_message`` opens the commit window first); rank 0 whose
 handler failed telling the members their go (fixed: ``Leaving.withdraw``, best effort); two spares
-forming a world of their own, and a node failed by a write that took effect and reported EIO
-(others' areas, xfail until their fixes are merged).
+forming a world of their own (fixed: a spare says so, ``decide`` never releases spares alone), and
+a node failed by a write that took effect and reported EIO (fixed: ``joining.py`` reads it back).
 """
 
 from __future__ import annotations
@@ -24,11 +24,10 @@ import logging
 import pytest
 
 try:
-    from model_enum import DEPTH, EFFECT_THEN_EIO, Scenario, count_points, enumerate_scenario, final_oracles, run_one
+    from model_enum import DEPTH, Scenario, count_points, enumerate_scenario, final_oracles, run_one
 except ImportError:  # tests/ imported as a package
     from tests.model_enum import (
         DEPTH,
-        EFFECT_THEN_EIO,
         Scenario,
         count_points,
         enumerate_scenario,
@@ -48,9 +47,9 @@ SCENARIOS = [
 ]
 # Elastic MIN:MAX worlds: fsmingle has no elastic size (a world is exactly --nnodes), so none here.
 
-# Findings in other modules' areas, tolerated here (printed) until their fixes are merged; each has
-# a strict xfail replay below.  Oracle message prefix -> finding.
-KNOWN = {EFFECT_THEN_EIO: "issue 29 item 6: an effect-then-EIO write fails the node (no read-back)"}
+# Open findings, tolerated here (printed) until fixed; each has a strict xfail replay below.  Oracle
+# message prefix -> finding.  (The effect-then-EIO writes of issue 29 item 6 are read back now.)
+KNOWN: dict[str, str] = {}
 ABANDONED_VOID = "a void abandoned after its next generation was made strands the world (open)"
 
 
@@ -160,7 +159,6 @@ def test_a_void_abandoned_after_making_the_next_generation_strands_nobody():
     w.run_to_completion()
 
 
-@pytest.mark.xfail(strict=True, reason="issue 29 item 7 (spares rules, helper 'spares'): two spares form a world")
 def test_two_spares_alone_never_form_a_second_world():
     """Found by the enumeration's fault-free count of "2 first-come + two spares": the world of 2
     is released in generation 1 and the two spares, waiting in generation 2, are released there
@@ -172,7 +170,6 @@ def test_two_spares_alone_never_form_a_second_world():
     final_oracles(w)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 29 item 6 (store read-back, helper 'spares'): EIO after a claim's link")
 def test_a_claim_whose_create_took_effect_and_reported_eio_is_read_back():
     """Found by the enumeration (``eio-after`` at ``create gen-00000001/rank-00001.claim``): the
     claim is on the server, but the node fails (StorageError, exit 5) instead of reading it back."""
@@ -182,7 +179,6 @@ def test_a_claim_whose_create_took_effect_and_reported_eio_is_read_back():
     assert why is None, why
 
 
-@pytest.mark.xfail(strict=True, reason="issue 29 item 6 (store read-back, helper 'spares'): EIO after a mkdir")
 def test_a_generation_directory_whose_mkdir_took_effect_and_reported_eio_is_used():
     """Found by the enumeration (``eio-after`` at ``mkdir gen-00000001``): the directory exists, but
     the node fails (StorageError, exit 5) instead of finding it there (issue 29, measured 6)."""
@@ -192,7 +188,6 @@ def test_a_generation_directory_whose_mkdir_took_effect_and_reported_eio_is_used
     assert why is None, why
 
 
-@pytest.mark.xfail(strict=True, reason="issue 29 item 6 (store read-back, helper 'spares'): EIO after a rename")
 def test_a_beacon_whose_publish_took_effect_and_reported_eio_does_not_fail_the_node():
     """Found by the enumeration (``eio-after`` at ``publish gen-00000001/beacon-*.json``): the beacon
     was renamed into place, but the node fails (StorageError, exit 5)."""
