@@ -22,6 +22,8 @@ import fsmingle
 from .opkinds import ISSUE13_KINDS
 from .rdzv.fsops import OpCounter, install_counting_os
 
+_PLUMBING = {"wrapper", "create_record", "make_dir", "publish_record"}
+
 
 class TracingCounter(OpCounter):
     """An :class:`OpCounter` that also keeps each issue-13 operation's fsmingle callers."""
@@ -34,7 +36,13 @@ class TracingCounter(OpCounter):
         super().add(kind, k)
         p = getattr(self._local, "p", None)
         if kind in ISSUE13_KINDS and p is not None:
-            frames = [f for f in traceback.extract_stack()[:-2] if f"{os.sep}fsmingle{os.sep}" in f.filename]
+            # fsmingle's own frames, but for the store's error-translating decorator (``wrapper``)
+            # and the read-back helpers around a create, which say nothing of who asked.
+            frames = [
+                f
+                for f in traceback.extract_stack()[:-2]
+                if f"{os.sep}fsmingle{os.sep}" in f.filename and f.name not in _PLUMBING
+            ]
             where = " < ".join(f"{os.path.basename(f.filename)}:{f.name}" for f in frames[-3:][::-1])
             self.log[p].append((kind, where))
 

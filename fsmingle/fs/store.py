@@ -49,6 +49,13 @@ _RETRY_READ = (errno.ENOENT, errno.ESTALE, errno.ENOTDIR)
 UNTRUSTED = b""  # read() result for a file that exists but is not ours to trust (never valid JSON)
 
 
+def refused(e: OSError) -> bool:
+    """True if ``e`` is a filesystem's definite refusal of a write (permissions, read-only, full,
+    quota): it took no effect and a retry meets it again, so nothing is read back (an EIO or a
+    timeout, by contrast, may come after the write took effect)."""
+    return (e.errno or 0) in _WRITE_FATAL
+
+
 def storage_error(e: OSError, what: str, path: str) -> StorageError:
     """Translate an OSError from a write, or from a read or listing that no retry fixes (ENOTCONN: the
     node's FUSE client died; EIO: it lost its servers), into a :class:`StorageError` that says what

@@ -20,6 +20,7 @@ import logging
 from ..errors import ConfigError, CorruptStateError, StorageError
 from ..fs.layout import BEACON_RE, GEN_RE, MAX_GENERATION, claim_name, claimed_ranks, gen_name, master_dir, release_name
 from ..fs.records import Claim, Release, encode
+from ..fs.store import refused
 from ..net.hostinfo import port_holder
 from .decision import Placement
 from .states import State
@@ -310,6 +311,8 @@ class Joining:
         try:
             return self.store.create(name, data)
         except StorageError as e:
+            if refused(e):  # full, read-only, no permission: no effect, and no retry helps
+                raise
             got = self.store.read(name)
             if got:
                 log.warning("job %s: creating %s failed (%s), but it %s", self.job_id, name, e, _effect(got == data))
@@ -328,6 +331,8 @@ class Joining:
         try:
             return self.store.mkdir(name)
         except StorageError as e:
+            if refused(e):  # full, read-only, no permission: no effect, and no retry helps
+                raise
             head, _, tail = name.rpartition("/")
             # A listing, not a lookup: the server answers it, a negative lookup cache does not.
             if tail in self.store.listdir(head):
@@ -346,6 +351,8 @@ class Joining:
         try:
             self.store.publish(name, data)
         except StorageError as e:
+            if refused(e):  # full, read-only, no permission: no effect, and no retry helps
+                raise
             if self.store.read(name) == data:
                 log.info("job %s: publishing %s failed (%s), but it took effect", self.job_id, name, e)
                 return
