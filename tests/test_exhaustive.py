@@ -14,7 +14,9 @@ Findings (each with its replay below, failing before its fix): a member interrup
 ack and recording it (fixed: ``Member._on_message`` opens the commit window first); rank 0 whose
 handler failed telling the members their go (fixed: ``Leaving.withdraw``, best effort); two spares
 forming a world of their own, and a node failed by a write that took effect and reported EIO
-(others' areas, xfail until their fixes are merged).
+(fixed in the spares rules and the store's read-back); a void abandoned after making the next
+generation, stranding an explicit world whose rank 0 arrives late (fixed: ``Joining._abandoned_ahead``).
+Every run of every world now breaks no oracle: nothing is tolerated.
 """
 
 from __future__ import annotations
@@ -24,11 +26,10 @@ import logging
 import pytest
 
 try:
-    from model_enum import DEPTH, EFFECT_THEN_EIO, Scenario, count_points, enumerate_scenario, final_oracles, run_one
+    from model_enum import DEPTH, Scenario, count_points, enumerate_scenario, final_oracles, run_one
 except ImportError:  # tests/ imported as a package
     from tests.model_enum import (
         DEPTH,
-        EFFECT_THEN_EIO,
         Scenario,
         count_points,
         enumerate_scenario,
@@ -48,19 +49,6 @@ SCENARIOS = [
 ]
 # Elastic MIN:MAX worlds: fsmingle has no elastic size (a world is exactly --nnodes), so none here.
 
-# Findings in other modules' areas, tolerated here (printed) until their fixes are merged; each has
-# a strict xfail replay below.  Oracle message prefix -> finding.
-KNOWN = {EFFECT_THEN_EIO: "issue 29 item 6: an effect-then-EIO write fails the node (no read-back)"}
-ABANDONED_VOID = "a void abandoned after its next generation was made strands the world (open)"
-
-
-def _known(point: str, kind: str, why: str) -> str | None:
-    name = next((v for k, v in KNOWN.items() if why.startswith(k)), None)
-    if name is None and kind in ("interrupt then death", "interrupt then eio") and "handler's store" in point:
-        if why.startswith("not released within"):
-            return ABANDONED_VOID  # test_a_void_abandoned_after_making_the_next_generation_strands_nobody
-    return name
-
 
 @pytest.fixture(autouse=True)
 def _quiet():
@@ -75,19 +63,10 @@ def _quiet():
 @pytest.mark.parametrize("sc", SCENARIOS, ids=[sc.name for sc in SCENARIOS])
 def test_every_fault_point_of_a_small_world(sc: Scenario, capsys):
     rep = enumerate_scenario(sc, DEPTH)
-    known: dict[str, int] = {}
-    unknown = []
-    for point, kind, why in rep.failures:
-        name = _known(point, kind, why)
-        if name is None:
-            unknown.append(f"{kind} at {point}: {why}")
-        else:
-            known[name] = known.get(name, 0) + 1
+    broken = [f"{kind} at {point}: {why}" for point, kind, why in rep.failures]
     with capsys.disabled():
         print(f"\n[fault enumeration, depth {DEPTH}] {rep.line()}")
-        for name, n in known.items():
-            print(f"    known finding, {n} runs: {name}")
-    assert not unknown, f"{len(unknown)} runs broke an oracle:\n" + "\n".join(unknown[:20])
+    assert not broken, f"{len(broken)} runs broke an oracle:\n" + "\n".join(broken[:20])
 
 
 def test_the_enumeration_is_deterministic():
@@ -139,15 +118,14 @@ def test_rank0_whose_go_fails_in_its_handler_still_starts_with_its_release():
     assert any("handler" in line for line in w.log), "the handler's fault was not placed"
 
 
-@pytest.mark.xfail(strict=True, reason="open finding of the enumeration: a void abandoned midway strands the world")
 def test_a_void_abandoned_after_making_the_next_generation_strands_nobody():
     """Found by the enumeration ("3 explicit, peer jobs, relay": an interrupt on a member, then its
     handler's void dies -- or meets EIO -- after making generation 2's directories and before
     creating generation 1's restart record).  Generation 1 stays undecided with its members
     waiting for rank 0; rank 0, arriving late (its job was pending), joins the newest generation,
-    2, and waits for members there: nobody is released (liveness, once faults stop).  Open: the
-    void (``Participant.void``) or the joining rule (a late explicit rank 0 and an undecided
-    older generation) must change; not fixed in this round."""
+    2, and waits for members there: nobody is released (liveness, once faults stop).  Fixed in the
+    joining rule (``Joining._abandoned_ahead``): a joiner that finds the newest generation without
+    a claim and the one below it undecided joins the one below."""
     sc = SCENARIOS[6]
     pt = next(p for p in count_points(sc) if p.role == "member" and p.where == "store")
     w = sc.world(plan=[(pt, "interrupt")])
@@ -160,7 +138,6 @@ def test_a_void_abandoned_after_making_the_next_generation_strands_nobody():
     w.run_to_completion()
 
 
-@pytest.mark.xfail(strict=True, reason="issue 29 item 7 (spares rules, helper 'spares'): two spares form a world")
 def test_two_spares_alone_never_form_a_second_world():
     """Found by the enumeration's fault-free count of "2 first-come + two spares": the world of 2
     is released in generation 1 and the two spares, waiting in generation 2, are released there
@@ -172,7 +149,6 @@ def test_two_spares_alone_never_form_a_second_world():
     final_oracles(w)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 29 item 6 (store read-back, helper 'spares'): EIO after a claim's link")
 def test_a_claim_whose_create_took_effect_and_reported_eio_is_read_back():
     """Found by the enumeration (``eio-after`` at ``create gen-00000001/rank-00001.claim``): the
     claim is on the server, but the node fails (StorageError, exit 5) instead of reading it back."""
@@ -182,7 +158,6 @@ def test_a_claim_whose_create_took_effect_and_reported_eio_is_read_back():
     assert why is None, why
 
 
-@pytest.mark.xfail(strict=True, reason="issue 29 item 6 (store read-back, helper 'spares'): EIO after a mkdir")
 def test_a_generation_directory_whose_mkdir_took_effect_and_reported_eio_is_used():
     """Found by the enumeration (``eio-after`` at ``mkdir gen-00000001``): the directory exists, but
     the node fails (StorageError, exit 5) instead of finding it there (issue 29, measured 6)."""
@@ -192,7 +167,6 @@ def test_a_generation_directory_whose_mkdir_took_effect_and_reported_eio_is_used
     assert why is None, why
 
 
-@pytest.mark.xfail(strict=True, reason="issue 29 item 6 (store read-back, helper 'spares'): EIO after a rename")
 def test_a_beacon_whose_publish_took_effect_and_reported_eio_does_not_fail_the_node():
     """Found by the enumeration (``eio-after`` at ``publish gen-00000001/beacon-*.json``): the beacon
     was renamed into place, but the node fails (StorageError, exit 5)."""
