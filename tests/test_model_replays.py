@@ -97,3 +97,30 @@ def test_an_asker_that_loses_rank0_while_blind_joins_again(monkeypatch):
     m.crash(i=0)
     m.tick(dt=0.5)
     m.teardown()
+
+
+def test_no_delay_at_the_deadline_after_a_lying_cache_is_no_spin(monkeypatch):
+    """Found by a random run of the machine: a 40 s --timeout, rank 0 partitioned, and a member's
+    host blind to its generation for 20 s.  At the deadline ``next_delay`` is 0 (it caps the wait
+    at the deadline: the next step times out), and the model's bug-7 oracle counted that as a
+    zero-delay retry after ENOENT.  The oracle now counts a spin only before the deadline.  The
+    machine's steps, replayed; teardown checks the oracles."""
+    m = _replay(
+        monkeypatch,
+        size=3, mode="node", rank_policy="explicit", staleness=0.0, pidns="host", cleaner=False,
+        partitioned=set(), fixed_port=False, short_timeout=0, mixed_seed=0, joined=3, initial_lag=0.0,
+        rank_order="arrival", peers=False,
+    )  # fmt: skip
+    m.scheduler_says(i=0, state="PENDING")
+    m.partition(h=4)
+    for _ in range(3):
+        m.partition(h=0)
+    for dt in (0.1, 0.1, 7.0):
+        m.tick(dt=dt)
+    m.scheduler_says(i=0, state="PENDING")
+    m.spurious_enoent(h=1, i=0, secs=20.0)
+    for _ in range(8):
+        m.partition(h=0)
+    for dt in (3.0, 7.0, 7.0):
+        m.tick(dt=dt)
+    m.teardown()
