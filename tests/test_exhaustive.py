@@ -13,8 +13,10 @@ the run with the first): a deeper run, for a protocol change, far too long for C
 Findings (each with its replay below, failing before its fix): a member interrupted between its
 ack and recording it (fixed: ``Member._on_message`` opens the commit window first); rank 0 whose
 handler failed telling the members their go (fixed: ``Leaving.withdraw``, best effort); two spares
-forming a world of their own (fixed: a spare says so, ``decide`` never releases spares alone), and
-a node failed by a write that took effect and reported EIO (fixed: ``joining.py`` reads it back).
+forming a world of their own, and a node failed by a write that took effect and reported EIO
+(fixed in the spares rules and the store's read-back); a void abandoned after making the next
+generation, stranding an explicit world whose rank 0 arrives late (fixed: ``Joining._abandoned_ahead``).
+Every run of every world now breaks no oracle: nothing is tolerated.
 """
 
 from __future__ import annotations
@@ -47,19 +49,6 @@ SCENARIOS = [
 ]
 # Elastic MIN:MAX worlds: fsmingle has no elastic size (a world is exactly --nnodes), so none here.
 
-# Open findings, tolerated here (printed) until fixed; each has a strict xfail replay below.  Oracle
-# message prefix -> finding.  (The effect-then-EIO writes of issue 29 item 6 are read back now.)
-KNOWN: dict[str, str] = {}
-ABANDONED_VOID = "a void abandoned after its next generation was made strands the world (open)"
-
-
-def _known(point: str, kind: str, why: str) -> str | None:
-    name = next((v for k, v in KNOWN.items() if why.startswith(k)), None)
-    if name is None and kind in ("interrupt then death", "interrupt then eio") and "handler's store" in point:
-        if why.startswith("not released within"):
-            return ABANDONED_VOID  # test_a_void_abandoned_after_making_the_next_generation_strands_nobody
-    return name
-
 
 @pytest.fixture(autouse=True)
 def _quiet():
@@ -74,19 +63,10 @@ def _quiet():
 @pytest.mark.parametrize("sc", SCENARIOS, ids=[sc.name for sc in SCENARIOS])
 def test_every_fault_point_of_a_small_world(sc: Scenario, capsys):
     rep = enumerate_scenario(sc, DEPTH)
-    known: dict[str, int] = {}
-    unknown = []
-    for point, kind, why in rep.failures:
-        name = _known(point, kind, why)
-        if name is None:
-            unknown.append(f"{kind} at {point}: {why}")
-        else:
-            known[name] = known.get(name, 0) + 1
+    broken = [f"{kind} at {point}: {why}" for point, kind, why in rep.failures]
     with capsys.disabled():
         print(f"\n[fault enumeration, depth {DEPTH}] {rep.line()}")
-        for name, n in known.items():
-            print(f"    known finding, {n} runs: {name}")
-    assert not unknown, f"{len(unknown)} runs broke an oracle:\n" + "\n".join(unknown[:20])
+    assert not broken, f"{len(broken)} runs broke an oracle:\n" + "\n".join(broken[:20])
 
 
 def test_the_enumeration_is_deterministic():
@@ -138,15 +118,14 @@ def test_rank0_whose_go_fails_in_its_handler_still_starts_with_its_release():
     assert any("handler" in line for line in w.log), "the handler's fault was not placed"
 
 
-@pytest.mark.xfail(strict=True, reason="open finding of the enumeration: a void abandoned midway strands the world")
 def test_a_void_abandoned_after_making_the_next_generation_strands_nobody():
     """Found by the enumeration ("3 explicit, peer jobs, relay": an interrupt on a member, then its
     handler's void dies -- or meets EIO -- after making generation 2's directories and before
     creating generation 1's restart record).  Generation 1 stays undecided with its members
     waiting for rank 0; rank 0, arriving late (its job was pending), joins the newest generation,
-    2, and waits for members there: nobody is released (liveness, once faults stop).  Open: the
-    void (``Participant.void``) or the joining rule (a late explicit rank 0 and an undecided
-    older generation) must change; not fixed in this round."""
+    2, and waits for members there: nobody is released (liveness, once faults stop).  Fixed in the
+    joining rule (``Joining._abandoned_ahead``): a joiner that finds the newest generation without
+    a claim and the one below it undecided joins the one below."""
     sc = SCENARIOS[6]
     pt = next(p for p in count_points(sc) if p.role == "member" and p.where == "store")
     w = sc.world(plan=[(pt, "interrupt")])

@@ -97,3 +97,82 @@ def test_an_asker_that_loses_rank0_while_blind_joins_again(monkeypatch):
     m.crash(i=0)
     m.tick(dt=0.5)
     m.teardown()
+
+
+def test_no_delay_at_the_deadline_after_a_lying_cache_is_no_spin(monkeypatch):
+    """Found by a random run of the machine: a 40 s --timeout, rank 0 partitioned, and a member's
+    host blind to its generation for 20 s.  At the deadline ``next_delay`` is 0 (it caps the wait
+    at the deadline: the next step times out), and the model's bug-7 oracle counted that as a
+    zero-delay retry after ENOENT.  The oracle now counts a spin only before the deadline.  The
+    machine's steps, replayed; teardown checks the oracles."""
+    m = _replay(
+        monkeypatch,
+        size=3, mode="node", rank_policy="explicit", staleness=0.0, pidns="host", cleaner=False,
+        partitioned=set(), fixed_port=False, short_timeout=0, mixed_seed=0, joined=3, initial_lag=0.0,
+        rank_order="arrival", peers=False,
+    )  # fmt: skip
+    m.scheduler_says(i=0, state="PENDING")
+    m.partition(h=4)
+    for _ in range(3):
+        m.partition(h=0)
+    for dt in (0.1, 0.1, 7.0):
+        m.tick(dt=dt)
+    m.scheduler_says(i=0, state="PENDING")
+    m.spurious_enoent(h=1, i=0, secs=20.0)
+    for _ in range(8):
+        m.partition(h=0)
+    for dt in (3.0, 7.0, 7.0):
+        m.tick(dt=dt)
+    m.teardown()
+
+
+def test_a_contester_that_finds_its_own_claim_holds_it(monkeypatch):
+    """Found by a random run of the machine: rank 0's claim create in generation 2 took effect and
+    reported EIO, and the negative lookup entry the error left (5 s) hid the claim from the
+    read-back and after the retry's EEXIST.  The node went on to contest rank 0, read the claim
+    once the entry expired -- its own instance -- judged its own beacon alive and failed itself
+    with RankConflictError (the oracle: ``holder is not q``).  A contester that finds its own
+    claim now holds the rank.  The machine's steps, replayed; teardown checks the oracles."""
+    m = _replay(monkeypatch, size=3, mode='node', rank_policy='explicit', staleness=0.0, fixed_port=False, pidns='host', cleaner=False, partitioned=set(), short_timeout=0, mixed_seed=0, joined=3, initial_lag=0.0, rank_order='arrival', peers=False)  # fmt: skip
+    m.restart(crash_at=None, i=0, new_host=False)
+    m.partition(h=0)
+    m.partition(h=0)
+    m.partition(h=4)
+    m.partition(h=4)
+    m.tick(dt=0.1)
+    m.partition(h=0)
+    m.partition(h=1)
+    m.partition(h=0)
+    m.partition(h=0)
+    m.partition(h=0)
+    m.partition(h=0)
+    m.partition(h=0)
+    m.partition(h=0)
+    m.partition(h=0)
+    m.partition(h=0)
+    m.spurious_enoent(h=4, i=63, secs=5.0)
+    m.spurious_enoent(h=5, i=36, secs=20.0)
+    m.restart(crash_at=None, i=4, new_host=True)
+    m.spurious_enoent(h=5, i=22, secs=20.0)
+    m.spurious_enoent(h=2, i=27, secs=61.0)
+    m.spurious_enoent(h=0, i=6, secs=61.0)
+    m.partition(h=6)
+    m.spurious_enoent(h=7, i=54, secs=0.5)
+    m.io_error(after_effect=True, blind=0.0, h=3, k=1, ops=("publish",), which="claim")
+    m.io_error(after_effect=True, blind=0.0, h=1, k=0, ops=("publish",), which="release")
+    m.io_error(after_effect=False, blind=0.0, h=4, k=0, ops=("create",), which="claim")
+    m.partition(h=5)
+    m.restart(crash_at=8, i=3, new_host=False)
+    m.spurious_enoent(h=2, i=31, secs=20.0)
+    m.restart(crash_at=None, i=2, new_host=True)
+    m.tick(dt=7.0)
+    m.spurious_enoent(h=1, i=3, secs=61.0)
+    m.io_error(after_effect=True, blind=5.0, h=5, k=2, ops=("create",), which="release")
+    m.io_error(after_effect=True, blind=61.0, h=6, k=0, ops=("create", "publish"), which="claim")
+    m.io_error(after_effect=False, blind=0.0, h=1, k=2, ops=("create", "publish"), which="release")
+    m.tick(dt=0.5)
+    m.io_error(after_effect=False, blind=61.0, h=2, k=1, ops=("create",), which="release")
+    m.tick(dt=7.0)
+    m.io_error(after_effect=True, blind=5.0, h=0, k=0, ops=("create", "publish"), which="claim")
+    m.tick(dt=7.0)
+    m.teardown()

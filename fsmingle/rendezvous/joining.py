@@ -47,7 +47,10 @@ class Joining:
         if g - 1 in gens and g - 1 > self.left:
             # The newest generation was made ahead by the decider of the one before it:
             # say so if that one was released (a late participant, or a re-run).
-            self._note_released(g - 1, self.read_release(g - 1))
+            before = self.read_release(g - 1)
+            self._note_released(g - 1, before)
+            if before is None and self._abandoned_ahead(g):
+                g -= 1
         while True:
             if g > MAX_GENERATION:
                 raise CorruptStateError(f"job {self.job_id} exhausted generation numbers; run `fsmingle clean`")
@@ -86,6 +89,20 @@ class Joining:
         # unreadable, which proves nothing for stale_after (fsmingle.rendezvous.liveness).
         self._enoent_since = None
         return self._claim(created)  # which reports progress (hold(), or a note): after the first write
+
+    def _abandoned_ahead(self, g: int) -> bool:
+        """True if generation ``g`` (the newest) has no claim while ``g - 1`` is undecided: join ``g - 1``.
+
+        ``g`` is made before ``g - 1`` is decided only by a decider of ``g - 1``
+        (``Participant.prepare_next``), whose record follows at once -- unless it died or met an
+        error in between (found by the fault enumeration: a member's SIGTERM handler dying inside
+        its void).  Then ``g - 1``'s members wait there for ever for whoever joins ``g``.  Joining
+        an undecided generation is always safe (every decision is an exclusive record, read by
+        all its members); if the decision follows after all, this joiner moves on as they do.
+        One listing of ``g`` (names the directory listing already showed, so no lookup of a name
+        that may not exist yet), asked only while ``g - 1`` is undecided.
+        """
+        return not claimed_ranks(self.store.listdir(gen_name(g)))
 
     def _on_enoent(self) -> None:
         # ENOENT on our generation directory: either it was retired (cleaned as

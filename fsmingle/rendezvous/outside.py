@@ -77,6 +77,13 @@ class OutsideWorld:
         self.heartbeat_if_due(now)
         holder = self.contest_holder or self.read_claim(r)
         self.contest_holder = holder
+        if holder == self.instance:
+            # The claim is ours: our create took effect, reported an error, and a negative lookup
+            # entry left by that error hid it from the read-back and after the EEXIST of the retry
+            # (Joining.create_record).  Found by the model: this node judged its own beacon alive
+            # and failed itself with RankConflictError.
+            log.info("job %s: rank %d of generation %d was claimed by this node after all", self.job_id, r, self.gen)
+            return self.hold(r)
         verdict, b = self.judge_rank(r, now, holder)
         if verdict is Verdict.ALIVE and self._displaces(b):
             self.void(
