@@ -23,8 +23,8 @@ from .errors import (
     StorageError,
     UnsafeDirectoryError,
 )
-from .rendezvous.participant import Progress, Timing
-from .worlds import World, worlds
+from .inprocess import World, worlds
+from .protocol.participant import Progress, Timing
 
 __all__ = [
     "__version__",

@@ -1,3 +1,3 @@
-from .cli.app import main
+from .cli.commands import main
 
 main(prog_name="fsmingle")

@@ -19,9 +19,9 @@ from .fs.jobdir import open_job_dir
 from .net.channel import TcpTransport
 from .net.hostinfo import local_process_alive, this_process
 from .net.netaddr import choose_address, interface_of, socket_ifname_env
-from .rendezvous.cleanup import locked_cleaner
-from .rendezvous.decision import Placement, expand_nodelist
-from .rendezvous.participant import Participant, SystemClock, Timing
+from .protocol.cleanup import locked_cleaner
+from .protocol.decision import Placement, expand_nodelist
+from .protocol.participant import Participant, SystemClock, Timing
 
 log = logging.getLogger("fsmingle")
 
@@ -358,8 +358,8 @@ _API_OPTIONS = frozenset(o.name for o in options.OPTIONS if not o.cli_only)
 
 def _queue_watch(v, s, env):
     """Peer jobs to ask the scheduler about (``--peer-jobs``, ``FSMINGLE_PEER_JOBS``, a job array's
-    tasks): a :class:`~fsmingle.rendezvous.queue.QueueWatch`, or None when there are none."""
-    from .rendezvous.queue import QueueWatch, peers_from_env
+    tasks): a :class:`~fsmingle.protocol.queue.QueueWatch`, or None when there are none."""
+    from .protocol.queue import QueueWatch, peers_from_env
 
     given = v.peer_jobs or env.get("FSMINGLE_PEER_JOBS")
     nn = env.get("SLURM_NNODES", "")

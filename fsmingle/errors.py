@@ -167,7 +167,7 @@ class InterruptedInCommitWindow(KeyboardInterrupt):
     """An interrupt (SIGINT, or SIGTERM in ``fsmingle run``) inside the commit window whose decision
     could not be read back: a release naming this participant may stand, so it did not withdraw.
 
-    Raised by :meth:`fsmingle.rendezvous.participant.Participant.run` (``fsmingle.rendezvous()``) from the
+    Raised by :meth:`fsmingle.protocol.participant.Participant.run` (``fsmingle.rendezvous()``) from the
     original interrupt; the CLI exits 143.  A ``KeyboardInterrupt``, so code that stops on Ctrl-C
     still stops.  Attributes: ``job_id`` (str), ``generation`` (int), ``rank`` (int | None).
     """
@@ -249,7 +249,7 @@ class PeerJobEndedError(FsmingleError, RuntimeError):
     """A peer job of this training (``--peer-jobs``, or a task of this job array) ended in the
     scheduler without joining: CANCELLED, FAILED, TIMEOUT, NODE_FAIL, COMPLETED...  The world
     cannot complete, so every participant fails at once instead of waiting out ``--timeout``
-    (see :mod:`fsmingle.rendezvous.queue`).
+    (see :mod:`fsmingle.protocol.queue`).
 
     Attributes:
         ended (str): the jobs, their states and reasons.

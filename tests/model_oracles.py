@@ -3,7 +3,7 @@ message on the wire, every process's exit and every run's end must satisfy.  A m
 state (``fs``, ``net``, ``procs``, ``releases``...) is :class:`model_world.World`'s.
 
 * never two released instances of one rank; everyone released agrees on one world per generation,
-  and each placement is what :func:`fsmingle.rendezvous.decision.placements` gives for that
+  and each placement is what :func:`fsmingle.protocol.decision.placements` gives for that
   generation's authentic ``release.json``;
 * every member of a released world was alive, connected to its master and had acknowledged the
   release when ``release.json`` was created (or its loss was not observable by rank 0 yet);
@@ -34,8 +34,8 @@ from fsmingle.fs.layout import (
     release_name,
 )
 from fsmingle.fs.records import Claim, Release, decode
-from fsmingle.rendezvous.decision import Placement, placements
-from fsmingle.rendezvous.participant import Timing
+from fsmingle.protocol.decision import Placement, placements
+from fsmingle.protocol.participant import Timing
 
 try:
     import fakefs

@@ -1,9 +1,9 @@
-"""Issue 24 on the model: a fake scheduler (``squeue`` as :class:`fsmingle.rendezvous.queue.QueueWatch`
+"""Issue 24 on the model: a fake scheduler (``squeue`` as :class:`fsmingle.protocol.queue.QueueWatch`
 asks it) whose array tasks ``j_s`` are the world's slots, and the worlds the queue tests start from."""
 
 from __future__ import annotations
 
-from fsmingle.rendezvous.queue import ENDED, JobState, QueueWatch
+from fsmingle.protocol.queue import ENDED, JobState, QueueWatch
 
 try:
     from model_world import Proc, World
@@ -55,7 +55,7 @@ def _rank0_held(**kw) -> tuple[World, FakeScheduler]:
 def _asker_due_afresh(w: World) -> Proc:
     """Rank 1, the asker, about to take up asking as if new: its next step lists the generation,
     reads rank 2's beacon (its scheduler job), asks the scheduler, and writes its word."""
-    from fsmingle.rendezvous.queue_relay import Relay
+    from fsmingle.protocol.queue_relay import Relay
 
     one = w.current(1)
     assert one.p.queue.relay.asking

@@ -1,5 +1,5 @@
 """The model's simulated cluster: hosts, processes and the :class:`World` that runs the real
-:class:`fsmingle.rendezvous.participant.Participant` on :mod:`fakefs` and :mod:`fakenet` under a fake
+:class:`fsmingle.protocol.participant.Participant` on :mod:`fakefs` and :mod:`fakenet` under a fake
 clock, step by step, checking the oracles of :mod:`model_oracles` at every action.  Used by the
 hypothesis machine (``test_model.py``), the deterministic scenarios (``test_model_*.py``) and the
 exhaustive fault enumeration (``test_exhaustive.py``).
@@ -18,9 +18,9 @@ from fsmingle.errors import (
 )
 from fsmingle.fs.records import HostId, Release
 from fsmingle.fs.store import Store
-from fsmingle.rendezvous.cleanup import retire_decided_below
-from fsmingle.rendezvous.decision import Placement
-from fsmingle.rendezvous.participant import Participant, State, Timing
+from fsmingle.protocol.cleanup import retire_decided_below
+from fsmingle.protocol.decision import Placement
+from fsmingle.protocol.participant import Participant, State, Timing
 
 try:
     import fakefs
@@ -229,7 +229,7 @@ class World(WorldOracles):
         return q is not None and q.alive and q.hid.pid_start == other.pid_start
 
     def _cleaner_for(self, store: Store):
-        # fsmingle.rendezvous.cleanup.locked_cleaner without the lease (one process acts at a time here)
+        # fsmingle.protocol.cleanup.locked_cleaner without the lease (one process acts at a time here)
         def cleaner(g: int) -> None:
             retire_decided_below(store, g)
 

@@ -1,7 +1,7 @@
 """Issue 21 with real processes: the commit window, rankless voids, the member list's line size.
 
 * A signal on rank 0 between creating ``release.json`` and its last ``go`` (made reachable by
-  ``FSMINGLE_TEST_PAUSE=commit:SECONDS``, :mod:`fsmingle.rendezvous.testhooks`): the release stands, every
+  ``FSMINGLE_TEST_PAUSE=commit:SECONDS``, :mod:`fsmingle.protocol.testhooks`): the release stands, every
   member starts in that generation, rank 0 exits 143 and says it was too late to withdraw.
 * A participant without a rank that disagrees on the world size fails alone (exit 11) and leaves
   the world's generation undecided, however often a restart loop brings it back.

@@ -24,7 +24,7 @@ except ImportError:  # tests/ imported as a package
     from tests.test_model import GLUSTER_NEG, World
 
 from fsmingle.fs.layout import RELEASE
-from fsmingle.rendezvous.participant import State
+from fsmingle.protocol.participant import State
 
 
 def _is_release(name: str) -> bool:

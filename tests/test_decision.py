@@ -1,4 +1,4 @@
-"""Direct tests of rank 0's pure release decision (fsmingle.rendezvous.decision.decide) and of placements.
+"""Direct tests of rank 0's pure release decision (fsmingle.protocol.decision.decide) and of placements.
 
 ``decide`` is the one place that says "release" or "void"; every rule of
 issue 11's "no release on absence of evidence" is checked here on hand-made
@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from fsmingle.fs.records import HostId, Member
 from fsmingle.net.wire import decode_msg, encode_msg
-from fsmingle.rendezvous.decision import (
+from fsmingle.protocol.decision import (
     Action,
     CoordinatorView,
     Placement,
@@ -218,7 +218,7 @@ def test_bug_preparing_with_a_member_gone_from_connected_voids():
 
 @given(size=st.integers(1, 300), data=st.data())
 def test_rankset_is_the_sorted_complement_of_missing(size, data):
-    from fsmingle.rendezvous.states import RankSet
+    from fsmingle.protocol.states import RankSet
 
     missing = data.draw(st.sets(st.integers(-3, size + 3), max_size=20))
     s = RankSet(size, missing)

@@ -338,7 +338,7 @@ def test_status_warns_once_about_an_unreadable_beacon_then_counts(procs, d):
 def test_sigterm_after_the_release_says_too_late_and_exits_143():
     """The handler `fsmingle run`/`env` installs once released (the window before exec is too short to hit)."""
     code = (
-        "import os, signal, time; from types import SimpleNamespace as R; from fsmingle.cli.app import _after_release; "
+        "import os, signal, time; from types import SimpleNamespace as R; from fsmingle.cli.commands import _after_release; "
         "signal.signal(signal.SIGTERM, _after_release(R(job_id='j', generation=3))); "
         "os.kill(os.getpid(), signal.SIGTERM); time.sleep(30)"
     )

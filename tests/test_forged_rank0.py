@@ -138,9 +138,9 @@ def _member_and_rank0(tmp_path):
     from fsmingle.fs.store import PosixStore
     from fsmingle.net.channel import TcpTransport
     from fsmingle.net.hostinfo import this_process
-    from fsmingle.rendezvous.member import Member
-    from fsmingle.rendezvous.participant import Participant
-    from fsmingle.rendezvous.timing import Timing
+    from fsmingle.protocol.member import Member
+    from fsmingle.protocol.participant import Participant
+    from fsmingle.protocol.timing import Timing
 
     root = str(tmp_path)
     store, inst, secret = PosixStore(root), secrets.token_hex(8), new_secret()
@@ -196,7 +196,7 @@ def _steps(p, n=8):
 
 @pytest.mark.parametrize("forgery", ["unsealed", "replayed-from-another-member", "replayed-on-this-connection"])
 def test_a_member_treats_a_forged_go_as_a_lost_connection(tmp_path, forgery):
-    from fsmingle.rendezvous.member import Member
+    from fsmingle.protocol.member import Member
 
     p, conn, lsock, (secret, nonce, mnonce, inst) = _member_and_rank0(tmp_path)
     try:

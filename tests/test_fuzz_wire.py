@@ -1,6 +1,6 @@
 """Fuzzing the edges (issue 21): hostile bytes on rank 0's port, from a fake rank 0, and on disk.
 
-* **Rank 0** (the real :class:`fsmingle.net.channel.Hub` and :class:`fsmingle.rendezvous.rank0.coordinator.Coordinator`:
+* **Rank 0** (the real :class:`fsmingle.net.channel.Hub` and :class:`fsmingle.protocol.rank0.coordinator.Coordinator`:
   a ``Participant`` holding rank 0 of a world of 2 on a temporary directory with ``PosixStore``,
   TCP on loopback) receives, on fresh connections, whatever :func:`wire_payloads` draws: any JSON
   value, messages with the right ``t`` and wrong types, huge numbers, NaN and infinities, nested
@@ -9,7 +9,7 @@
   (``rank_conn`` and ``members`` stay empty, no ``release.json``); rank 0 keeps generation 1 (a
   peer that proved nothing cannot void it); and afterwards the legitimate member is released
   with rank 0, in generation 1.
-* **A member** (the real :class:`fsmingle.rendezvous.member.Member`, explicit rank 1) connects to a fake rank 0
+* **A member** (the real :class:`fsmingle.protocol.member.Member`, explicit rank 1) connects to a fake rank 0
   whose endpoint record is in ``master/``; the fake answers its hello with a welcome, then with
   the drawn lines, each message sealed with the secret (wire 4: what a rank 0 holding the secret
   could send, however malformed) or, drawn, left unsealed (an impostor: a lost connection).
@@ -48,11 +48,11 @@ from fsmingle.fs.store import PosixStore
 from fsmingle.net.channel import TcpTransport
 from fsmingle.net.hostinfo import this_process
 from fsmingle.net.wire import MAX_LINE, WIRE_VERSION, auth_mac, new_nonce, new_secret, seal
-from fsmingle.rendezvous.decision import Placement
-from fsmingle.rendezvous.member import Member
-from fsmingle.rendezvous.participant import Participant, State
-from fsmingle.rendezvous.rank0.coordinator import Coordinator
-from fsmingle.rendezvous.timing import Timing
+from fsmingle.protocol.decision import Placement
+from fsmingle.protocol.member import Member
+from fsmingle.protocol.participant import Participant, State
+from fsmingle.protocol.rank0.coordinator import Coordinator
+from fsmingle.protocol.timing import Timing
 
 JOB = "job-fuzz"
 ADDR = "127.0.0.1"
@@ -71,7 +71,7 @@ FUZZ = settings(
 
 
 class Wire:
-    """Legitimate messages of wire protocol v2 (``fsmingle.rendezvous.member``, ``fsmingle.rendezvous.rank0.coordinator``), as
+    """Legitimate messages of wire protocol v2 (``fsmingle.protocol.member``, ``fsmingle.protocol.rank0.coordinator``), as
     templates the strategies mutate.  ``job``/``gen``: the world under test."""
 
     def __init__(self, job: str = JOB, gen: int = 1, size: int = 2, mode: str = "node"):

@@ -114,7 +114,7 @@ class Rank0:
         from fsmingle.fs.jobdir import open_job_dir
         from fsmingle.net.channel import TcpTransport
         from fsmingle.net.hostinfo import this_process
-        from fsmingle.rendezvous.participant import Participant, Timing
+        from fsmingle.protocol.participant import Participant, Timing
 
         self.base = tmp_path / "rdv"
         self.base.mkdir(mode=0o700)
@@ -322,7 +322,7 @@ def _states(conns, n: int = 2) -> list:
 
 
 def test_unanswered_connections_over_the_source_cap_go_oldest_first_once_their_time_is_up(tmp_path):
-    from fsmingle.rendezvous.rank0.door import UNAUTH_PER_SOURCE
+    from fsmingle.protocol.rank0.door import UNAUTH_PER_SOURCE
 
     r0 = Rank0(tmp_path)  # 0.5 s to answer before a crowd may shed it; 8 s without a crowd
     try:
@@ -348,7 +348,7 @@ def test_unanswered_connections_are_capped_per_24_prefix(tmp_path):
     # Five sources of one /24, each under the per-source cap, together over the prefix's: the
     # oldest go once their time to answer is up (before issue 29 nothing capped them but
     # probe_timeout: any number of addresses gave an attacker any number of connections).
-    from fsmingle.rendezvous.rank0.door import UNAUTH_PER_PREFIX, UNAUTH_PER_SOURCE, prefix_of
+    from fsmingle.protocol.rank0.door import UNAUTH_PER_PREFIX, UNAUTH_PER_SOURCE, prefix_of
 
     assert prefix_of("10.1.2.3") == "10.1.2.0/24" and prefix_of("2001:db8:1:2:3::4") == "2001:db8:1:2::/64"
     r0 = Rank0(tmp_path)
@@ -462,7 +462,7 @@ def test_an_asker_that_asks_again_cannot_keep_a_rank_from_who_waits(rank0):
 
 
 def test_a_connection_that_keeps_asking_without_a_hello_is_dropped(rank0):
-    from fsmingle.rendezvous.rank0 import coordinator
+    from fsmingle.protocol.rank0 import coordinator
 
     MAX_OFFERS_PER_CONN = getattr(coordinator, "MAX_OFFERS_PER_CONN", 8)  # (to run it on older code too)
     a = Raw(rank0)
@@ -568,7 +568,7 @@ def test_ranks_reported_taken_are_kept_from_offers_for_a_lease_only(rank0):
 
 
 def test_ranks_reported_taken_are_bounded(tmp_path):
-    from fsmingle.rendezvous.rank0.offers import KNOWN_TAKEN_MAX
+    from fsmingle.protocol.rank0.offers import KNOWN_TAKEN_MAX
 
     r0 = Rank0(tmp_path, size=KNOWN_TAKEN_MAX + 200)
     try:

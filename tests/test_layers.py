@@ -7,7 +7,7 @@ Layers, bottom to top (each package's ``__init__`` docstring says the same in wo
 0           ``fsmingle.errors`` (the error family every layer raises)
 1           ``fsmingle.fs`` (layout, records, mounts, refusal, store; fscheck on top)
 2           ``fsmingle.net`` (channel, netaddr, hostinfo, mesh)
-3           ``fsmingle.rendezvous`` (the engine) and ``fsmingle.preflight`` (beside it)
+3           ``fsmingle.protocol`` (the engine) and ``fsmingle.preflight`` (beside it)
 4           the faces: ``options``, ``config``, ``api``, ``cli``, ``torchrun``, the package root
 ==========  =====================================================================
 
@@ -28,7 +28,7 @@ LAYERS = {
     "fsmingle.errors": 0,
     "fsmingle.fs": 1,
     "fsmingle.net": 2,
-    "fsmingle.rendezvous": 3,
+    "fsmingle.protocol": 3,
     "fsmingle.preflight": 3,
     "fsmingle.options": 4,
     "fsmingle.config": 4,
@@ -164,11 +164,11 @@ def test_no_harness_module_over_500_lines(path):
 
 def test_the_checker_sees_an_upward_import(tmp_path):
     # The checker itself can fail: a store importing the rendezvous engine is caught.
-    src = "from ..rendezvous.participant import Participant\n"
+    src = "from ..protocol.participant import Participant\n"
     (tmp_path / "x.py").write_text(src)
-    deps = _imports("fsmingle.fs.x", tmp_path / "x.py", {"fsmingle.rendezvous.participant"})
-    assert deps == {"fsmingle.rendezvous.participant"}
-    assert _layer("fsmingle.rendezvous.participant")[1] > _layer("fsmingle.fs.x")[1]
+    deps = _imports("fsmingle.fs.x", tmp_path / "x.py", {"fsmingle.protocol.participant"})
+    assert deps == {"fsmingle.protocol.participant"}
+    assert _layer("fsmingle.protocol.participant")[1] > _layer("fsmingle.fs.x")[1]
 
 
 def test_every_fsmingle_import_names_a_module_that_exists():
@@ -188,3 +188,65 @@ def test_every_fsmingle_import_names_a_module_that_exists():
                 if target not in mods:
                     missing.append(f"{path.relative_to(PKG.parent)}:{node.lineno} imports {target}")
     assert not missing, "imports of modules that do not exist:\n" + "\n".join(missing)
+
+
+def _bound_names(init: Path) -> dict[str, int]:
+    """Names a package's ``__init__`` binds at its top level (imports, defs, classes, assignments),
+    with the line that binds each."""
+    out: dict[str, int] = {}
+    for node in ast.parse(init.read_text()).body:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            for a in node.names:
+                out[(a.asname or a.name).split(".")[0]] = node.lineno
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            out[node.name] = node.lineno
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            out.update((t.id, node.lineno) for t in targets if isinstance(t, ast.Name))
+    return out
+
+
+def _shadowed(pkg_dir: Path) -> list[str]:
+    """Every name a package's ``__init__`` binds to something other than its own submodule of that name."""
+    found = []
+    for init in sorted(pkg_dir.rglob("__init__.py")):
+        children = {p.stem for p in init.parent.glob("*.py") if p.stem != "__init__"}
+        children |= {p.name for p in init.parent.iterdir() if (p / "__init__.py").exists()}
+        for name, line in _bound_names(init).items():
+            if name in children:
+                node = next(n for n in ast.parse(init.read_text()).body if getattr(n, "lineno", None) == line)
+                # ``from . import x`` binds the submodule itself: that is no shadow.
+                if isinstance(node, ast.ImportFrom) and node.level == 1 and not node.module:
+                    continue
+                found.append(f"{init.relative_to(pkg_dir.parent)}:{line} binds {name!r}, the name of its submodule")
+    return found
+
+
+def test_no_public_name_shadows_a_submodule():
+    """One name, one thing (issue 32): ``fsmingle.rendezvous`` was the public function and the
+    engine's package at once, so ``import fsmingle.rendezvous.rank0.door as door`` failed ("cannot
+    import name 'rank0' from 'rendezvous'": ``import a.b as c`` takes ``getattr(a, 'b')``, the
+    function).  The engine is ``fsmingle.protocol`` now, and ``fsmingle.worlds`` (the function)
+    lives in ``fsmingle.inprocess``.  No package may bind a name of one of its own submodules."""
+    assert not _shadowed(PKG), "\n".join(_shadowed(PKG))
+
+
+def test_the_shadow_checker_sees_a_shadow(tmp_path):
+    pkg = tmp_path / "pkg"
+    (pkg / "engine").mkdir(parents=True)
+    (pkg / "engine" / "__init__.py").write_text("")
+    (pkg / "worlds.py").write_text("def worlds(): pass\n")
+    (pkg / "__init__.py").write_text("from .worlds import worlds\nfrom . import engine\ndef engine(): pass\n")
+    found = _shadowed(pkg)
+    assert len(found) == 2 and "'worlds'" in found[0] and "'engine'" in found[1], found
+
+
+def test_a_deep_engine_module_imports_by_its_dotted_name():
+    # The issue's own example, as a user would type it.
+    import importlib
+    import types
+
+    ns: dict = {}
+    exec("import fsmingle.protocol.rank0.door as door", ns)
+    assert isinstance(ns["door"], types.ModuleType)
+    assert ns["door"] is importlib.import_module("fsmingle.protocol.rank0.door")

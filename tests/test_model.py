@@ -1,7 +1,7 @@
-"""Model-checking protocol v2 (fsmingle.rendezvous.participant.Participant) on a stale in-memory filesystem and a fake network.
+"""Model-checking protocol v2 (fsmingle.protocol.participant.Participant) on a stale in-memory filesystem and a fake network.
 
-The real policy code -- :mod:`fsmingle.rendezvous.participant`, :mod:`fsmingle.rendezvous.rank0.coordinator`,
-:mod:`fsmingle.rendezvous.member`, :mod:`fsmingle.rendezvous.decision` -- runs unchanged against
+The real policy code -- :mod:`fsmingle.protocol.participant`, :mod:`fsmingle.protocol.rank0.coordinator`,
+:mod:`fsmingle.protocol.member`, :mod:`fsmingle.protocol.decision` -- runs unchanged against
 :mod:`fakefs` (bounded stale reads, negative caches of any length, spurious
 ``ENOENT``, lagging listings, linearisable exclusive create with lost replies,
 crashes in the middle of store operations, corrupt files), :mod:`fakenet`
@@ -18,7 +18,7 @@ staleness, caches, partitions, resets and corruption, and checks (issue 11):
 * no release of a world containing a participant that had left the generation
   (rejoined another, or exited);
 * everyone released agrees on (master address, port, generation), and each
-  placement is what :func:`fsmingle.rendezvous.decision.placements` gives for that
+  placement is what :func:`fsmingle.protocol.decision.placements` gives for that
   generation's authentic decision;
 * exceptions are the documented ones, in their documented situations:
   RankConflictError only when the other holder is (recently) alive or was

@@ -18,8 +18,8 @@ from fsmingle.fs.layout import (
     release_name,
 )
 from fsmingle.fs.records import Release, decode, encode
-from fsmingle.rendezvous.joining import RETIRED_NUMBER
-from fsmingle.rendezvous.participant import State
+from fsmingle.protocol.joining import RETIRED_NUMBER
+from fsmingle.protocol.participant import State
 
 try:
     from model_oracles import TIMING
@@ -224,7 +224,7 @@ def test_an_old_members_beacon_without_a_word_is_not_followed_for_ever(monkeypat
     """Rank 1 runs a version without the asker (its beacon never carries a word): rank 2 lists
     the generation again at most every stale_after / 2, and waits with --timeout (no hold, no
     scheduler call: rank 1 is present and not dead, so rank 2 is not the lowest)."""
-    from fsmingle.rendezvous import queue_relay
+    from fsmingle.protocol import queue_relay
 
     finds = _count_calls(monkeypatch, queue_relay.Relay, "_find")
     w, sched = _rank0_held()

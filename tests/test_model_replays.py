@@ -13,7 +13,7 @@ except ImportError:  # tests/ imported as a package
 
 # ---------------------------------------------------------------------------------------------
 # The paths only big worlds take: first-come joiners whose blind guesses collide ask rank 0 for
-# a free rank (fsmingle.rendezvous.member, "asking"), and connected members heartbeat their own beacons
+# a free rank (fsmingle.protocol.member, "asking"), and connected members heartbeat their own beacons
 # rarely, so judges rely on rank 0's vouch (GenerationReader.judge_rank).  Small worlds never
 # take them, so the machine above is run again with both forced: every first-come joiner makes
 # one guess and then asks, and a connected member never heartbeats again.
@@ -22,7 +22,7 @@ except ImportError:  # tests/ imported as a package
 def test_model_with_the_paths_of_big_worlds(monkeypatch):
     from hypothesis.stateful import run_state_machine_as_test
 
-    from fsmingle.rendezvous import joining, member
+    from fsmingle.protocol import joining, member
 
     monkeypatch.setattr(joining, "SPREAD_ABOVE", 1)
     monkeypatch.setattr(joining, "BLIND_GUESSES", 1)
@@ -44,7 +44,7 @@ def test_an_asker_tries_rank0_again_after_port_busy(monkeypatch):
     "port busy" (a peer on its host still held the port as rank 0 of the generation before);
     it never tried again, the peer then claimed rank 3, and ranks 1-3 waited for a rank 0
     that nobody would take.  The machine's own steps, replayed; teardown asserts the release."""
-    from fsmingle.rendezvous import joining, member
+    from fsmingle.protocol import joining, member
 
     monkeypatch.setattr(joining, "SPREAD_ABOVE", 1)
     monkeypatch.setattr(joining, "BLIND_GUESSES", 1)

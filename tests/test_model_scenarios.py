@@ -18,7 +18,7 @@ from fsmingle.fs.layout import (
     release_name,
 )
 from fsmingle.fs.records import Claim, decode
-from fsmingle.rendezvous.participant import State
+from fsmingle.protocol.participant import State
 
 try:
     from model_oracles import GLUSTER_NEG, TIMING
@@ -328,8 +328,8 @@ def test_bug_enoent_retry_does_not_spin():
 def test_big_first_come_world_asks_rank0_instead_of_listing(monkeypatch, arrivals):
     """48 first-come nodes (above SPREAD_ABOVE): joiners whose 3 guesses collide ask rank 0 and
     claim what it offers; the generation directory is listed by rank 0's scans, not by joiners."""
-    from fsmingle.rendezvous import joining
-    from fsmingle.rendezvous.rank0 import coordinator
+    from fsmingle.protocol import joining
+    from fsmingle.protocol.rank0 import coordinator
 
     asks = _count_calls(monkeypatch, coordinator.Coordinator, "_on_ask")
     listings = _count_calls(monkeypatch, joining.Joining, "claim_by_listing")
@@ -354,7 +354,7 @@ def test_connected_members_with_rare_heartbeats_live_by_rank0s_vouch(monkeypatch
     rank 0's beacon vouches for it.  A contester for its rank must not judge it dead and void the
     generation -- long after the member's own beacon went stale -- and learns of the conflict when
     the world is released."""
-    from fsmingle.rendezvous import member
+    from fsmingle.protocol import member
 
     monkeypatch.setattr(member, "MEMBER_BEACONS_PER_S", 1e-6)  # a member's own beacon: never again
     w = World(4, ranks=[0, 1, 2, 3], staleness=1.0, pidns="pod")

@@ -10,7 +10,7 @@ from fsmingle.errors import (
     RankConflictError,
 )
 from fsmingle.fs.store import PosixStore, Store
-from fsmingle.rendezvous.participant import State
+from fsmingle.protocol.participant import State
 
 try:
     import fakefs

@@ -107,7 +107,7 @@ import pytest
 from helpers import run_cli, wait_for
 
 from fsmingle.errors import ConfigError
-from fsmingle.rendezvous.queue import JobState, QueueWatch, parse_peer_jobs
+from fsmingle.protocol.queue import JobState, QueueWatch, parse_peer_jobs
 
 
 def test_parse_peer_jobs():
@@ -337,7 +337,7 @@ def test_the_askers_word_in_the_beacon_is_optional_and_tolerated():
 
 
 def test_a_restart_record_of_an_asker_on_an_ended_peer_fails_the_reader():
-    from fsmingle.rendezvous.queue_relay import ENDED_VOID
+    from fsmingle.protocol.queue_relay import ENDED_VOID
 
     q = QueueWatch(("4242_0", "4242_1"), "4242_1")
     q.from_void("rank 2 lost its connection to the master: reset")
@@ -350,7 +350,7 @@ def test_a_restart_record_of_an_asker_on_an_ended_peer_fails_the_reader():
 
 def test_the_progress_line_says_the_timeout_is_held():
     from fsmingle.cli.progress import describe
-    from fsmingle.rendezvous.states import Progress, RankSet
+    from fsmingle.protocol.states import Progress, RankSet
 
     p = Progress("exp", 1, "node", 3, RankSet(3, [0]), (0,), 1, 130.0, 20.0, "waiting", "missing rank 0: ...")
     assert describe(p).endswith("(2m10s, timeout in 20s)")

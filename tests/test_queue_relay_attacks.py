@@ -1,4 +1,4 @@
-"""Issue 24, the adversary's pass: the scheduler asker (``rendezvous/queue_relay.py``) and spares
+"""Issue 24, the adversary's pass: the scheduler asker (``protocol/queue_relay.py``) and spares
 (``outside.py`` spare_*, ``hold.py``) attacked on the model's stale filesystem and network
 (:class:`test_model.World`: the real ``Participant``, every invariant checked at every step).
 
@@ -29,8 +29,8 @@ except ImportError:  # tests/ imported as a package
 
 from fsmingle.errors import PeerJobEndedError, RendezvousTimeoutError
 from fsmingle.fs.records import Beacon, decode, encode
-from fsmingle.rendezvous.hold import DeadlineHold
-from fsmingle.rendezvous.queue import QueueWatch
+from fsmingle.protocol.hold import DeadlineHold
+from fsmingle.protocol.queue import QueueWatch
 
 EXAMPLES = int(os.environ.get("FSMINGLE_FUZZ_EXAMPLES", "80"))
 

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from fsmingle.rendezvous.decision import expand_nodelist, natural_key
+from fsmingle.protocol.decision import expand_nodelist, natural_key
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 

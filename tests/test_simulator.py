@@ -1,6 +1,6 @@
 """The simulator (benchmarks/sim) runs the real policy and counts what the real store would do.
 
-A real run -- four real :class:`fsmingle.rendezvous.participant.Participant` threads on a real directory,
+A real run -- four real :class:`fsmingle.protocol.participant.Participant` threads on a real directory,
 talking TCP on loopback, their filesystem calls counted by the benchmark's counting ``os``
 wrapper -- is compared with the simulator at the same N and arrival pattern.  The calls that
 do not depend on timing (directories made, claims linked, records renamed into place, temp
@@ -27,7 +27,7 @@ from fsmingle.fs import store as store_mod
 from fsmingle.fs.jobdir import open_job_dir
 from fsmingle.net.channel import TcpTransport
 from fsmingle.net.hostinfo import this_process
-from fsmingle.rendezvous.participant import Participant, Timing
+from fsmingle.protocol.participant import Participant, Timing
 
 N = 4
 EXACT = ("mkdir", "link", "rename", "create", "unlink")

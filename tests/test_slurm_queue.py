@@ -19,7 +19,7 @@ import pytest
 from cluster import KEEP_ENV, PYTHON_BIN, SlurmCluster, require_capabilities
 from helpers import REPO, run_cli, slurm_job_env, wait_for
 
-from fsmingle.rendezvous.queue import ENDED
+from fsmingle.protocol.queue import ENDED
 
 pytest.importorskip("torch")
 

@@ -15,7 +15,7 @@ except ImportError:  # tests/ imported as a package
     from tests.test_model import FakeScheduler, World
 
 from fsmingle.errors import RendezvousTimeoutError
-from fsmingle.rendezvous.participant import State
+from fsmingle.protocol.participant import State
 
 
 def _trainings_run(*qs) -> None:
@@ -156,7 +156,7 @@ def test_without_spare_timeout_late_participants_are_no_spares_and_a_rerun_still
 
 
 def test_decide_never_prepares_nor_commits_a_world_of_spares_alone():
-    from fsmingle.rendezvous.decision import SPARES_ALONE, Action, CoordinatorView, decide
+    from fsmingle.protocol.decision import SPARES_ALONE, Action, CoordinatorView, decide
 
     full = dict(size=2, connected={1})
     assert decide(CoordinatorView(**full, spares={0, 1}))[0] is Action.WAIT

@@ -22,7 +22,7 @@ pytest.importorskip("torch")
 from torch.distributed.elastic.rendezvous import RendezvousParameters
 
 from fsmingle.errors import ConfigError, PeerJobEndedError, RendezvousTimeoutError
-from fsmingle.rendezvous.queue import JobState
+from fsmingle.protocol.queue import JobState
 from fsmingle.torchrun import handler, queuehold
 
 pytestmark = pytest.mark.torch

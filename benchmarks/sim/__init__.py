@@ -1,7 +1,7 @@
 """Discrete-event simulator of a rendezvous at scale, running fsmingle's REAL policy code.
 
-Every participant is a real :class:`fsmingle.rendezvous.participant.Participant` (with the real
-:class:`~fsmingle.rendezvous.rank0.coordinator.Coordinator` / :class:`~fsmingle.rendezvous.member.Member` roles); only its
+Every participant is a real :class:`fsmingle.protocol.participant.Participant` (with the real
+:class:`~fsmingle.protocol.rank0.coordinator.Coordinator` / :class:`~fsmingle.protocol.member.Member` roles); only its
 store, transport and clock are simulated:
 
 * :mod:`.mds` -- an in-memory shared filesystem behind a metadata-server cost model: every

@@ -13,17 +13,17 @@ from ..opkinds import KINDS, fs_ops
 from .mds import MDS, CostModel, SimFS, SimStore
 from .net import SimNet, SimTransport, ping_messages
 
-try:  # protocol v2 keeps Timing in fsmingle.rendezvous.participant; later versions may move it
-    from fsmingle.rendezvous.participant import Participant, Timing
+try:  # protocol v2 keeps Timing in fsmingle.protocol.participant; later versions may move it
+    from fsmingle.protocol.participant import Participant, Timing
 except ImportError:  # pragma: no cover
-    from fsmingle.rendezvous.participant import Participant
-    from fsmingle.rendezvous.timing import Timing
+    from fsmingle.protocol.participant import Participant
+    from fsmingle.protocol.timing import Timing
 
 EPOCH = 1.7e9
 
 
 class SimClock:
-    """A participant's local clock (``monotonic``/``time``/``sleep`` of :class:`fsmingle.rendezvous.participant.Clock`)."""
+    """A participant's local clock (``monotonic``/``time``/``sleep`` of :class:`fsmingle.protocol.participant.Clock`)."""
 
     __slots__ = ("t",)
 

@@ -1,6 +1,6 @@
 """A swarm process: ``python -m benchmarks.swarm.driver CONFIG.json GROUP``.
 
-Many real :class:`fsmingle.rendezvous.participant.Participant` state machines in one process,
+Many real :class:`fsmingle.protocol.participant.Participant` state machines in one process,
 stepped by one scheduler -- the idea of the model harness (``tests/test_model.py``: step the
 participant with the earliest wake-up) on the real filesystem (a ``PosixStore`` from
 ``open_job_dir``, as :func:`fsmingle.rendezvous` opens it) and the real network
@@ -79,9 +79,9 @@ class Swarm:
         # patches the modules loaded at that moment), as the thread harness's worker does.
         import fsmingle
         import fsmingle.net.channel as channel
-        import fsmingle.rendezvous.member
-        import fsmingle.rendezvous.rank0.coordinator  # noqa: F401
-        from fsmingle.rendezvous.rank0 import door
+        import fsmingle.protocol.member
+        import fsmingle.protocol.rank0.coordinator  # noqa: F401
+        from fsmingle.protocol.rank0 import door
 
         self.cfg, self.group = cfg, group
         self.n = cfg["nnodes"]
@@ -129,8 +129,8 @@ class Swarm:
         from fsmingle.fs.jobdir import open_job_dir
         from fsmingle.fs.records import HostId
         from fsmingle.net.channel import TcpTransport
-        from fsmingle.rendezvous.cleanup import locked_cleaner
-        from fsmingle.rendezvous.participant import Participant, SystemClock, Timing
+        from fsmingle.protocol.cleanup import locked_cleaner
+        from fsmingle.protocol.participant import Participant, SystemClock, Timing
 
         cfg = self.cfg
         timing = Timing(**cfg.get("timing", {}))
@@ -210,7 +210,7 @@ class Swarm:
             heapq.heappush(self.heap, (t, self.seq, p))
 
     def _endpoint_sel(self, part):
-        from fsmingle.rendezvous.states import State
+        from fsmingle.protocol.states import State
 
         if part.state is not State.WAIT or part.role is None:
             return None

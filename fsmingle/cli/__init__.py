@@ -1,14 +1,14 @@
 """The command line (a face): ``fsmingle run|env|status|clean|check|demo``.
 
 Layer: a face, the top.  It may import every layer below (``fsmingle.errors``, ``fs``, ``net``,
-``rendezvous``, ``preflight``) and the other faces' entry points (``fsmingle.api``,
+``protocol``, ``preflight``) and the other faces' entry points (``fsmingle.api``,
 ``fsmingle.options``, ``fsmingle.config``); nothing below imports it.
 
-Modules: ``app`` (the typer app and ``main``, the console script's entry point), ``status`` and
+Modules: ``commands`` (the typer app and ``main``, the console script's entry point), ``status`` and
 ``stragglers`` (``fsmingle status``), ``progress`` (the progress line), ``hostfile``
 (``env --format hostfile|json``), ``demo`` (``fsmingle demo``).
 """
 
-from .app import app, main
+from .commands import app, main
 
 __all__ = ["app", "main"]

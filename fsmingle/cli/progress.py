@@ -17,7 +17,7 @@ import sys
 import time
 
 from ..fs.layout import ranges
-from ..rendezvous.states import Progress
+from ..protocol.states import Progress
 
 log = logging.getLogger("fsmingle")
 
@@ -33,7 +33,7 @@ def fmt_duration(seconds: float) -> str:
 
 
 def describe(p: Progress) -> str:
-    """One human line for a :class:`~fsmingle.rendezvous.participant.Progress`."""
+    """One human line for a :class:`~fsmingle.protocol.participant.Progress`."""
     unit = "nodes" if p.mode == "node" else "ranks"
     who = "node ranks" if p.mode == "node" else "ranks"
     if p.present is None:

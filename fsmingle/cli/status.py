@@ -11,7 +11,7 @@ from ..errors import ConfigError, FsmingleError, StorageError
 from ..fs.jobdir import check_owned_dir
 from ..fs.layout import MASTER_DIR, gen_name, validate_job_id
 from ..fs.store import PosixStore
-from ..rendezvous.cleanup import generations, inspect
+from ..protocol.cleanup import generations, inspect
 from .progress import WarnOnce
 
 log = logging.getLogger("fsmingle.status")
@@ -73,7 +73,7 @@ def job_summary(base: str, job: str, stale_after: float = 30.0, warnings: WarnOn
     now = time.time()
     parts = []
     # Rank 0's beacon, while fresh, vouches for the members connected to it: in a big world
-    # they heartbeat their own beacons rarely (fsmingle.rendezvous.member, MEMBER_BEACONS_PER_S).
+    # they heartbeat their own beacons rarely (fsmingle.protocol.member, MEMBER_BEACONS_PER_S).
     rank0 = [b for b in info.beacons if b.rank == 0 and b.vouch and now - b.wall_time < stale_after]
     for b in sorted(info.beacons, key=lambda b: (b.rank is None, b.rank if b.rank is not None else 0)):
         here = info.alive.get(b.instance)
@@ -97,7 +97,7 @@ def job_summary(base: str, job: str, stale_after: float = 30.0, warnings: WarnOn
                 "instance": b.instance,
                 "scheduler": dict(b.scheduler),  # this participant's job ({} if its environment has none)
                 # peer jobs the scheduler says are not here yet: rank 0's, or while rank 0 is
-                # missing the lowest present rank's, which asks instead (rendezvous/queue_relay.py)
+                # missing the lowest present rank's, which asks instead (protocol/queue_relay.py)
                 "queue": list(b.queue) or (b.queue_word or {}).get("lines", []),
                 "asks_scheduler": b.queue_word is not None,  # the asker while rank 0 is missing
                 "timeout_held": bool((b.queue_word or {}).get("hold")),
@@ -194,7 +194,7 @@ def _render(base: str, jobs: list[str], detail: bool, stale_after: float, warnin
             word,
         )
     parts = [x for x in (head, t) if x is not None]
-    # A spare waits for a place (fsmingle.rendezvous.outside): say so, rank or not.
+    # A spare waits for a place (fsmingle.protocol.outside): say so, rank or not.
     parts += [
         Text(
             f"{'rank ' + str(x['rank']) if x['rank'] is not None else 'a participant'} (pid {x['pid']} on "

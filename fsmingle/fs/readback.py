@@ -9,7 +9,7 @@ that did not: each function here reads the result back after any error that is n
 refusal (:func:`fsmingle.fs.store.refused`: full, read-only, no permission -- no effect, and no retry
 helps), and tries once more when nothing is there.
 
-Used by the protocol (:mod:`fsmingle.rendezvous.joining`) and by the tests that race these
+Used by the protocol (:mod:`fsmingle.protocol.joining`) and by the tests that race these
 operations across real filesystem clients, so both take the same path.  ``what`` names the caller
 in the log ("job J").
 """

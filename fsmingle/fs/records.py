@@ -139,14 +139,14 @@ class Beacon:
             when empty; readers ignore fields they do not know, so older ones read it unchanged.
         queue (tuple[str, ...]): rank 0's only: what the scheduler says about peer jobs that have
             not joined (``missing rank 3: job 4242_3 PENDING (Priority), expected start 14:05``;
-            :mod:`fsmingle.rendezvous.queue`), for ``fsmingle status``; left out when empty.
+            :mod:`fsmingle.protocol.queue`), for ``fsmingle status``; left out when empty.
         spare_for (int): a spare's: the generation it found full or released without it (it
             waits for a place in a later one); 0 (left out of the JSON) for everyone else.
-        spare (bool): started as a spare (:mod:`fsmingle.rendezvous.outside`: a world is never
+        spare (bool): started as a spare (:mod:`fsmingle.protocol.outside`: a world is never
             made of spares alone); False (left out of the JSON) for everyone else.
         queue_word (dict | None): the scheduler asker's only, while no rank 0 endpoint is known:
             its findings on peer jobs (``{"hold", "lines", "ended"}``,
-            :mod:`fsmingle.rendezvous.queue_relay`); None (left out) for everyone else.
+            :mod:`fsmingle.protocol.queue_relay`); None (left out) for everyone else.
     """
 
     job_id: str
@@ -226,7 +226,7 @@ class Release:
             :func:`attach_members`.  Keeps every file under the 1 MiB guard for
             any world size.
         jobs (tuple[str, ...]): scheduler jobs known to have joined this generation or an earlier
-            one (:mod:`fsmingle.rendezvous.queue`: one that ended is a place for a spare to fill);
+            one (:mod:`fsmingle.protocol.queue`: one that ended is a place for a spare to fill);
             left out of the JSON when empty (older readers ignore it).
     """
 

@@ -18,7 +18,7 @@ thread per connection, so rank 0 can hold thousands of members; the open-file
 soft limit is raised towards the hard limit when rank 0 starts listening, and the
 hub never holds more connections than that limit less what the filesystem needs
 (:mod:`fsmingle.net.fdlimit`; rank 0 sheds unanswered ones first,
-:mod:`fsmingle.rendezvous.rank0.door`).
+:mod:`fsmingle.protocol.rank0.door`).
 
 The classes here are the real implementation of :class:`Transport`; the model
 tests swap in an in-memory network with the same interface.

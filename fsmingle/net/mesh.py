@@ -23,7 +23,7 @@ def mesh_probe(p, neighbours: list) -> str:
     """Connect to each neighbour ``[rank, host, addr, port]``; "" if all answer, else what failed.
 
     Args:
-        p (fsmingle.rendezvous.participant.Participant): this participant (its transport, address, timing).
+        p (fsmingle.protocol.participant.Participant): this participant (its transport, address, timing).
         neighbours (list[list]): from rank 0's prepare message.
     """
     for entry in neighbours:

@@ -40,7 +40,7 @@ def _count(v: int) -> str | None:
 
 
 def _rank_order(v: str) -> str | None:
-    from ..rendezvous.decision import RANK_ORDERS
+    from ..protocol.decision import RANK_ORDERS
 
     return None if v in RANK_ORDERS else f"{v!r} is not one of {', '.join(RANK_ORDERS)}"
 
@@ -53,7 +53,7 @@ def _job_id(v: str) -> str | None:
 
 
 def _peer_jobs(v: str) -> str | None:
-    from ..rendezvous.queue import parse_peer_jobs
+    from ..protocol.queue import parse_peer_jobs
 
     parse_peer_jobs(v)  # raises ConfigError with its own complete message
     return None

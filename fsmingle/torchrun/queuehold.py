@@ -1,7 +1,7 @@
 """Peer jobs waiting in the scheduler's queue, for the torchrun backend (issue 24).
 
-``fsmingle run`` holds its ``--timeout`` while peer jobs are PENDING (:mod:`fsmingle.rendezvous.queue`).
-Here the same :class:`~fsmingle.rendezvous.queue.QueueWatch` holds torch's ``join_timeout``:
+``fsmingle run`` holds its ``--timeout`` while peer jobs are PENDING (:mod:`fsmingle.protocol.queue`).
+Here the same :class:`~fsmingle.protocol.queue.QueueWatch` holds torch's ``join_timeout``:
 
 * **The hook.** torch's ``DynamicRendezvousHandler.next_rendezvous`` computes one deadline
   (``_get_deadline(timeout.join)``) and hands it to ``self._op_executor.run(join_op, deadline,
@@ -42,7 +42,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .. import options
-from ..rendezvous.queue import ENDED, QueueWatch, peers_from_env
+from ..protocol.queue import ENDED, QueueWatch, peers_from_env
 from ._torch_private import JoinOp
 
 log = logging.getLogger("fsmingle.torchrun")

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from fsmingle.rendezvous.queue import ENDED
+from fsmingle.protocol.queue import ENDED
 
 from .accounting import DBD_PORT, _Accounting
 from .core import Cluster

@@ -7,7 +7,7 @@ mount.  Printing the result is :mod:`.report`'s job.
 
 Sources: nfs(5) (lookupcache, local_lock), Lustre's mount options (localflock), mfsmount(8),
 ``juicefs mount --help`` (its caches, read from the mount's ``.config``: :mod:`.juicefs`),
-fsmingle.rendezvous.participant.Timing (how ``--stale-after`` relates to heartbeats).
+fsmingle.protocol.participant.Timing (how ``--stale-after`` relates to heartbeats).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ def _settings(cache_s: float | None) -> dict:
     """--stale-after and --poll-max for a mount whose caches hold for ``cache_s`` seconds.
 
     stale_after must exceed the time a replaced beacon's new content can stay hidden (the
-    attribute cache) several times over (fsmingle.rendezvous.participant.Timing): max(30, 3 x cache + 10).
+    attribute cache) several times over (fsmingle.protocol.participant.Timing): max(30, 3 x cache + 10).
     poll_max: polling faster than the cache refreshes gains nothing and loads the metadata
     server; keep the default 0.28 s when caches are short, 1 s otherwise.
     """

@@ -63,7 +63,7 @@ MEMBER_BEACONS_PER_S = 50
 
 
 class Member(Ending, Sealed):
-    """The member role (rank > 0) of a :class:`~fsmingle.rendezvous.participant.Participant` in its current generation."""
+    """The member role (rank > 0) of a :class:`~fsmingle.protocol.participant.Participant` in its current generation."""
 
     def __init__(self, p):
         self.p = p
@@ -425,7 +425,7 @@ class Member(Ending, Sealed):
                 # release that withdraws (void lost to the release) without reading the decision.
                 self.acked = "error" not in ack and "mesh_fail" not in ack
                 self.link.send(self._sign(ack))
-                pause("ack")  # tests only: land a signal just after the ack left (fsmingle.rendezvous.testhooks)
+                pause("ack")  # tests only: land a signal just after the ack left (fsmingle.protocol.testhooks)
         elif t == "members":
             if self.acked:
                 self.member_list.add(m, p.gen)

@@ -4,10 +4,10 @@ Rank 0 asks the scheduler about peer jobs (:mod:`.rank0.queueing`).  With explic
 tasks started with ``--node-rank $SLURM_ARRAY_TASK_ID``, separate jobs with ``--peer-jobs`` and
 ``--node-rank``) the job that would hold rank 0 may itself be the one pending, or cancelled.  So
 while a member holds a rank but knows no rank 0 endpoint (not connected), and only when a
-:class:`~fsmingle.rendezvous.queue.QueueWatch` is active (there are peer jobs):
+:class:`~fsmingle.protocol.queue.QueueWatch` is active (there are peer jobs):
 
 * **The asker** is the lowest claimed rank whose holder is not known dead (its beacon, judged as
-  everywhere by :class:`~fsmingle.rendezvous.liveness.Judge`).  It alone queries the scheduler
+  everywhere by :class:`~fsmingle.protocol.liveness.Judge`).  It alone queries the scheduler
   (``QueueWatch.poll``: one ``squeue`` per ``--queue-poll``, in a thread), and writes its findings
   (hold, lines) into its own beacon (``queue_word``) whenever they change.
 * **Everyone else** reads that one beacon, holds its timeout on its word as on rank 0's while

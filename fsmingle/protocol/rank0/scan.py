@@ -6,7 +6,7 @@ A listing costs the metadata server in proportion to its entries, so rank 0 list
 Once per generation rank 0 retires old decided generations (bounded), and every
 ``stale_after`` it looks for evidence that the world has moved to a newer generation (a
 generation number re-created from a stale listing).  Mixed into
-:class:`~fsmingle.rendezvous.rank0.coordinator.Coordinator`.
+:class:`~fsmingle.protocol.rank0.coordinator.Coordinator`.
 """
 
 from __future__ import annotations

@@ -115,7 +115,7 @@ def _rendezvous(values, want_members: bool = False) -> object:
     """
     from ..api import rendezvous
     from ..errors import InterruptedInCommitWindow
-    from ..rendezvous.participant import Timing
+    from ..protocol.participant import Timing
     from .progress import Reporter, fmt_duration
 
     _setup_logging(bool(values.quiet), bool(values.verbose))
@@ -348,7 +348,7 @@ def clean(
     from ..fs.jobdir import check_owned_dir
     from ..fs.layout import validate_job_id
     from ..fs.store import PosixStore
-    from ..rendezvous.cleanup import clean_job
+    from ..protocol.cleanup import clean_job
 
     _setup_logging(False, False)
     base = dir or os.environ.get("FSMINGLE_DIR")

@@ -278,7 +278,7 @@ class QueueWatch:
         return f"missing: {text}"
 
     def progress(self) -> dict:
-        """``held`` and ``queue_left`` (seconds) for :class:`~fsmingle.rendezvous.states.Progress` while held."""
+        """``held`` and ``queue_left`` (seconds) for :class:`~fsmingle.protocol.states.Progress` while held."""
         if not self.hold:
             return {}
         held = self.held_time.held_for
@@ -297,7 +297,7 @@ class QueueWatch:
 
     def from_void(self, reason: str) -> None:
         """A restart record's reason: if a scheduler asker wrote it on a peer job that ended
-        (:data:`~fsmingle.rendezvous.queue_relay.ENDED_VOID`), this participant fails on it too."""
+        (:data:`~fsmingle.protocol.queue_relay.ENDED_VOID`), this participant fails on it too."""
         if reason.startswith(ENDED_VOID) and reason[len(ENDED_VOID) :].strip():
             self.ended = reason[len(ENDED_VOID) :][:2000]
 

@@ -11,7 +11,7 @@ exec.  This module is the step loop; each concern is a mixin in a module of its 
 * :mod:`.release` -- prepare, commit (``release.json``), go, barrier; the commit window;
 * :mod:`.queueing` -- peer jobs pending in the scheduler's queue (``squeue``).
 
-The decision itself is :func:`fsmingle.rendezvous.decision.decide` (pure); :meth:`Coordinator.step`
+The decision itself is :func:`fsmingle.protocol.decision.decide` (pure); :meth:`Coordinator.step`
 gathers its inputs and carries out its action.
 """
 
@@ -37,7 +37,7 @@ log = logging.getLogger("fsmingle")
 
 
 class Coordinator(Door, Offers, Hellos, Membership, Scanning, Releasing, Queueing):
-    """The rank-0 role of a :class:`~fsmingle.rendezvous.participant.Participant` in its current generation."""
+    """The rank-0 role of a :class:`~fsmingle.protocol.participant.Participant` in its current generation."""
 
     def __init__(self, p):
         self.p = p

@@ -96,7 +96,7 @@ class Joining:
         # No beacon yet: the first one is written once the rank is known (hold()), so a
         # joiner writes it once, not twice (4 metadata operations per participant).  Until
         # then nobody judges us: a claim whose holder's beacon is not visible yet counts as
-        # unreadable, which proves nothing for stale_after (fsmingle.rendezvous.liveness).
+        # unreadable, which proves nothing for stale_after (fsmingle.protocol.liveness).
         self._enoent_since = None
         return self._claim(created)  # which reports progress (hold(), or a note): after the first write
 
@@ -185,7 +185,7 @@ class Joining:
     def _note_released(self, g: int, rel) -> None:
         if isinstance(rel, Release) and self.queue is not None:
             # Jobs that joined an earlier generation: one that ended left a place for a spare or a
-            # re-run, it did not "end without joining" (rendezvous/queue.py; every decision carries them).
+            # re-run, it did not "end without joining" (protocol/queue.py; every decision carries them).
             self.queue.learn_jobs(rel.jobs)
         if isinstance(rel, Release) and rel.state == "released" and self.spare_of(g, rel):
             self.spare_for = g  # a spare: takes a place when the running world comes back for one
@@ -224,7 +224,7 @@ class Joining:
         # First-come joiners never list the generation to claim (a listing is O(N) entries
         # for every joiner, O(N^2) in all, and simultaneous joiners herd on the lowest free
         # rank).  Rank 0, once its endpoint is published, hands out free ranks in the order
-        # joiners ask (fsmingle.rendezvous.member, "asking") on the connection every member opens
+        # joiners ask (fsmingle.protocol.member, "asking") on the connection every member opens
         # anyway: one listing of master/ (a name or two) tells.  Before that: the joiner
         # whose mkdir made the generation tries rank 0; a small world's joiner tries rank 0
         # too (ranks then follow arrival order at rank 0), unless the generation's maker is

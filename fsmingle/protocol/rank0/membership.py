@@ -3,10 +3,10 @@ what rank 0 does when a member's connection drops (:meth:`Membership._on_lost`).
 
 A verified member is in ``rank_conn``/``conn_rank``; when its connection drops, it leaves the
 table, its rank goes back to the sorted list of missing ranks, and the drop is recorded in
-``lost`` -- which :func:`fsmingle.rendezvous.decision.decide` turns into a void (no release on
+``lost`` -- which :func:`fsmingle.protocol.decision.decide` turns into a void (no release on
 absence of evidence).  Its offer, if it was an asker, goes back to the pool.  Who is missing
 goes to every member (``status``) and into timeout messages.  Mixed into
-:class:`~fsmingle.rendezvous.rank0.coordinator.Coordinator`.
+:class:`~fsmingle.protocol.rank0.coordinator.Coordinator`.
 """
 
 from __future__ import annotations

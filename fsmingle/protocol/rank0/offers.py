@@ -6,7 +6,7 @@ the generation; rank 0 offers one rank it believes free.  An offer is a lease
 it goes back -- first to the longest-waiting asker.  A connection that keeps asking without a
 hello is dropped after :data:`MAX_OFFERS_PER_CONN`.  The filesystem stays the arbiter: the
 asker's exclusive ``link()`` decides who holds a rank.  Mixed into
-:class:`~fsmingle.rendezvous.rank0.coordinator.Coordinator`.
+:class:`~fsmingle.protocol.rank0.coordinator.Coordinator`.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ class Offers:
         self.cursor = 1
 
     def _on_ask(self, conn: int, m: dict, now: float) -> None:
-        """A member without a rank asks for one (``fsmingle.rendezvous.member``, "asking"): answered by _answer_asks."""
+        """A member without a rank asks for one (``fsmingle.protocol.member``, "asking"): answered by _answer_asks."""
         if conn in self.conn_rank:  # a verified member has its rank: a peer that lost track (cf. _on_hello)
             self._reject(conn, f"an ask on the connection of verified rank {self.conn_rank[conn]}")
             return

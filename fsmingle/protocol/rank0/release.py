@@ -2,13 +2,13 @@
 
 * PREPARE: ask every member to acknowledge the release (proof of life *now*);
 * COMMIT: create ``release.json`` exclusively (it races only with voids), send each member its
-  :class:`~fsmingle.rendezvous.decision.Placement` (and, if it asked, the member list in bounded
+  :class:`~fsmingle.protocol.decision.Placement` (and, if it asked, the member list in bounded
   parts), and wait for the members to close (the barrier before exec);
 * VOID: create the restart decision, tell every member, regroup.
 
 The commit window (``docs/protocol.md``): once the create of ``release.json`` was attempted, a
 release may exist, so rank 0 never says void unless it created or read a restart record (:attr:`Releasing.acked`,
-:meth:`Releasing.leaving`).  Mixed into :class:`~fsmingle.rendezvous.rank0.coordinator.Coordinator`.
+:meth:`Releasing.leaving`).  Mixed into :class:`~fsmingle.protocol.rank0.coordinator.Coordinator`.
 """
 
 from __future__ import annotations
@@ -161,7 +161,7 @@ class Releasing:
             members=tuple(self.final),
             writer=p.instance,
             wall_time=p.clock.time(),
-            jobs=p.queue.record_jobs() if p.queue is not None else (),  # carried forward (rendezvous/queue.py)
+            jobs=p.queue.record_jobs() if p.queue is not None else (),  # carried forward (protocol/queue.py)
         )
         header, chunks = encode_release(rel)
         p.prepare_next()  # re-runs then find their generation made before anyone looks it up
@@ -211,7 +211,7 @@ class Releasing:
                 self.leaving("", voided=False)
                 p.enter_deciding("its own release.json create met a decision it cannot read yet")
                 return None
-        pause("commit")  # tests only: land a signal in the commit window (fsmingle.rendezvous.testhooks)
+        pause("commit")  # tests only: land a signal in the commit window (fsmingle.protocol.testhooks)
         self._send_go(rel)
         slow = sorted(rel.members, key=lambda m: -m.arrival)[:3]
         log.info(

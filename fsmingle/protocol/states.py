@@ -87,7 +87,7 @@ class Progress:
         spare_for (int): while this participant waits as a spare with its timeout held, the
             generation it backs (``remaining`` then does not run down); 0 otherwise.
         held (float | None): seconds the timeout has been held by peer jobs pending in the
-            scheduler's queue (:mod:`fsmingle.rendezvous.queue`), while it is held; None otherwise.
+            scheduler's queue (:mod:`fsmingle.protocol.queue`), while it is held; None otherwise.
         queue_left (float | None): seconds of ``--queue-timeout`` left while held (None: no bound).
     """
 

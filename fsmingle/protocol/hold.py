@@ -1,8 +1,8 @@
 """Time during which a participant's ``--timeout`` does not run, and the bound on that time.
 
 Two waits are not the world failing to form, so ``--timeout`` must not count them: peer jobs
-pending in the scheduler's queue (:mod:`fsmingle.rendezvous.queue`, bound ``--queue-timeout``)
-and a spare waiting for a place in a running world (:mod:`fsmingle.rendezvous.outside`, bound
+pending in the scheduler's queue (:mod:`fsmingle.protocol.queue`, bound ``--queue-timeout``)
+and a spare waiting for a place in a running world (:mod:`fsmingle.protocol.outside`, bound
 ``--spare-timeout``).  Both move ``Participant.deadline`` forward by the time held, step by step,
 and count that time against their own bound; this class is that mechanism, once.
 """

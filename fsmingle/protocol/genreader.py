@@ -3,7 +3,7 @@
 Every read opens afresh (NFS close-to-open consistency), treats "absent" as
 "not visible yet" rather than as proof of absence, and names an unusable file
 once (polling re-reads it often).  Mixed into
-:class:`fsmingle.rendezvous.participant.Participant`, which provides ``store``, ``gen``,
+:class:`fsmingle.protocol.participant.Participant`, which provides ``store``, ``gen``,
 ``job_id``, ``claims``, ``judge`` and ``_warned``.
 """
 

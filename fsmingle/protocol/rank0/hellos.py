@@ -4,7 +4,7 @@ A member ``link()``s its claim before it says hello, so one direct read of the c
 verifies it, without an O(N) listing.  After a read that found nothing, only a listing that
 shows the name is trusted (a name looked up too early can stay "absent" in a negative lookup
 cache).  Reads are bounded per step (:data:`VERIFY_READS_PER_STEP`), oldest hellos first.  Mixed
-into :class:`~fsmingle.rendezvous.rank0.coordinator.Coordinator`.
+into :class:`~fsmingle.protocol.rank0.coordinator.Coordinator`.
 """
 
 from __future__ import annotations

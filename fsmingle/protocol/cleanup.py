@@ -204,7 +204,7 @@ def retire_decided_below(store: Store, g: int, limit: int = CLEAN_PER_CALL) -> l
 
 
 def locked_cleaner(store: PosixStore, lease_duration: float = 30.0):
-    """A ``cleaner(g)`` callback for :class:`fsmingle.rendezvous.participant.Participant`.
+    """A ``cleaner(g)`` callback for :class:`fsmingle.protocol.participant.Participant`.
 
     Rank 0 of generation ``g`` calls it once (``Coordinator``, not in the commit path): it
     retires up to ``CLEAN_PER_CALL`` decided generations below ``g - 1``

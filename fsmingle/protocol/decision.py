@@ -1,6 +1,6 @@
 """Rank 0's release decision as a pure function: what it knows in, one action out.
 
-The driver (:mod:`fsmingle.rendezvous.rank0.coordinator`) gathers facts from the channel and
+The driver (:mod:`fsmingle.protocol.rank0.coordinator`) gathers facts from the channel and
 the filesystem into a :class:`CoordinatorView`; :func:`decide` says what to do
 next.  Nothing here touches a socket, a file or a clock, so every rule can be
 tested directly (torch's ``_RendezvousOpExecutor`` / ``_Action`` split in
@@ -49,7 +49,7 @@ class CoordinatorView:
         stale_after (float): seconds of silence that make a connected member dead.
         ack_timeout (float): seconds a member has to acknowledge the prepare.
         spares (AbstractSet[int]): present ranks (0 included) held by participants started as
-            spares (:mod:`fsmingle.rendezvous.outside`).  A world made of spares alone is never
+            spares (:mod:`fsmingle.protocol.outside`).  A world made of spares alone is never
             released: it waits for a survivor or a re-run (docs/protocol.md, "Spares").
     """
 

@@ -5,7 +5,7 @@ an HMAC over it and the member's own nonce, keyed by this generation's secret, w
 owner-only endpoint record holds (:mod:`fsmingle.net.channel`); from then on, everything rank 0
 sends on it is sealed (:mod:`.sealing`).  Whatever fails is dropped at once and costs rank 0 nothing
 more.  The threat model is in ``docs/protocol.md``.  Mixed into
-:class:`~fsmingle.rendezvous.rank0.coordinator.Coordinator`.
+:class:`~fsmingle.protocol.rank0.coordinator.Coordinator`.
 
 Unanswered connections are capped so that no client can exhaust rank 0 (:meth:`Door._shed`):
 per source address, per /24 (IPv4) or /64 (IPv6) prefix, in total, and by the descriptors the

@@ -1,11 +1,11 @@
-"""Rank 0 asks the scheduler about peer jobs that have not joined (:mod:`fsmingle.rendezvous.queue`).
+"""Rank 0 asks the scheduler about peer jobs that have not joined (:mod:`fsmingle.protocol.queue`).
 
 Only rank 0 asks (one query for all peers, at most every ``--queue-poll`` seconds, in a thread);
 its findings go to every member in the status message (``queue``: hold, lines, ended), into the
 progress line and into rank 0's beacon for ``fsmingle status``.  A peer job that ended without
 joining: the status goes out first, then rank 0 fails (withdrawing voids the generation), and
 the members fail on the status they received.  Mixed into
-:class:`~fsmingle.rendezvous.rank0.coordinator.Coordinator`.
+:class:`~fsmingle.protocol.rank0.coordinator.Coordinator`.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Participants outside a world: contesting an explicit rank, or watching a full generation.
 
 * **Contesting**: the rank asked for is claimed.  Its holder is judged from
-  the filesystem (:mod:`fsmingle.rendezvous.liveness`): alive -> :class:`RankConflictError`
+  the filesystem (:mod:`fsmingle.protocol.liveness`): alive -> :class:`RankConflictError`
   (exit 6, naming the holder); dead -> void the generation and claim in the next.
 * **World full** (first-come, every rank claimed): watch the holders; a dead
   one voids the generation; a release without us means we arrived late.
@@ -16,7 +16,7 @@
 * **Spares only fill places** (issue 29).  A participant given ``--spare-timeout`` that found its
   generation full or released without it is *started as a spare* (:meth:`OutsideWorld.become_spare`,
   for the life of the process); its beacon and hello say so.  Rank 0 never releases a world whose
-  every rank a spare holds (:func:`fsmingle.rendezvous.decision.decide`): two spares of a running
+  every rank a spare holds (:func:`fsmingle.protocol.decision.decide`): two spares of a running
   world would otherwise start a second training of the same job.  Such a world waits for a
   survivor or a re-run; one that finds it full (world full, or contesting its explicit rank)
   voids it and takes a place in the next generation.  A spare counts as backing (its ``--timeout``
@@ -25,7 +25,7 @@
   and a whole job re-run must still make its world; given it, a restarted survivor *is* a spare
   (give ``--spare-timeout`` to the spares' commands only, docs/slurm.md).
 
-Mixed into :class:`fsmingle.rendezvous.participant.Participant`.
+Mixed into :class:`fsmingle.protocol.participant.Participant`.
 """
 
 from __future__ import annotations
@@ -161,7 +161,7 @@ class OutsideWorld:
 
         Not when that world is a later run of this same job (a Slurm requeue: its rank 0's beacon
         names this job with a higher ``SLURM_RESTART_COUNT``, the rule of
-        :class:`~fsmingle.rendezvous.liveness.Judge`): this process is a leftover of the run that
+        :class:`~fsmingle.protocol.liveness.Judge`): this process is a leftover of the run that
         was requeued away, which no world will come back for, so its ``--timeout`` runs (then it
         fails, exit 7).  One read, once per released generation found; unreadable: a spare.
         """

@@ -1,6 +1,6 @@
 """How a member's wait ends short of a release: what it says at a timeout, and failing alone.
 
-Mixed into :class:`fsmingle.rendezvous.member.Member` (apart to keep that module under the size
+Mixed into :class:`fsmingle.protocol.member.Member` (apart to keep that module under the size
 rule); ``self.p`` is the participant, ``self.master`` rank 0's endpoint once connected.
 """
 

@@ -3,7 +3,7 @@
 Its messages are signed (:meth:`Sealed._sign`: an HMAC over rank 0's challenge and the member's
 own nonce, keyed by the secret in rank 0's endpoint record); rank 0's are checked
 (:meth:`Sealed._unseal`: every message after the challenge carries rank 0's seal,
-:func:`fsmingle.net.wire.seal`).  Mixed into :class:`~fsmingle.rendezvous.member.Member`, which
+:func:`fsmingle.net.wire.seal`).  Mixed into :class:`~fsmingle.protocol.member.Member`, which
 treats a message without a valid seal as a lost connection (its module doc).
 """
 

@@ -1,8 +1,8 @@
 """The rendezvous driver (protocol v2): join a generation, claim a rank, then wait as rank 0 or as a member.
 
 This module drives; :mod:`fsmingle.fs.store` touches the filesystem,
-:mod:`fsmingle.net.channel` the network, :mod:`fsmingle.rendezvous.decision` decides the
-release and :mod:`fsmingle.rendezvous.liveness` judges peers from their heartbeats.  The
+:mod:`fsmingle.net.channel` the network, :mod:`fsmingle.protocol.decision` decides the
+release and :mod:`fsmingle.protocol.liveness` judges peers from their heartbeats.  The
 store, clock, transport and liveness oracle are arguments, so the same code
 runs on a real shared directory with TCP and on the stale in-memory filesystem
 and fake network of the model tests.
@@ -25,7 +25,7 @@ The rules (``docs/protocol.md`` gives the reason for each):
    identify themselves; rank 0 checks each identity against the claim on the
    filesystem.  While connected a member makes (almost) no filesystem
    operations: liveness travels over the connection (pings both ways).
-5. **Release** (:mod:`fsmingle.rendezvous.rank0.coordinator`): when every rank holds a verified
+5. **Release** (:mod:`fsmingle.protocol.rank0.coordinator`): when every rank holds a verified
    connection, rank 0 asks each member to acknowledge, creates ``release.json``
    (exclusive: it races only with voids), sends each member its placement and
    waits for them to close.  A lost, silent or unacknowledging member voids the
@@ -106,7 +106,7 @@ class Participant(Joining, Leaving, GenerationReader, OutsideWorld):
             number after this participant created it (removes old ones).
         rng (random.Random | None): for jitter.
         rank_order (str): how rank 0 orders first-come ranks at release: ``arrival``, ``host``,
-            ``nodelist`` or ``key`` (see :func:`fsmingle.rendezvous.decision.order_members`); rank 0's setting rules.
+            ``nodelist`` or ``key`` (see :func:`fsmingle.protocol.decision.order_members`); rank 0's setting rules.
         topology_key (str): this node's key for ``rank_order="key"`` (rack, switch, NVLink domain).
         nodelist (tuple[str, ...]): expanded ``SLURM_JOB_NODELIST`` for ``rank_order="nodelist"``.
         want_members (bool): ask rank 0 for the whole member list at release (hostfiles).
