@@ -36,7 +36,6 @@ from .folderstore_log import (
     FolderStoreTimeout,
     Version,
     as_bytes,
-    create_unsynced,
     epoch_number,
     key_dir,
     key_of_dir,
@@ -87,7 +86,6 @@ class FolderKV:
         self._seen: dict[str, tuple[int, str, int]] = {}
         self._seal: dict[str, tuple[str, Version]] = {}  # key dir -> (epoch, the seal that named it), newest
         self._posix = store.root if isinstance(store, PosixStore) else None
-        self._proven = False  # the first create goes through PosixStore.create: its link count probe
 
     # ------------------------------------------------------------------ primitives
     def _op(self, what: str, secs: float | None = -1.0) -> _Op:
@@ -105,13 +103,10 @@ class FolderKV:
         self.clock.sleep(pause)
 
     def _create(self, name: str, data: bytes) -> bool:
-        if self._posix is None or not self._proven:
-            made = self.store.create(name, data)
-            self._proven = self._proven or made
-            return made
         # No fsync: a version is needed only while the job's generation lives; a crash of the writer's
-        # node ends that generation (docs/folderstore.md, "What an fsync would buy").
-        return create_unsynced(self._posix, name, data)
+        # node ends that generation (docs/folderstore.md, "What an fsync would buy").  The store's
+        # first link() still proves the filesystem's link count (PosixStore.create).
+        return self.store.create(name, data, fsync=False)
 
     def _probe(self, d: str) -> bool:
         """Make the next listing of directory ``d`` fresh (a change of ours in it); False if ``d`` is gone."""
