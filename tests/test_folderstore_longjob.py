@@ -34,7 +34,9 @@ WORKER = r"""
 import json, os, statistics, sys, threading
 import torch.distributed as dist
 import fsmingle
-from fsmingle.fs.folderstore import SEAL_AT
+import fsmingle.fs.folderstore as fsmod
+
+SEAL_AT = getattr(fsmod, "SEAL_AT", 32)  # versions per epoch (issue 30's start had no epochs: the same windows)
 
 endpoint, out, day, adds = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 rank = int(os.environ["RANK"])

@@ -25,11 +25,11 @@ import time
 from collections.abc import Callable, Iterable
 
 from ..errors import CorruptStateError, StorageError
+from .folderstore_keys import live_keys
 from .folderstore_log import (
     _UNREADABLE,
     EPOCH0,
     EPOCH_RE,
-    KEY_RE,
     MAX_KEY,
     MAX_VALUE,
     VERSION_RE,
@@ -38,7 +38,6 @@ from .folderstore_log import (
     as_bytes,
     epoch_number,
     key_dir,
-    key_of_dir,
     new_epoch_name,
     probe_dir,
     version_name,
@@ -112,7 +111,7 @@ class FolderKV:
         """Make the next listing of directory ``d`` fresh (a change of ours in it); False if ``d`` is gone."""
         if self._posix is not None:
             return probe_dir(self._posix, d)
-        name = f"{d}/.p-{secrets.token_hex(6)}"
+        name = f"{d}/.p-{secrets.token_hex(6)}" if d else f".p-{secrets.token_hex(6)}"
         try:
             self.store.publish(name, b"")
         except FileNotFoundError:
@@ -307,19 +306,23 @@ class FolderKV:
         return all(self.try_get(k) is not None for k in keys)
 
     def list_keys(self) -> list[str]:
-        """Keys that exist now, as this client's directory cache shows them."""
-        out = []
-        op = self._op("listing keys")
-        for name in self.store.listdir(""):
-            if not KEY_RE.match(name):
-                continue
-            st = self._resolve(None, name, op)
-            if st.value is None:
-                continue
-            self._made.add(name)
-            key = key_of_dir(name)
-            out.append(st.ver.key if key is None else key)
-        return sorted(out)
+        """Keys that hold a value now, sorted; linearizable (two equal fresh collects: :mod:`.folderstore_keys`).
+
+        Raises:
+            the timeout error: keys kept changing during every pair of collects until the store's timeout.
+        """
+        return live_keys(self, self._op("listing keys"))
+
+    # what folderstore_keys uses: a fresh listing (probe), a key's newest version (resolve), a pause (nap)
+    probe, resolve, nap = _probe, _resolve, _nap
+
+    def adopt(self, kd: str) -> None:
+        """Before the first listing of key directory ``kd`` (listed by the store's): mkdir its epoch 0, as
+        ``_keydir`` does -- a writer that made ``kd`` and died (or stalls) before epoch 0 must not make
+        it unreadable; and epoch 0, never retired, is never re-created by this."""
+        if kd not in self._made:
+            self.store.mkdir(f"{kd}/{EPOCH0}")
+            self._made.add(kd)
 
     # ------------------------------------------------------------------ read-modify-write
     def _update(

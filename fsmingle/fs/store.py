@@ -263,9 +263,7 @@ class PosixStore(Store):
                 if fsync:
                     os.fsync(fd)
             finally:
-                # close() sends the data to an NFS server (close-to-open), fsync or not: a reader
-                # elsewhere that finds the name (made after this) reads the whole file.
-                os.close(fd)
+                os.close(fd)  # sends the data to an NFS server (close-to-open), fsync or not
         except OSError as e:
             _unlink_quiet(tmp)  # loses nothing: the target was never touched
             raise storage_error(e, "write", tmp) from None
@@ -293,14 +291,11 @@ class PosixStore(Store):
     def create(self, name: str, data: bytes, fsync: bool = True) -> bool:
         """Exclusive create by link() (see :meth:`Store.create`).
 
-        ``fsync`` (default True): flush the temporary before linking it, so that after a crash of
-        this node or of the server the name never holds an empty or partial file.  The rendezvous's
-        records (claims, releases, torchrun's state) keep it: they are read again after a crash.
-        A FolderStore's versions pass False: a version is read only while its generation lives, a
-        crash of the writer's node ends that generation (its store is never read again), and
-        without it a ``set`` costs 0.36 ms instead of 0.56 ms (issue 30).  Visibility to other
-        clients does not depend on it: ``close()`` hands the data to the server before ``link()``
-        makes the name (NFS close-to-open; Lustre and GPFS serve reads through their locks).
+        ``fsync`` (default True): flush the temporary before linking it, so that after a crash of this
+        node or the server the name never holds a partial file: the rendezvous's records (claims,
+        releases, torchrun's state) are read again after a crash.  A FolderStore's versions pass
+        False: a crash of the writer's node ends their generation, whose store is never read again
+        (a ``set``: 0.36 ms instead of 0.56; issue 30).  Other clients see the whole file either way.
 
         The first claim is also the probe of the filesystem (:mod:`fsmingle.fs.refusal`):
         the first link() that succeeds must leave our temp file with a link count of 2 (one
