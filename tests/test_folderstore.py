@@ -420,6 +420,20 @@ def test_gloo_ddp_gets_its_process_group_from_a_folder_store(tmp_path):
 # ---------------------------------------------------------------- the read-modify-write over fakefs (hypothesis)
 
 
+def lagging_stores(lags: list[float], seal_at: int):
+    """A fake filesystem, one view per lag (seconds its listings may lag) and a FolderKV on each, sealing every
+    ``seal_at`` versions: (fs, views, kvs)."""
+    fs = FakeFS(max_staleness=3.0)
+    views = [fs.view(f"n{i}") for i in range(len(lags))]
+    for v, lag in zip(views, lags):
+        v.lag = lag
+    fs.mkdir_truth("", None)
+    kvs = [FolderKV(v, clock=_Clock(fs), poll_max=0.5) for v in views]
+    for kv in kvs:
+        kv.seal_at = seal_at
+    return fs, views, kvs
+
+
 class _Clock:
     """Sleeping advances the fake filesystem's time (blocking loops make progress; caches expire)."""
 
@@ -557,14 +571,7 @@ def test_model_every_answer_is_linearizable(lags, ops, seal_at):
     was linearizable, and a delete_key False where only True was."""
     from lincheck import History, check
 
-    fs = FakeFS(max_staleness=3.0)
-    views = [fs.view(f"n{i}") for i in range(3)]
-    for v, lag in zip(views, lags):
-        v.lag = lag
-    fs.mkdir_truth("", None)
-    kvs = [FolderKV(v, clock=_Clock(fs), poll_max=0.5) for v in views]
-    for kv in kvs:
-        kv.seal_at = seal_at
+    fs, views, kvs = lagging_stores(lags, seal_at)
     h = History()
 
     def run(node, op, x):

@@ -11,13 +11,10 @@ from __future__ import annotations
 
 import os
 
-from fakefs import FakeFS
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from lincheck import History, check
-from test_folderstore import _Clock
-
-from fsmingle.fs.folderstore import FolderKV
+from test_folderstore import lagging_stores
 
 KEYS = ("a", "b")
 
@@ -46,14 +43,7 @@ OPS = st.tuples(
 @given(lags=st.lists(st.floats(0, 3), min_size=3, max_size=3), ops=st.lists(OPS, min_size=1, max_size=12),
        seal_at=st.sampled_from([2, 3, 32]))  # fmt: skip
 def test_model_list_keys_is_linearizable(lags, ops, seal_at):
-    fs = FakeFS(max_staleness=3.0)
-    views = [fs.view(f"n{i}") for i in range(3)]
-    for v, lag in zip(views, lags):
-        v.lag = lag
-    fs.mkdir_truth("", None)
-    kvs = [FolderKV(v, clock=_Clock(fs), poll_max=0.5) for v in views]
-    for kv in kvs:
-        kv.seal_at = seal_at
+    fs, views, kvs = lagging_stores(lags, seal_at)
     h = History()
 
     def run(node, op, key):
