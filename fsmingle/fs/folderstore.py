@@ -447,8 +447,9 @@ class FolderKV:
         self._update(key, lambda cur: ("set", value), "setting")
 
     def add(self, key: str, amount: int) -> int:
-        """Add ``amount`` to the integer in ``key`` (missing: 0); returns the new value.  Always writes a
-        version, even for ``amount == 0`` (torch's barrier reads counters with ``add(k, 0)``)."""
+        """Add ``amount`` to the integer in ``key`` (missing: 0); returns the new value.  ``amount == 0`` on a
+        key that exists writes nothing: a fresh read answers it (torch's barrier reads its counter with
+        ``add(k, 0)`` from every rank: N contended writes fewer); on a missing key it writes ``0``, as torch's do."""
         amount = int(amount)
         out = []
 
@@ -460,7 +461,7 @@ class FolderKV:
                 except ValueError:
                     raise ValueError(f"add: the value of {key!r} is not an integer: {cur[:40]!r}") from None
             out[:] = [base + amount]
-            return "set", str(base + amount).encode()
+            return None if amount == 0 and cur is not None else ("set", str(base + amount).encode())
 
         self._update(key, change, "adding to")
         return out[0]
