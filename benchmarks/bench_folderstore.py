@@ -45,6 +45,7 @@ from .rdzv.fsops import OpCounter, install_counting_os
 K = 20  # set/get ops per rank
 K_ADD = 5  # adds per rank on the one shared counter
 STORES = ("folder", "file", "tcp")
+STORE_TIMEOUT = 60.0  # seconds every store's operations may take (--limit: a slow run is measured, not failed)
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "folderstore")
 
 counter = OpCounter()
@@ -55,7 +56,7 @@ def _meta(c: dict) -> int:
 
 
 def _open(kind: str, where: str, n: int, port: int, rank: int):
-    t = timedelta(seconds=60)
+    t = timedelta(seconds=STORE_TIMEOUT)
     if kind == "folder":
         return folder_store_class()(os.path.join(where, "fstore"), n, timeout=t)
     if kind == "file":
@@ -250,7 +251,7 @@ def table(results: dict) -> str:
 
 
 def main() -> None:
-    global K, K_ADD
+    global K, K_ADD, STORE_TIMEOUT
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", default="2,8,32,64", help="rank counts, comma-separated")
     ap.add_argument("--fs", default="local,bindfs", help="filesystems: local, bindfs (1 s caches), bindfs2, bindfs5")
@@ -262,7 +263,7 @@ def main() -> None:
     ap.add_argument("--out", default=RESULTS)
     ap.add_argument("--no-strace", action="store_true")
     a = ap.parse_args()
-    K, K_ADD = a.k, a.k_add  # read by the forked ranks
+    K, K_ADD, STORE_TIMEOUT = a.k, a.k_add, a.limit  # read by the forked ranks
     install_counting_os(counter)
     ns = [int(x) for x in a.n.split(",")]
     results: dict = {"k": K, "k_add": K_ADD, "cpus": os.cpu_count(), "runs": {}}
