@@ -90,8 +90,9 @@ def _state_types(module: Path = STATE_MODULE) -> set[str]:
 
 
 def problems(parts: dict[str, Part], state_types: set[str], allowed=frozenset()) -> list[str]:
-    """Every read of another part's data field, every read of a data field nobody assigns, and
-    every state object used without being declared."""
+    """Every read of another part's data field, every read of a data field nobody assigns, every
+    state object used without being declared, and every one declared and never used (a part's
+    declarations are its inputs: exactly what it acts on)."""
     methods = set().union(*(p.methods for p in parts.values()))
     holders = {
         name for p in parts.values() for name, ann in p.declared.items() if ann.split("|")[0].strip() in state_types
@@ -110,6 +111,12 @@ def problems(parts: dict[str, Part], state_types: set[str], allowed=frozenset())
                 bad.append(f"{p.name}:{line} reads self.{field}, which {', '.join(others)} assign(s)")
             elif field not in p.assigns:
                 bad.append(f"{p.name}:{line} reads self.{field}, a data field no part assigns")
+    for p in parts.values():
+        bad.extend(
+            f"{p.name} declares state object {name!r} but never uses it"
+            for name in sorted(p.declared)
+            if name not in p.reads and name not in p.assigns
+        )
     return bad
 
 
@@ -149,10 +156,13 @@ def test_the_checker_sees_a_shared_field(tmp_path):
         "class C:\n"
         "    def peek(self):\n"
         "        return self.view\n"
+        "class D:\n"
+        "    view: View\n"
     )
-    parts = _parts(("a.py",), ("A", "B", "C"), tmp_path)
+    parts = _parts(("a.py",), ("A", "B", "C", "D"), tmp_path)
     bad = problems(parts, _state_types(tmp_path / "s.py"))
-    assert len(bad) == 3, bad
-    assert "B:9 reads self.gen, which A assign(s)" in bad[1] or any("self.gen, which A" in b for b in bad)
+    assert len(bad) == 4, bad
+    assert "D declares state object 'view' but never uses it" in bad
+    assert "B:9 reads self.gen, which A assign(s)" in bad
     assert any("self.compat, a data field no part assigns" in b for b in bad)
     assert any("C:12 uses state object 'view' without declaring it" in b for b in bad)
