@@ -219,6 +219,7 @@ class Joining:
                 return self.hold(r)
             self.state = State.CONTEST
             self.contest_holder = self.read_claim(r)
+            self.contest_life = False
             self.set_note(f"rank {r} is already claimed in generation {self.gen}; checking whether its holder is alive")
             return self._step_contesting()
         # First-come joiners never list the generation to claim (a listing is O(N) entries
