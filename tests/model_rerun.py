@@ -39,8 +39,8 @@ class RerunWorld(EnumWorld):
     re-run's first process (steps before it are neither fault points nor faulted); ``first_gen``:
     the generation the first run was released in."""
 
-    def __init__(self, *a, neg_ttl: float = NEG_TTL, **kw):
-        self.neg_ttl = neg_ttl
+    def __init__(self, *a, neg_ttl: float = NEG_TTL, listing_cures: bool = False, **kw):
+        self.neg_ttl, self.listing_cures = neg_ttl, listing_cures
         self.rerun_from = math.inf
         self.first_gen = 0
         super().__init__(*a, **kw)
@@ -49,7 +49,7 @@ class RerunWorld(EnumWorld):
         new = key not in self.hosts
         h = super().host(key)
         if new:
-            h.store.neg_ttl = self.neg_ttl
+            h.store.neg_ttl, h.store.listing_cures = self.neg_ttl, self.listing_cures
         return h
 
     def is_rerun(self, q: Proc) -> bool:
@@ -128,10 +128,18 @@ class RerunScenario(Scenario):
 
     gap: float = 0.0
     neg_ttl: float = NEG_TTL
+    listing_cures: bool = False  # GlusterFS nl-cache (fakefs.FakeStore.listing_cures)
 
     def world(self, plan=None, record: bool = False, cls=None, **options) -> RerunWorld:
         return super().world(
-            plan, record, cls=RerunWorld, neg_ttl=self.neg_ttl, staleness=LAG, initial_lag=1.0, **options
+            plan,
+            record,
+            cls=RerunWorld,
+            neg_ttl=self.neg_ttl,
+            listing_cures=self.listing_cures,
+            staleness=LAG,
+            initial_lag=1.0,
+            **options,
         )
 
     def script(self, w: RerunWorld) -> None:

@@ -17,7 +17,9 @@ forming a world of their own, and a node failed by a write that took effect and 
 (fixed in the spares rules and the store's read-back); a void abandoned after making the next
 generation, stranding an explicit world whose rank 0 arrives late (fixed: ``Joining._abandoned_ahead``);
 a re-run on views with negative caches and lagging listings failing RankConflictError in the
-released generation it took for abandoned (fixed: ``OutsideWorld._released_while_contesting``).
+released generation it took for abandoned (fixed: ``OutsideWorld._released_while_contesting``);
+a member in its commit window exiting in doubt because its own lookup hid its release on a
+GlusterFS-like view (fixed: ``Leaving._read_decision_in_doubt`` lists before reading again).
 Every run of every world now breaks no oracle: nothing is tolerated.
 """
 
@@ -207,3 +209,22 @@ def test_a_rerun_on_a_negative_caching_view_joins_the_next_generation(size, gap,
     rerun = w.rerun()
     assert [q.status for q in rerun] == ["done"] * size, [(q.status, q.error) for q in rerun]
     assert {q.result.generation for q in rerun} == {w.first_gen + 1}
+
+
+@pytest.mark.parametrize("kind", ["interrupt-late", "eio-late"])
+def test_a_member_whose_own_lookup_hid_its_release_reads_it_back_after_a_listing(kind):
+    """Found with the re-run worlds: every joiner looks its generation's ``release.json`` up before
+    it exists (``Joining._step_join``), so on a GlusterFS client (nl-cache, 61 s) the member's own
+    decision stays "absent" by name for a minute.  A member interrupted after its ack, whose void
+    then loses to the release, read it back for ``--stale-after`` (30 s by default), never saw it,
+    and exited in doubt while the release names it (the others' torch start waits for it).  A
+    listing of the generation links the names it shows (GlusterFS ``nlc_lookup``, measured in
+    ``fsmingle.fs.store.stat_existing``), so ``Leaving._read_decision_in_doubt`` lists before it
+    reads again: the member is released."""
+    sc = RerunScenario("2 explicit re-run, GlusterFS nl-cache", 2, explicit=True, neg_ttl=61.0, listing_cures=True)
+    pt = next(p for p in count_points(sc) if p.role == "member" and p.op == "send ack")
+    why, w = run_one(sc, [(pt, kind)])
+    assert why is None, why
+    q = w.procs[pt.proc]
+    assert not any("in doubt" in line for line in w.log), [line for line in w.log if "in doubt" in line]
+    assert q.status == "done" and q.result.generation == w.first_gen + 1, (q.status, q.error)
