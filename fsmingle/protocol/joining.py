@@ -232,6 +232,7 @@ class Joining:
                 return self.hold(r)
             self.seat.state = State.CONTEST
             self.view.contest_holder = self.read_claim(r)
+            self.view.contest_life = False
             self.set_note(
                 f"rank {r} is already claimed in generation {self.view.gen}; checking whether its holder is alive"
             )

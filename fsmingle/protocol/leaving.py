@@ -200,7 +200,12 @@ class Leaving:
     def _read_decision_in_doubt(self, attempts: int = 8) -> Release | None:
         """Read this generation's decision after our void lost the race: the record (members
         loaded), or None if it stayed unreadable or invisible for ``attempts`` reads spread over
-        up to ``stale_after`` seconds (a negative lookup cache hides a name that long at most)."""
+        up to ``stale_after`` seconds.  Before each read again, one listing of the generation: our
+        own joining looked ``release.json`` up before it existed, and GlusterFS nl-cache keeps
+        that "absent" for its timeout (61 s, over the default ``--stale-after``) unless a listing
+        shows the name (it links the inode, which nl-cache consults first; measured, see
+        ``fsmingle.fs.store.stat_existing``).  Found by the re-run enumeration: such a member
+        exited in doubt while the release named it."""
         end = self.wiring.clock.monotonic() + self.wiring.timing.stale_after
         delay = self.wiring.timing.poll_min
         for k in range(attempts):
@@ -215,5 +220,9 @@ class Leaving:
             if k + 1 == attempts or self.wiring.clock.monotonic() + delay > end:
                 return None
             self.wiring.clock.sleep(delay)
+            try:
+                self.wiring.store.listdir(gen_name(self.view.gen))  # the cure (docstring); its names are not needed
+            except (OSError, FsmingleError) as e:
+                log.debug("listing generation %d: %s", self.view.gen, e)
             delay = min(2 * delay * self.wiring.timing.backoff, max(0.0, end - self.wiring.clock.monotonic()))
         return None

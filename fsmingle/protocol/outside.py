@@ -71,15 +71,7 @@ class OutsideWorld:
         rel = self._poll_decision()
         if rel is not None:
             if rel.state == "released":
-                holder = rel.members[r] if r < len(rel.members) else None
-                where = (
-                    f"pid {holder.host.pid} on {holder.host.hostname}, {holder.addr}" if holder else "another process"
-                )
-                raise RankConflictError(
-                    f"rank {r} of job {self.ident.job_id} was taken by another process ({where}), which was released "
-                    f"in generation {self.view.gen}; give each node a distinct rank, or omit the rank for first-come "
-                    "assignment"
-                )
+                return self._released_while_contesting(r, rel)
             self.rejoin()
             return None
         now = self.wiring.clock.monotonic()
@@ -99,6 +91,8 @@ class OutsideWorld:
             )
             return self.hold(r)
         verdict, b = self.judge_rank(r, now, holder)
+        if r != 0 and self._rank0_vouch(r, now) is Verdict.ALIVE:
+            self.view.contest_life = True  # rank 0 heartbeats, vouching for the holder: a world forms
         if verdict is Verdict.ALIVE and self._displaces(b):
             self.void(
                 f"rank {r} is held by a spare (pid {b.host.pid} on {b.host.hostname}); pid {self.ident.me.pid} on "
@@ -117,6 +111,46 @@ class OutsideWorld:
             self.void(f"rank {r}'s holder is dead; replaced by pid {self.ident.me.pid} on {self.ident.me.hostname}")
             self.rejoin()
         return None
+
+    def _released_while_contesting(self, r: int, rel: Release) -> None:
+        """Generation ``gen``, where rank ``r`` is claimed by another, shows released.
+
+        Named a duplicate (exit 6) only if this contester saw that world alive: the holder's beacon
+        changed between two looks, or rank 0's did while it vouched for the holder
+        (``contest_life``; a world forming with two nodes given rank ``r``).  Otherwise the world was released
+        before this participant could tell, and it is a late one -- a re-run, or a restart --
+        which joins the next generation as a late first-come participant would (and is a spare
+        there, given ``--spare-timeout``).  A re-run reaches here when a negative lookup cache
+        (bindfs ``negative_timeout``, NFS lookupcache, GlusterFS nl-cache) answered the previous
+        run's ``release.json`` "absent" by name and a lagging listing did not show it either
+        (found by the re-run enumeration, ``tests/model_rerun.py``: before, it failed with
+        RankConflictError although its rank's holder had ended with the previous run).
+
+        Raises:
+            RankConflictError: the holder of rank ``r`` is alive and was released with it.
+        """
+        holder = rel.members[r] if r < len(rel.members) else None
+        where = f"pid {holder.host.pid} on {holder.host.hostname}, {holder.addr}" if holder else "another process"
+        now = self.wiring.clock.monotonic()
+        verdict, _ = self.judge_rank(r, now, holder.instance if holder else None)
+        if (
+            self.view.contest_life
+            or verdict is Verdict.ALIVE
+            or (r != 0 and self._rank0_vouch(r, now) is Verdict.ALIVE)
+        ):
+            self.seat.state = State.FAILED
+            raise RankConflictError(
+                f"rank {r} of job {self.ident.job_id} was taken by another process ({where}), which was released "
+                f"in generation {self.view.gen}; give each node a distinct rank, or omit the rank for first-come "
+                "assignment"
+            )
+        self.set_note(
+            f"generation {self.view.gen} was released with rank {r} held by {where} before this participant could see "
+            f"it alive: joining generation {self.view.gen + 1} (a re-run or a restart; if not, two nodes were given "
+            f"rank {r})"
+        )
+        self._note_released(self.view.gen, rel)  # a spare now, given --spare-timeout (its note wins)
+        self.rejoin()
 
     def _step_world_full(self) -> Placement | None:
         rel = self._poll_decision()

@@ -98,7 +98,8 @@ class GenView:
         claims (dict[int, str]): rank -> instance (claims are immutable within a generation).
         judge (Judge | None): liveness of the holders, from their beacons.
         vouch_seen (tuple | None): (when, rank 0's beacon, its verdict), one read per step.
-        contest_holder (str | None): the holder of the contested rank, once read.
+        contest_holder (str | None): the holder of the contested rank, once read; contest_life
+            (bool): rank 0 was seen heartbeating while vouching for that holder (a world forms).
         release_bad_since (float | None): since when the decision has been unusable (monotonic s).
         present (RankSet | None): who is present now; present_spares (int): how many of them spares.
         master_names (list[str] | None): the joiner's listing of ``master/``, for the member's
@@ -114,6 +115,7 @@ class GenView:
     judge: Judge | None = None
     vouch_seen: tuple | None = None
     contest_holder: str | None = None
+    contest_life: bool = False
     release_bad_since: float | None = None
     present: RankSet | None = None
     present_spares: int = 0
