@@ -130,6 +130,7 @@ def worlds(
     pg_timeout: float | None = None,
     max_worlds: int | None = None,
     warm_up=True,
+    init_retries: int = 3,
     **kwargs,
 ) -> Iterator[World]:
     """Successive worlds for one process: rendezvous, ``init_process_group``, yield; again after a failure.
@@ -140,6 +141,12 @@ def worlds(
         pg_timeout (float | None): the process group's timeout in seconds, which bounds how long a
             collective waits for a hung peer; None: the rendezvous's ``stale_after`` (30 s by default).
         max_worlds (int | None): stop after this many worlds (None: no bound).
+        init_retries (int): ``init_process_group`` calls in a row that may fail as a peer's failure
+            does (a peer died between the release and its own call: the store or a connection
+            timed out or was refused) and lead to the next world instead of ending the loop; the
+            next failure in a row is raised.  A misconfiguration (a wrong ``GLOO_SOCKET_IFNAME``)
+            fails every time, so it costs at most ``init_retries + 1`` rendezvous and
+            ``pg_timeout`` each.  0: every failure is raised.
         warm_up (bool | Callable[[], None]): before the first rendezvous, pay the one-time costs
             of a fresh process that would otherwise fall inside the first world: True builds a
             ``DistributedDataParallel`` on a one-process gloo group (its first construction imports
@@ -159,8 +166,8 @@ def worlds(
         ImportError: torch is not installed.
         FsmingleError: as :func:`fsmingle.rendezvous` raises (a rendezvous timeout ends the loop:
             not enough participants came back within ``timeout`` seconds).
-        RuntimeError: ``init_process_group`` failed (a peer died between the release and it); not
-            retried, since fsmingle cannot tell that from a misconfiguration.
+        RuntimeError: ``init_process_group`` failed more than ``init_retries`` times in a row
+            (a torch ``DistError`` or a ``RuntimeError``), or failed another way (not retried).
     """
     import datetime
 
@@ -173,15 +180,16 @@ def worlds(
     index = 0
     previous: int | None = None
     last: World | None = None
+    init_failures: list[tuple[int, int, BaseException]] = []  # in a row, since the last world stood
     first = dict(kwargs)
     first.setdefault("rank_order", "key")
     first.setdefault("topology_key", FRESH_KEY)
     while max_worlds is None or index < max_worlds:
-        if index == 0:
+        if index == 0 and not init_failures:
             args = first
-        else:
+        else:  # after a failure, even one at init: no explicit rank (the spare may hold it now)
             args = {k: v for k, v in kwargs.items() if k not in ("rank", "node_rank", "spare_timeout")}
-            args.update(rank_order="key", topology_key=str(previous))
+            args.update(rank_order="key", topology_key=FRESH_KEY if previous is None else str(previous))
         r = rendezvous(dir, job_id, **args)
         released = time.time()
         rank = r.rank if r.rank is not None else r.node_rank
@@ -189,18 +197,32 @@ def worlds(
         os.environ.update({k: v for k, v in r.env().items() if k.endswith("_SOCKET_IFNAME")})
         timeout = pg_timeout if pg_timeout is not None else float(kwargs.get("stale_after") or 30.0)
         host = f"[{r.master_addr}]" if ":" in r.master_addr else r.master_addr
-        dist.init_process_group(
-            backend=backend,
-            init_method=f"tcp://{host}:{r.master_port}",
-            rank=rank,
-            world_size=size,
-            timeout=datetime.timedelta(seconds=timeout if math.isfinite(timeout) else 86400 * 365),
-        )
+        try:
+            dist.init_process_group(
+                backend=backend,
+                init_method=f"tcp://{host}:{r.master_port}",
+                rank=rank,
+                world_size=size,
+                timeout=datetime.timedelta(seconds=timeout if math.isfinite(timeout) else 86400 * 365),
+            )
+        except Exception as e:
+            # A peer that died between the release and its own init_process_group (or a master
+            # port that refuses) fails everyone's init: the store times out or refuses.  The
+            # others come back to the next generation as after a failure in training, so do we;
+            # a cause that fails every time (a misconfiguration) is raised after init_retries.
+            if not _is_peer_failure(e) or len(init_failures) >= init_retries:
+                raise
+            init_failures.append((r.generation, rank, e))
+            _teardown_broken()
+            continue
         world = World(r, rank, size, index, previous, released=released, started=time.time())
         if last is not None:
             log.warning(
                 "world of generation %d ended (rank %d): %s", last.generation, last.rank, _first_line(last.failure)
             )
+        for gen, was, e in init_failures:  # said once a world stands: str() of a torch error is slow
+            log.warning("init_process_group of generation %d failed (rank %d): %s", gen, was, _first_line(e))
+        init_failures = []
         log.info("world %d: generation %d, rank %d of %d (was %s)", index, r.generation, rank, size, previous)
         yield world
         if not world._closed:
