@@ -213,7 +213,7 @@ def worlds(
             if not _is_peer_failure(e) or len(init_failures) >= init_retries:
                 raise
             init_failures.append((r.generation, rank, e))
-            _teardown_broken()
+            _forget_failed_init()
             continue
         world = World(r, rank, size, index, previous, released=released, started=time.time())
         if last is not None:
@@ -273,6 +273,24 @@ def _teardown_clean() -> None:
     gc.collect()
     dist.barrier()
     dist.destroy_process_group()
+
+
+def _forget_failed_init() -> None:
+    """Undo what a failed ``init_process_group`` left behind, as ``destroy_process_group`` would.
+
+    torch names the default group by a per-process counter (``_world.group_count``, part of every
+    store key of the group: ``/default_pg/<n>//cpu//...``) that it bumps before the init can fail
+    and that only ``destroy_process_group()`` sets back to 0.  Left at 1, this process's next group
+    would wait for keys no other process writes (they use 0) and time out, world after world.
+    """
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    if dist.is_initialized():
+        _teardown_broken()
+    else:
+        c10d._world.group_count = 0
+    gc.collect()
 
 
 def _teardown_broken() -> None:

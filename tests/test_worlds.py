@@ -138,7 +138,11 @@ def test_a_peer_dying_between_the_release_and_init_leads_to_the_next_world(procs
     def trained_in_gen2():
         return all(sum(1 for x in _steps(p) if x["gen"] == 2) >= 3 for p in [*nodes, spare])
 
-    wait_for(trained_in_gen2, 150, "three steps of both nodes and the spare in generation 2")
+    try:
+        wait_for(trained_in_gen2, 150, "three steps of both nodes and the spare in generation 2")
+    except AssertionError as e:
+        tails = "\n".join(f"--- {p.name}: {p.stdout()[-600:]}\n{p.stderr()[-1500:]}" for p in [*nodes, dier, spare])
+        raise AssertionError(f"{e}\n{tails}") from None
     for p in nodes:
         assert p.poll() is None, p.stderr()[-2000:]
         assert not [x for x in _steps(p) if x["gen"] == 1]  # init failed there: no world 0 in generation 1
