@@ -45,7 +45,7 @@ import time
 import traceback
 from typing import Any
 
-from ..rdzv.common import pct, raise_nofile
+from ..rdzv.common import emit_ready, load_config, pct
 from ..rdzv.fsops import OpCounter, install_counting_os
 
 
@@ -378,24 +378,13 @@ class Swarm:
 
 
 def main(cfg_path: str, group: int) -> None:
-    t0 = time.monotonic()
-    with open(cfg_path) as fh:
-        cfg = json.load(fh)
-    nofile = raise_nofile()
+    cfg, t0, nofile = load_config(cfg_path)
     try:
         sw = Swarm(cfg, group)
     except Exception:
         emit(ev="fatal", error=traceback.format_exc())
         os._exit(4)
-    emit(
-        ev="ready",
-        pid=os.getpid(),
-        import_s=time.monotonic() - t0,
-        torch_imported="torch" in sys.modules,
-        nofile=list(nofile),
-        patched=sw.patched,
-        impl=os.path.dirname(sys.modules["fsmingle"].__file__),
-    )
+    emit_ready(emit, t0, nofile, patched=sw.patched, impl=os.path.dirname(sys.modules["fsmingle"].__file__))
     prof = None
     if cfg.get("profile") and group in (0, 1):  # rank 0's and one member process under cProfile
         import cProfile
