@@ -131,6 +131,7 @@ def worlds(
     max_worlds: int | None = None,
     warm_up=True,
     init_retries: int = 3,
+    gc_freeze: bool = True,
     **kwargs,
 ) -> Iterator[World]:
     """Successive worlds for one process: rendezvous, ``init_process_group``, yield; again after a failure.
@@ -141,6 +142,12 @@ def worlds(
         pg_timeout (float | None): the process group's timeout in seconds, which bounds how long a
             collective waits for a hung peer; None: the rendezvous's ``stale_after`` (30 s by default).
         max_worlds (int | None): stop after this many worlds (None: no bound).
+        gc_freeze (bool): after the warm-up, move every object alive then (torch, its imports:
+            about 290,000 objects) out of the garbage collector's reach (``gc.freeze()``), so the
+            ``gc.collect()`` of each teardown -- and Python's own full collections while training
+            -- look only at what came after: 0.14 s of CPU per collection less here, which at
+            N = 16 on 2 shared cores was 1.7 s of each survivor's teardown.  What is frozen is
+            never collected (garbage cycles alive at that moment stay); False: leave ``gc`` alone.
         init_retries (int): ``init_process_group`` calls in a row that may fail as a peer's failure
             does (a peer died between the release and its own call: the store or a connection
             timed out or was refused) and lead to the next world instead of ending the loop; the
@@ -177,6 +184,9 @@ def worlds(
         _warm_ddp()
     elif callable(warm_up):
         warm_up()
+    if gc_freeze:
+        gc.collect()  # what is garbage now is not frozen
+        gc.freeze()
     index = 0
     previous: int | None = None
     last: World | None = None
