@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import sys
 import threading
@@ -332,10 +333,13 @@ def test_late_participant_waits_in_next_generation_and_times_out(procs, d, ranks
     assert_one_world(res, 2, generation=1)
     # A spare (issue 24): its --timeout (1 s) is held; --spare-timeout (3 s) ends its wait.
     late = procs.env(d, JOB, *args(1), "--spare-timeout", 3, timeout=1, stale_after=3, name="late")
-    rc = late.wait(15)
+    rc = late.wait(40)
     err = late.stderr()
     assert rc == 7, err
-    assert 3 <= late.elapsed < 3 + 6, f"a late participant overran its --spare-timeout: {late.elapsed:.1f} s"
+    # Overrunning --spare-timeout is judged on the spare's own count of the time it held (its message),
+    # not on the process's wall time, which includes a python start-up of seconds under load 20-40.
+    held = re.search(r"waited (\d+) s as a spare", err)
+    assert late.elapsed >= 3 and held and 3 <= int(held[1]) < 3 + 3, f"overran its --spare-timeout: {err[-2000:]}"
     assert "generation 1 was already released" in err and "late participant" in err, err
     assert "as a spare for generation 1 (--spare-timeout 3 s) and no place opened" in err, err
     assert "Raise --spare-timeout" in err, err

@@ -98,11 +98,10 @@ def test_a_spare_that_waits_past_spare_timeout_fails_naming_the_generation_it_ba
     results([a, b])
     # `fsmingle run` as users start a spare: its --timeout (60 s) is held, --spare-timeout (2 s) is not.
     c = procs.env(d, "sb", "--nnodes", 2, "--spare-timeout", 2, "--", "true", timeout=60, name="c", cmd="run")
-    rc = c.wait(30)
+    rc = c.wait(50)  # under its --timeout (60 s), which is held: --spare-timeout ended it
     err = c.stderr()
     assert rc == 7, err
     assert "as a spare for generation 1 (--spare-timeout 2 s) and no place opened" in err, err
-    assert c.elapsed < 20
     # It held rank 0 of generation 2 and voided it on leaving: a survivor coming back later is not
     # kept waiting for a dead claimer.
     rel = release_of(d, "sb", 2)
@@ -188,9 +187,11 @@ def test_without_spare_timeout_a_rerun_whose_peer_never_comes_times_out_naming_i
     b = procs.env(d, "rr", "--nnodes", 2, timeout=60, name="b")
     assert {a.result(30)["generation"], b.result(30)["generation"]} == {1}
     again = procs.env(d, "rr", "--nnodes", 2, timeout=3, name="again")  # its peer is never started
-    assert again.wait(30) == 7, again.stderr()
+    # Not held: a held --timeout would never end (no --spare-timeout), so the 40 s wait is the bound;
+    # how soon after its 3 s (python start-up included) is not asserted on a loaded machine.
+    assert again.wait(40) == 7, again.stderr()
     err = " ".join(again.stderr().split())
-    assert 3 <= again.elapsed < 3 + 10, again.elapsed
+    assert again.elapsed >= 3, again.elapsed
     assert "timed out after 3 s in generation 2: missing node ranks 1" in err, err
     assert "as a spare" in err and "--spare-timeout" not in err.split("timed out", 1)[1].split(".")[0], err
 
