@@ -714,7 +714,7 @@ def test_a_key_rewritten_all_day_costs_the_same_and_keeps_few_files(tmp_path):
             return super().read(name)
 
     store = Counting(str(tmp_path / "s"))
-    kv = FolderKV(store, timeout=60)
+    kv = FolderKV(store, timeout=60, retire_grace=0.05)  # a day in seconds: the grace compressed too
     other = subprocess.Popen(
         [sys.executable, str(WORKER), str(tmp_path / "s"), "w1", "add=300"], stdout=subprocess.DEVNULL,
         env={**os.environ, "PYTHONPATH": str(HERE.parent)},

@@ -44,7 +44,8 @@ run = os.path.join(endpoint, os.environ["TORCHELASTIC_RUN_ID"])
 name = max(n for n in os.listdir(run) if n.startswith("agentstore-"))  # this round's (the only one)
 _, epoch, rnd = name.split("-")
 path = os.path.join(run, name)
-base = fsmingle.FolderStore(path)
+# A day compressed into seconds, and so the grace retired versions are kept (120 s of a day: ~0.03 s here)
+base = fsmingle.FolderStore(path, retire_grace=0.05)
 store = dist.PrefixStore(f"torch.rendezvous.{os.environ['TORCHELASTIC_RUN_ID']}.{int(epoch)}.{int(rnd)}", base)
 
 EVENTS = {"open", "os.listdir", "os.scandir", "os.link", "os.remove", "os.rmdir", "os.mkdir", "os.rename"}
@@ -142,7 +143,8 @@ def test_a_day_of_writes_under_torchrun_costs_the_same_and_keeps_few_files(tmp_p
     seal_at, keys = rec["seal_at"], rec["keys"]
     # torch's role_info/0, assigned_ranks/0, MASTER_ADDR, MASTER_PORT; started, keepalive/0, mine, progress, adds-done
     assert len(keys) == 9, keys
-    assert max(rec["files"]) <= len(keys) * (2 + 2 * seal_at), rec["files"]
+    # ... plus what was retired within the (compressed) grace: an epoch or two of the keep-alive
+    assert max(rec["files"]) <= len(keys) * (2 + 2 * seal_at) + 2 * seal_at, rec["files"]
     assert max(rec["files"]) < DAY // 10, rec["files"]
 
     # Every answer after the day: the last keep-alive, every add counted, torch's own key as the agent wrote it.
@@ -160,5 +162,12 @@ def test_a_day_of_writes_under_torchrun_costs_the_same_and_keeps_few_files(tmp_p
         # the typical operation makes exactly as many calls, and lists no more than one epoch more
         assert l_calls[median] <= e_calls[median], (op, early[op], late[op])
         assert l_names[median] <= e_names[median] + seal_at, (op, early[op], late[op])
-        # the dearest (a seal: mkdir, copy, rename and delete of a retired epoch) is no dearer
-        assert l_calls[-1] <= e_calls[-1] + 4 and l_names[-1] <= e_names[-1] + 2 * seal_at, (op, early[op], late[op])
+        # the dearest (a seal: mkdir, copy, rename; and the delete of what was retired more than
+        # retire_grace ago, which the first seals did not have yet: at most two epochs of files)
+        # is no dearer after the day than that
+        sweep = 2 * (seal_at + 3)
+        assert l_calls[-1] <= e_calls[-1] + 4 + sweep and l_names[-1] <= e_names[-1] + 2 * seal_at + 4, (
+            op,
+            early[op],
+            late[op],
+        )

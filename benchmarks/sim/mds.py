@@ -187,7 +187,7 @@ class SimStore(Store):
             self.fs.dirs[d].discard(b)
             self.fs._sorted.pop(d, None)
 
-    def retire(self, name: str) -> bool:
+    def retire(self, name: str, keep_for: float = 0.0) -> bool:  # keep_for: nothing to keep in a model
         self._op("rename")
         if name not in self.fs.dirs:
             return False

@@ -7,8 +7,8 @@ Every key is a **log of immutable versions** in epoch directories (layout:
   read version k: every write is linearizable at its ``link()``; a lost reply or an I/O error
   after the effect is read back by the call's token, never counted twice nor failed.
 * **Compaction without ABA**: the write that fills an epoch is a *seal* naming a new epoch (a
-  never-used random name); the epochs below it are then retired whole (``rename()``), so a stale
-  writer's ``link()`` into one fails (ENOENT) instead of re-using a freed name.
+  never-used random name); the epochs below it are then retired whole (``rename()``, files kept ``retire_grace``),
+  so a stale writer's ``link()`` into one fails (ENOENT, or EEXIST via a cached entry), never re-uses a freed name.
 * **Every answer is linearizable**: one that writes nothing comes from a *fresh* read (each epoch
   directory probed before its listing is trusted); **every timeout is kept** (a deadline per call).
 
@@ -34,6 +34,8 @@ from .folderstore_log import (
     MAX_VALUE,
     VERSION_RE,
     FolderStoreTimeout,
+    Op,
+    State,
     Version,
     as_bytes,
     epoch_number,
@@ -41,12 +43,6 @@ from .folderstore_log import (
     new_epoch_name,
     probe_dir,
     version_name,
-)
-from .folderstore_log import (
-    Op as _Op,
-)
-from .folderstore_log import (
-    State as _State,
 )
 from .store import UNTRUSTED, PosixStore, Store
 
@@ -71,15 +67,18 @@ class FolderKV:
         timeout (float | None | callable): seconds any one operation may take (None or 0: no limit;
             a callable is asked at each operation); ``wait_for`` takes its own.
         timeout_error: builds the timeout's exception from its message (:class:`FolderStoreTimeout`).
+        retire_grace (float): seconds a retired epoch's files are kept (``Store.retire``; ``LIE_LIMIT``).
     """
 
     def __init__(self, store: Store, clock=time, poll_min: float = POLL_MIN, poll_max: float = POLL_MAX, rng=None,
-                 timeout=None, timeout_error: Callable[[str], Exception] = FolderStoreTimeout):  # fmt: skip
+                 timeout=None, timeout_error: Callable[[str], Exception] = FolderStoreTimeout,
+                 retire_grace: float = LIE_LIMIT):  # fmt: skip
         self.store, self.clock = store, clock
         self.poll_min, self.poll_max = poll_min, max(poll_min, poll_max)
         self.rng = rng or random.Random(secrets.randbits(64))
         self.timeout, self.timeout_error = timeout, timeout_error
         self.seal_at = SEAL_AT  # versions per epoch (tests lower it to compact often)
+        self.retire_grace = retire_grace  # seconds a retired epoch's files are kept (Store.retire)
         self._made: set[str] = set()  # key directories this process made or found (mkdir)
         # key dir -> (epoch number, epoch, version) newest this process saw or wrote: never go back
         self._seen: dict[str, tuple[int, str, int]] = {}
@@ -87,12 +86,12 @@ class FolderKV:
         self._posix = store.root if isinstance(store, PosixStore) else None
 
     # ------------------------------------------------------------------ primitives
-    def _op(self, what: str, secs: float | None = -1.0) -> _Op:
+    def _op(self, what: str, secs: float | None = -1.0) -> Op:
         if secs == -1.0:
             secs = self.timeout() if callable(self.timeout) else self.timeout
-        return _Op(self.clock, secs, what)
+        return Op(self.clock, secs, what)
 
-    def _nap(self, op: _Op, pause: float, why: str) -> None:
+    def _nap(self, op: Op, pause: float, why: str) -> None:
         """Sleep ``pause`` seconds, never past the deadline; at the deadline raise the timeout, saying ``why``."""
         now = self.clock.monotonic()
         if op.deadline is not None:
@@ -178,8 +177,8 @@ class FolderKV:
         return v
 
     # ------------------------------------------------------------------ where a key's log stands
-    def _resolve(self, key: str | None, kd: str, op: _Op, fresh: bool = False) -> _State:
-        """The newest version of the key (``_State``).  ``fresh``: linearizable -- every epoch
+    def _resolve(self, key: str | None, kd: str, op: Op, fresh: bool = False) -> State:
+        """The newest version of the key (``State``).  ``fresh``: linearizable -- every epoch
         directory trusted is probed first, so that its listing shows every version made before.
 
         Versions are immutable; a listed one that reads as absent is a lookup that lies or an epoch
@@ -221,7 +220,7 @@ class FolderKV:
                 continue
             n = max(self._listed(d), seen[2] if ep == seen[1] else 0)
             if n == 0 and self._seal.get(kd, (None,))[0] == ep:
-                return _State(ep, 0, self._seal[kd][1]), ""  # just sealed into: the seal's value is current
+                return State(ep, 0, self._seal[kd][1]), ""  # just sealed into: the seal's value is current
             if n == 0:
                 e0_empty = ep == EPOCH0
                 continue  # empty: an orphan of a lost seal, or just sealed into (reached by its seal below)
@@ -236,20 +235,20 @@ class FolderKV:
                 self._seal[kd] = (ep, v)  # immutable: what an empty epoch's value is, once its seal is read
                 if m == 0:
                     self._saw(kd, ep, 0)
-                    return _State(ep, 0, v), ""
+                    return State(ep, 0, v), ""
                 w = self._read(d, m, key)
                 if w is None:
                     return None, f"{d}/{version_name(m)}"
                 n, v = m, w
             self._saw(kd, ep, n)
-            return _State(ep, n, v), ""
+            return State(ep, n, v), ""
         if quick and eps[0][1] != EPOCH0:
             return self._try_resolve(key, kd, fresh, full=True)
         if fresh and not e0_empty:
             return None, kd  # every epoch listed is gone and epoch 0 was not seen empty: list the key afresh
-        return _State(EPOCH0, 0, None), ""  # never written (fresh: epoch 0, never retired, is empty)
+        return State(EPOCH0, 0, None), ""  # never written (fresh: epoch 0, never retired, is empty)
 
-    def _unreadable(self, op: _Op, what: str, since: float, pause: float) -> None:
+    def _unreadable(self, op: Op, what: str, since: float, pause: float) -> None:
         if self.clock.monotonic() - since > LIE_LIMIT:
             raise CorruptStateError(
                 f"{self.store.path(what)} has been {_UNREADABLE} for {LIE_LIMIT:g} s; was the store removed?"
@@ -257,7 +256,7 @@ class FolderKV:
         self._nap(op, pause, f"{self.store.path(what)} is {_UNREADABLE}")
 
     # ------------------------------------------------------------------ reading
-    def try_get(self, key: str, fresh: bool = True, op: _Op | None = None) -> bytes | None:
+    def try_get(self, key: str, fresh: bool = True, op: Op | None = None) -> bytes | None:
         """The value of ``key`` now, or None if it is missing (never set, or deleted).
 
         ``fresh`` (the default): linearizable (the directories read are probed first); False: what
@@ -381,7 +380,7 @@ class FolderKV:
             # shows (never below the winner's: _seen).  The next link() is the judge.
             st, fresh = self._resolve(key, kd, op), False
 
-    def _link(self, d: str, n: int, new: Version, key: str, op: _Op) -> Version | None:
+    def _link(self, d: str, n: int, new: Version, key: str, op: Op) -> Version | None:
         """Create version ``n`` of epoch ``d`` as ``new``: returns ``new`` if ours, the winner's version if
         another's, None if the epoch directory is gone.  Whose is told by the token: a lost reply
         (EEXIST after success) and an I/O error after the effect are read back, never failed."""
@@ -439,7 +438,9 @@ class FolderKV:
 
     def _retire(self, d: str) -> None:
         with contextlib.suppress(FileNotFoundError, StorageError):  # a later seal tries again
-            self.store.retire(d)  # one rename() out of every reader's view, then the delete
+            # Out of every listing at once, its files deleted retire_grace later: a stale writer's
+            # link() through an entry cached by inode meets EEXIST, never a freed name (Store.retire).
+            self.store.retire(d, keep_for=self.retire_grace)
 
     # ------------------------------------------------------------------ the operations
     def set(self, key: str, value) -> None:

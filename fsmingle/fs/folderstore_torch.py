@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from datetime import timedelta
 
-from .folderstore import POLL_MAX, FolderKV
+from .folderstore import LIE_LIMIT, POLL_MAX, FolderKV
 from .jobdir import check_owned_dir, negative_lookup_cache_warning
 from .store import PosixStore
 
@@ -61,9 +61,18 @@ def folder_store_class():
             world_size (int | None): accepted for ``FileStore`` compatibility; the store needs none.
             timeout (timedelta): default timeout of ``get`` and ``wait`` (``set_timeout`` changes it).
             poll_max (float): longest pause between two looks of a waiting ``get``/``wait`` (seconds).
+            retire_grace (float): seconds a compacted key's old versions are kept before they are
+                deleted (longer than any client's entry cache: ``docs/folderstore.md``, compaction).
         """
 
-        def __init__(self, path, world_size=None, timeout=timedelta(seconds=300), poll_max: float = POLL_MAX):
+        def __init__(
+            self,
+            path,
+            world_size=None,
+            timeout=timedelta(seconds=300),
+            poll_max: float = POLL_MAX,
+            retire_grace: float = LIE_LIMIT,
+        ):
             super().__init__()
             self.path = os.path.abspath(os.fspath(path))
             self.world_size = world_size
@@ -76,7 +85,11 @@ def folder_store_class():
             # Every operation keeps the store's timeout (set_timeout included): set/add/compare_set
             # too, and a version that stays unreadable says why in the DistStoreError.
             self._kv = FolderKV(
-                open_store_dir(self.path), poll_max=poll_max, timeout=self._seconds, timeout_error=self._store_error
+                open_store_dir(self.path),
+                poll_max=poll_max,
+                timeout=self._seconds,
+                timeout_error=self._store_error,
+                retire_grace=retire_grace,
             )
 
         def __repr__(self):

@@ -27,12 +27,12 @@ import functools
 import logging
 import os
 import secrets
-import shutil
 import socket
 import stat
 import time
 
 from ..errors import FsmingleError, StorageError, UnsafeDirectoryError
+from . import trash
 from .refusal import REFUSE_ERRNOS, errno_name, unsupported
 
 log = logging.getLogger("fsmingle.store")
@@ -147,8 +147,12 @@ class Store(abc.ABC):
         """Remove file ``name``; absent is fine."""
 
     @abc.abstractmethod
-    def retire(self, name: str) -> bool:
-        """Move directory ``name`` aside atomically, then delete it; False if it was already gone."""
+    def retire(self, name: str, keep_for: float = 0.0) -> bool:
+        """Move directory ``name`` aside atomically, then delete it; False if it was already gone.
+        ``keep_for`` (seconds): its files are deleted only that much later (by a later ``retire``):
+        clients caching entries by inode (FUSE GlusterFS, MooseFS, JuiceFS; NFS) still reach it by its
+        old name, and a ``link()`` there succeeds into the trash once its name is free (measured;
+        CephFS and bindfs answer ENOENT); kept, every name stays taken (EEXIST)."""
 
 
 def _tmp_name() -> str:
@@ -400,19 +404,14 @@ class PosixStore(Store):
         _unlink_quiet(self.path(name))
 
     @_storage_errors("move aside")
-    def retire(self, name: str) -> bool:
-        trash = os.path.join(self.root, f".trash-{name.replace('/', '_')}-{secrets.token_hex(4)}")
+    def retire(self, name: str, keep_for: float = 0.0) -> bool:
         try:
-            # One atomic rename takes the whole directory out of every reader's
-            # view; slow readers then get ENOENT (= "not there"), never a
-            # half-deleted directory.
-            os.rename(self.path(name), trash)
+            # One atomic rename takes the whole directory out of every reader's view; slow readers
+            # then get ENOENT (= "not there"), never a half-deleted directory -- except through an
+            # entry cached by inode (Store.retire): so its files may be kept ``keep_for`` seconds.
+            return trash.move_aside(self.root, name, keep_for)
         except OSError as e:
-            if e.errno in (errno.ENOENT, errno.ESTALE):
-                return False
             raise storage_error(e, "move aside", self.path(name)) from None
-        shutil.rmtree(trash, ignore_errors=True)  # .nfs* leftovers go when their holders close
-        return True
 
 
 STAT_EXISTING_TRIES = 6  # lookups (each after a listing of the parent) before stat_existing gives up

@@ -1,0 +1,55 @@
+"""Retiring a directory: one ``rename()`` out of every listing, its files deleted when their time comes.
+
+A retired directory is renamed to ``.trash-<expiry ms>-<random>-<name>`` in the store's root
+(hidden: listings skip dot names), then every ``.trash-*`` whose expiry has passed is deleted --
+this host's or another's (the sweep is one listing of the root per retire).  The expiry is wall
+clock, so that it means the same to every host; a few seconds of clock skew are small beside a
+grace meant to outlast entry caches of a minute (``Store.retire`` says why files are kept at all).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import secrets
+import shutil
+import time
+
+PREFIX = ".trash-"
+_MS_DIGITS = 14
+
+
+def move_aside(root: str, name: str, keep_for: float = 0.0) -> bool:
+    """Rename directory ``root/name`` into the trash, kept ``keep_for`` seconds; then sweep.
+
+    Returns:
+        bool: False if ``name`` was already gone (ENOENT, ESTALE: another retired it).
+
+    Raises:
+        OSError: the rename failed otherwise (the caller names it: ``PosixStore.retire``).
+    """
+    expiry_ms = int((time.time() + keep_for) * 1000)
+    aside = os.path.join(root, f"{PREFIX}{expiry_ms:0{_MS_DIGITS}d}-{secrets.token_hex(4)}-{name.replace('/', '_')}")
+    try:
+        os.rename(os.path.join(root, name), aside)
+    except OSError as e:
+        if e.errno in (errno.ENOENT, errno.ESTALE):
+            return False
+        raise
+    sweep(root)
+    return True
+
+
+def sweep(root: str) -> None:
+    """Delete every trash entry of ``root`` whose expiry has passed (and an older fsmingle's, which
+    carry no time: their writer deleted them at once, so one still there is a leftover)."""
+    now_ms = time.time() * 1000
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return  # the next retire sweeps
+    for n in names:
+        if n.startswith(PREFIX):
+            head = n[len(PREFIX) :].split("-", 1)[0]
+            if not (head.isdigit() and len(head) == _MS_DIGITS) or int(head) <= now_ms:
+                shutil.rmtree(os.path.join(root, n), ignore_errors=True)  # .nfs* go when their holders close
