@@ -490,7 +490,8 @@ class FakeStore(Store):
         if crash:
             raise self._death(f"{self.node} died after publishing {name}")
 
-    def create(self, name: str, data: bytes) -> bool:
+    def create(self, name: str, data: bytes, fsync: bool = True) -> bool:
+        # fsync is ignored: this filesystem loses nothing a node wrote when the node crashes
         crash = self._op("create", name)
         self._check_parent(name)
         fs = self.fs

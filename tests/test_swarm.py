@@ -14,66 +14,27 @@ from fsmingle.net.channel import Hub, TcpTransport
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def _swarm(tmp_path, out, *args: str) -> dict:
+    """``python -m benchmarks.swarm`` with ``args`` on ``tmp_path``, results in ``out``: its one run."""
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    argv = [sys.executable, "-m", "benchmarks.swarm", *args, "--settle", "2", "--timeout", "60"]
+    argv += ["--root", str(tmp_path), "--out", str(out)]
+    r = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return json.loads((out / "results.json").read_text())["runs"][0]
+
+
 def test_swarm_smoke_last_arrival_and_a_killed_member(tmp_path):
     """256 participants in 4 processes released as one world; 64 with a member killed after its
     claim regroup in a later generation with it restarted."""
     out = tmp_path / "out"
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "benchmarks.swarm",
-            "--n",
-            "256",
-            "--settle",
-            "2",
-            "--timeout",
-            "60",
-            "--root",
-            str(tmp_path),
-            "--out",
-            str(out),
-        ],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert r.returncode == 0, r.stdout + r.stderr
-    run = json.loads((out / "results.json").read_text())["runs"][0]
+    run = _swarm(tmp_path, out, "--n", "256")
     assert run["valid"] and run["n"] == 256 and run["generations"] == [1]
     assert run["procs"] == 4 and run["sources"] == "own"
     assert 0 < run["last_all_s"] < 60 and run["rank0_cpu_us_per_member"] > 0
     assert 20 < run["ops"]["fs_ops_mean"] < 60  # the real PosixStore, counted as the thread harness counts
     assert "| 256 | last |" in (out / "results.md").read_text()
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "benchmarks.swarm",
-            "--n",
-            "64",
-            "--scenario",
-            "storm",
-            "--settle",
-            "2",
-            "--timeout",
-            "60",
-            "--root",
-            str(tmp_path),
-            "--out",
-            str(out),
-        ],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert r.returncode == 0, r.stdout + r.stderr
-    run = json.loads((out / "results.json").read_text())["runs"][0]
+    run = _swarm(tmp_path, out, "--n", "64", "--scenario", "storm")
     assert run["valid"] and run["killed"]["gen"] == 1 and run["generations"][0] >= 2
     assert run["kill_to_all_s"] > 0
 

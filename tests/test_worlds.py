@@ -108,3 +108,44 @@ def test_a_stopped_node_is_replaced_in_process_after_the_process_group_timeout(p
     finally:
         nodes[victim].kill()
     print(f"SIGSTOP -> first step of the next world: {took:.2f} s (--stale-after 4)")
+
+
+# A peer that takes its place in the release and dies before its own init_process_group: a plain
+# rendezvous() that exits at once (os._exit: no teardown, as SIGKILL right after the release).
+DIES_AFTER_RELEASE = """
+import os, sys, fsmingle
+r = fsmingle.rendezvous(sys.argv[1], "w", nnodes=int(sys.argv[2]), addr="127.0.0.1", stale_after=4, timeout=120,
+                        rank_order="key", topology_key="fresh")
+print("released", r.generation, r.node_rank, flush=True)
+os._exit(0)
+"""
+
+
+def test_a_peer_dying_between_the_release_and_init_leads_to_the_next_world(procs, d, tmp_path):
+    """Before: the survivors' init_process_group raised out of worlds() and their loops ended."""
+    env = torch_env(tmp_path)
+    args = [sys.executable, EXAMPLE, "--dir", str(d), "--job-id", "w", "--nnodes", str(NNODES)]
+    args += ["--steps", "100000", "--step-sleep", "0.05", "--stale-after", "4"]
+    args += ["--addr", "127.0.0.1", "--timeout", "120"]
+    nodes = [procs.spawn(args, name=f"node{i}", env=env) for i in range(NNODES - 1)]
+    # The nodes' claims first (warm-up done, waiting in generation 1), so the one that dies is
+    # the last to come and takes the last rank: the others wait for it in the store.
+    wait_for(lambda: len(list(gen_dir(d, "w", 1).glob("rank-*.claim"))) >= NNODES - 1, 120, "the nodes' claims")
+    dier = procs.spawn([sys.executable, "-c", DIES_AFTER_RELEASE, str(d), str(NNODES)], name="dier", env=env)
+    wait_for(lambda: "released 1" in dier.stdout(), 120, "the release of generation 1")
+    spare = procs.spawn(args + ["--spare"], name="spare", env=env)
+
+    def trained_in_gen2():
+        return all(sum(1 for x in _steps(p) if x["gen"] == 2) >= 3 for p in [*nodes, spare])
+
+    try:
+        wait_for(trained_in_gen2, 150, "three steps of both nodes and the spare in generation 2")
+    except AssertionError as e:
+        tails = "\n".join(f"--- {p.name}: {p.stdout()[-600:]}\n{p.stderr()[-1500:]}" for p in [*nodes, dier, spare])
+        raise AssertionError(f"{e}\n{tails}") from None
+    for p in nodes:
+        assert p.poll() is None, p.stderr()[-2000:]
+        assert not [x for x in _steps(p) if x["gen"] == 1]  # init failed there: no world 0 in generation 1
+        assert _steps(p)[0]["world"] == 0  # the first world this process trained in: generation 2
+        assert "init_process_group of generation 1 failed" in p.stderr(), p.stderr()[-2000:]
+    assert sorted(_rank(p, 0) for p in [*nodes, spare]) == list(range(NNODES))

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import resource
 import socket
+import sys
+import time
+from collections.abc import Callable
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
@@ -72,6 +76,29 @@ def raise_nofile() -> tuple[int, int]:
     if soft != resource.RLIM_INFINITY and soft < hard_eff:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard_eff, hard))
     return resource.getrlimit(resource.RLIMIT_NOFILE)
+
+
+def load_config(cfg_path: str) -> tuple[dict, float, tuple[int, int]]:
+    """A worker process's start: its configuration file (never argv: thousands of participants'
+    settings overflow the kernel's argument limit), the monotonic time it started at, and the
+    open-file limit raised before anything opens a socket (:func:`raise_nofile`)."""
+    t0 = time.monotonic()
+    with open(cfg_path) as fh:
+        cfg = json.load(fh)
+    return cfg, t0, raise_nofile()
+
+
+def emit_ready(emit: Callable[..., None], t0: float, nofile: tuple[int, int], **extra) -> None:
+    """Say ``ready`` once the worker's backend is built: what it imported, in how long, whether
+    torch came with it, its open-file limit, and ``extra`` fields."""
+    emit(
+        ev="ready",
+        pid=os.getpid(),
+        import_s=time.monotonic() - t0,
+        torch_imported="torch" in sys.modules,
+        nofile=list(nofile),
+        **extra,
+    )
 
 
 def mem_available_bytes() -> int | None:

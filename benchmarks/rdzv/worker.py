@@ -34,17 +34,16 @@ def emit(**ev: Any) -> None:
 
 
 def main(cfg_path: str, group: int) -> None:
-    t0 = time.monotonic()
-    with open(cfg_path) as fh:
-        cfg = json.load(fh)
+    from .common import load_config
+
+    cfg, t0, nofile = load_config(cfg_path)
     impl = cfg.get("impl_root")
     if impl:
         # fsmingle from another checkout (v1 comparison) shadows the installed one.
         sys.path.insert(0, impl)
     from .backends import make
-    from .common import BackendUnavailable, raise_nofile
+    from .common import BackendUnavailable, emit_ready
 
-    nofile = raise_nofile()
     threading.stack_size(512 * 1024)  # thousands of participant threads on a small machine
     mine = cfg["groups"][group]
     try:
@@ -55,15 +54,7 @@ def main(cfg_path: str, group: int) -> None:
     except Exception:
         emit(ev="fatal", error=traceback.format_exc())
         os._exit(4)
-    emit(
-        ev="ready",
-        pid=os.getpid(),
-        import_s=time.monotonic() - t0,
-        torch_imported="torch" in sys.modules,
-        nofile=list(nofile),
-        impl=getattr(backend, "where", None),
-        patched=getattr(backend, "patched", None),
-    )
+    emit_ready(emit, t0, nofile, impl=getattr(backend, "where", None), patched=getattr(backend, "patched", None))
 
     def participant(p: int) -> None:
         t_arr = time.monotonic()

@@ -183,6 +183,10 @@ class Run:
             rel = [e["t_rel"] for i, e in evs if e.get("ev") == "released"]
         else:
             rel = [e["t0"] for i, e in evs if e.get("ev") == "start"]
+        td: dict[str, list[float]] = {}  # inproc: each piece of the survivors' teardown (trainer.py)
+        for _i, e in evs:
+            if e.get("ev") == "td":
+                td.setdefault(e["what"], []).append(e["s"])
         firsts: dict[int, float] = {}
         ready: dict[int, float] = {}
         for _i, e in evs:
@@ -200,6 +204,7 @@ class Run:
             ready=max(ready.values()) - t_fault if ready else None,
             first_step=max(firsts.values()) - t_fault,
             spare_in=self.n in set(self.world_ranks()[wid].values()),
+            teardown_max={k: round(max(v), 3) for k, v in td.items()},
         )
 
     def _next_world(self, before: set) -> str | None:

@@ -59,7 +59,9 @@ def train(rank: int, net, step: int) -> int:
         say(ev="raised", rank=rank)  # before any teardown or formatting of the error
         raise
     finally:
+        t = time.time()
         del model, opt
+        say(ev="td", what="del_ddp", s=time.time() - t)
 
 
 def net():
@@ -82,6 +84,28 @@ def main_env() -> int:
     return 0
 
 
+def _time_teardown() -> None:
+    """Log how long each piece of a broken world's teardown takes (``td`` lines: where the
+    survivors' time between ``raised`` and ``lost`` goes, issue 31 item 3)."""
+    import gc
+
+    from torch.distributed import distributed_c10d as c10d
+
+    def timed(what, f):
+        def run(*a, **k):
+            t = time.time()
+            try:
+                return f(*a, **k)
+            finally:
+                say(ev="td", what=what, s=time.time() - t)
+
+        return run
+
+    c10d._abort_process_group = timed("abort", c10d._abort_process_group)
+    dist.destroy_process_group = timed("destroy", dist.destroy_process_group)
+    gc.collect = timed("gc", gc.collect)
+
+
 def main_inproc(d: str, job: str, nnodes: int, spare: bool) -> int:
     import logging
     import math
@@ -91,6 +115,7 @@ def main_inproc(d: str, job: str, nnodes: int, spare: bool) -> int:
 
     import fsmingle
 
+    _time_teardown()
     kw = dict(nnodes=nnodes, addr="127.0.0.1", stale_after=PG_TIMEOUT, timeout=300)
     if spare:
         kw["spare_timeout"] = math.inf

@@ -45,7 +45,7 @@ import time
 import traceback
 from typing import Any
 
-from ..rdzv.common import pct, raise_nofile
+from ..rdzv.common import emit_ready, load_config, pct
 from ..rdzv.fsops import OpCounter, install_counting_os
 
 
@@ -96,7 +96,8 @@ class Swarm:
         real_queue = channel._Endpoint._queue
 
         def counting_queue(end, c, msg, _real=real_queue, _sent=self.sent):
-            _sent[msg.get("t", "?")] = _sent.get(msg.get("t", "?"), 0) + 1
+            t = "ping" if msg is channel._PING else msg.get("t", "?")  # a ping goes pre-encoded
+            _sent[t] = _sent.get(t, 0) + 1
             return _real(end, c, msg)
 
         channel._Endpoint._queue = counting_queue
@@ -377,29 +378,18 @@ class Swarm:
 
 
 def main(cfg_path: str, group: int) -> None:
-    t0 = time.monotonic()
-    with open(cfg_path) as fh:
-        cfg = json.load(fh)
-    nofile = raise_nofile()
+    cfg, t0, nofile = load_config(cfg_path)
     try:
         sw = Swarm(cfg, group)
     except Exception:
         emit(ev="fatal", error=traceback.format_exc())
         os._exit(4)
-    emit(
-        ev="ready",
-        pid=os.getpid(),
-        import_s=time.monotonic() - t0,
-        torch_imported="torch" in sys.modules,
-        nofile=list(nofile),
-        patched=sw.patched,
-        impl=os.path.dirname(sys.modules["fsmingle"].__file__),
-    )
+    emit_ready(emit, t0, nofile, patched=sw.patched, impl=os.path.dirname(sys.modules["fsmingle"].__file__))
     prof = None
     if cfg.get("profile") and group in (0, 1):  # rank 0's and one member process under cProfile
         import cProfile
 
-        prof = cProfile.Profile()
+        prof = cProfile.Profile(time.process_time)  # CPU, not the waits in epoll
         prof.enable()
     try:
         sw.loop()

@@ -70,14 +70,12 @@ class HubEvent:
     peer: str = ""  # ACCEPTED: the source address (an IPv4-mapped IPv6 address as IPv4)
 
 
-# ---------------------------------------------------------------- authentication
-# Rank 0 makes a secret per generation and publishes it only in its endpoint record
-# (``master/beacon-<inst>.json``: mode 0600 in a 0700 directory), so only processes that can
-# read the job directory -- the job's own uid -- know it.  On accept rank 0 sends
-# ``{"t": "challenge", "nonce": ...}``; a member answers with its hello or ask carrying
-# ``mac`` = HMAC-SHA256(secret, the nonce and the message's identifying fields).  A fresh
-# nonce per connection makes a recorded message useless on any other connection.  Nothing is
-# encrypted: someone who can read the traffic (root, the network path) sees the messages.
+# Authentication (a secret per generation in rank 0's endpoint record, a challenge per
+# connection, HMAC on the member's first message, seals on rank 0's) lives above this layer:
+# fsmingle/protocol/rank0/door.py and sealing.py, docs/protocol.md ("Threat model").
+# A ping is the same bytes every time: encoded once, recognised before any JSON parsing.
+_PING = encode_msg({"t": "ping"})
+_PING_LINE = _PING[:-1]
 
 
 def _family(addr: str) -> int:
@@ -121,6 +119,8 @@ class _Endpoint:
         c.rbuf += data
         while b"\n" in c.rbuf:
             line, c.rbuf = c.rbuf.split(b"\n", 1)
+            if line == _PING_LINE:
+                continue
             msg = decode_msg(line)
             if msg is None:
                 self._lose(c, "the peer sent something that is not fsmingle's protocol")
@@ -131,10 +131,10 @@ class _Endpoint:
             self._lose(c, f"the peer sent a line over {MAX_LINE} bytes")
         return out
 
-    def _queue(self, c: _Conn, msg: dict) -> None:
+    def _queue(self, c: _Conn, msg: dict | bytes) -> None:
         if c.lost:
             return
-        c.wbuf += encode_msg(msg)
+        c.wbuf += msg if type(msg) is bytes else encode_msg(msg)
         c.last_tx = self.clock()
         self._flush(c)
 
@@ -158,7 +158,7 @@ class _Endpoint:
         now = self.clock()
         for c in conns:
             if not c.lost and now - c.last_tx >= self.ping_interval:
-                self._queue(c, {"t": "ping"})
+                self._queue(c, _PING)
 
     def _lose(self, c: _Conn, why: str) -> None:
         if c.lost:

@@ -289,6 +289,8 @@ class Member(Ending, Sealed):
             )
         outcome, link, why = p.transport.connect(b.addr, b.master_port, p.timing.probe_timeout)
         if outcome is Outcome.CONNECTED:
+            # Our pings cost rank 0 a message each: as rank 0's own, fewer in a big world.
+            link.ping_interval = p.timing.ping_interval_for(p.size)
             self.link, self.master = link, b
             self.nonce, self.heard, self.connected_at = None, False, now
             self.mnonce, self.unsealer = "", None

@@ -73,8 +73,42 @@ class Timing:
 
     @property
     def ping_interval(self) -> float:
-        """Seconds of quiet after which either end of a connection pings."""
+        """Seconds of quiet after which either end of a connection pings (worlds up to
+        :data:`PINGS_PER_S` members; :meth:`ping_interval_for` in bigger ones)."""
         return min(1.0, self.stale_after / 10)
+
+    def ping_interval_for(self, size: int) -> float:
+        """Seconds of quiet after which either end of a connection pings, in a world of ``size``.
+
+        Rank 0 holds one connection per member, and each costs it a ping sent and one received
+        per interval: ``size / PINGS_PER_S`` s past :data:`PINGS_PER_S` members keeps that at
+        about PINGS_PER_S a second each way (issue 31: 1.1-1.8 CPU-seconds a second at 32,768
+        with 1 s), up to ``stale_after / 5`` (6 s, reached at 3,000 members by default): a ping
+        still leaves within 1.25 intervals, well inside the ``stale_after / 2`` at which rank 0
+        starts to look at a member's silence and the ``stale_after`` that judges either end.
+        """
+        return max(self.ping_interval, min(size / PINGS_PER_S, self.stale_after / 5))
+
+    def status_gap(self, size: int) -> float:
+        """Seconds between two of rank 0's ``status`` pushes while who is missing changes.
+
+        A push is one sealed message per member: 1 s up to :data:`STATUS_PER_S` members, then
+        ``size / STATUS_PER_S`` s (4.1 s at 2,048, 16.4 s at 8,192), so rank 0 seals about
+        STATUS_PER_S of them a second whatever the size.  Status is for people (progress lines, timeout messages) and
+        for a waiting spare's count, never for a decision that needs it fresh.
+        """
+        return max(1.0, size / STATUS_PER_S)
+
+    def status_period(self, size: int) -> float:
+        """Seconds between two ``status`` pushes when nothing changed: ``status_interval``, and
+        at least :meth:`status_gap` past :data:`STATUS_PER_S` members."""
+        return max(self.status_interval, self.status_gap(size)) if size > STATUS_PER_S else self.status_interval
+
+
+#: Members past which the ping interval grows with the world (:meth:`Timing.ping_interval_for`).
+PINGS_PER_S = 500
+#: Members past which the status gap grows with the world (:meth:`Timing.status_gap`).
+STATUS_PER_S = 500
 
 
 class Clock(Protocol):

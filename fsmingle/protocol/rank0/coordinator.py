@@ -42,6 +42,8 @@ class Coordinator(Door, Offers, Hellos, Membership, Scanning, Releasing, Queuein
     def __init__(self, p):
         self.p = p
         self.hub = p.hub
+        # Pings to N members: about PINGS_PER_S a second whatever N (Timing.ping_interval_for).
+        p.hub.ping_interval = p.timing.ping_interval_for(p.size)
         now = p.clock.monotonic()
         self.inbox: list = []
         self.published = False  # the endpoint in master/ (retried by step() after an ENOENT)
@@ -103,16 +105,17 @@ class Coordinator(Door, Offers, Hellos, Membership, Scanning, Releasing, Queuein
         self._verify_pending(now)
         self._queue_step(now)  # peer jobs pending in the scheduler's queue (rank0/queueing.py)
         # Who is missing goes to every member: at once when it changed, but no more often than
-        # every N / 10,000 s (1 s up to N = 10,000; 13 s at 131,072: N messages each time).
-        gap = max(1.0, p.size / 10_000)
-        if now >= self.next_status or (self.status_dirty and now >= self.next_status - p.timing.status_interval + gap):
+        # status_gap (1 s up to N = 500, then N / 500 s: one sealed message per member each time,
+        # about 500 a second whatever N; issue 31: at 8,192, 29 status messages per member cost
+        # rank 0 more than all its other work), and every status_interval (at least the gap).
+        if now >= self.next_status or (self.status_dirty and now >= self.last_status + p.timing.status_gap(p.size)):
             self._push_status(now)
         if now >= self.next_silence_check:
             # Who is silent matters at the scale of stale_after: look twice a second, and hand
             # the decision only the suspects (O(N) twice a second, not at every message).
             self.next_silence_check = now + min(0.5, p.timing.stale_after / 8)
-            half = p.timing.stale_after / 2
-            self.suspects = [(r, c) for r, c in self.rank_conn.items() if self.hub.silent_for(c) >= half]
+            half, silent_for = p.timing.stale_after / 2, self.hub.silent_for  # bound once: N calls
+            self.suspects = [(r, c) for r, c in self.rank_conn.items() if silent_for(c) >= half]
         view = CoordinatorView(
             size=p.size,
             connected=self.rank_conn.keys(),

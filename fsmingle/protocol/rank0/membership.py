@@ -47,6 +47,7 @@ class Membership:
         self.suspects: list[tuple[int, int]] = []  # (rank, conn) silent for stale_after / 2 at the last look
         self.arrived: dict[int, float] = {0: now}
         self.next_status = now + 1.0
+        self.last_status = now + 1.0 - p.timing.status_interval  # the first push: at the first step
         self.status_dirty = True
         p.present_spares = len(self.spare_ranks)
         p.set_present(RankSet(p.size, range(1, p.size)))
@@ -88,7 +89,8 @@ class Membership:
         p = self.p
         p.present_spares = len(self.spare_ranks)
         p.set_present(RankSet(p.size, self._missing()))
-        self.next_status = now + p.timing.status_interval
+        self.last_status = now
+        self.next_status = now + p.timing.status_period(p.size)
         self.status_dirty = False
         msg = {"t": "status", **self._status()}
         for conn in self.conn_rank:
