@@ -7,11 +7,9 @@ peer jobs account for every missing rank (:mod:`fsmingle.protocol.queue`).  When
 finds such a hold a few seconds before a member's ``--timeout``, the member hears it one gap
 later: it times out, voids, and the world that was to wait for the requeued peer breaks.
 
-The model runs worlds of 3; the gap of a big world is emulated by lowering ``STATUS_PER_S``
-(``raising=False``: before that branch the constant does not exist, status goes every second and
-both cases pass).  With fd87239 the 8,192 case fails (rank 1 exits RendezvousTimeoutError at 30 s,
-generation 1 voided) until rank 0 pushes a hold at once (rank0/queueing.py, the patch in the
-commit message); then both pass.
+The model runs worlds of 3; the gap of a big world is emulated by lowering ``STATUS_PER_S``.  With
+fd87239 alone the 8,192 case fails (rank 1 exits RendezvousTimeoutError at 30 s, generation 1
+voided); rank 0 now pushes a hold at once (``Queueing._queue_step``) and both pass.
 """
 
 from __future__ import annotations
@@ -34,7 +32,7 @@ def test_a_hold_rank0_finds_reaches_the_members_before_their_timeout(monkeypatch
     """Ranks 0 and 1 of 3 waiting (--timeout 30 s), rank 2's job running; at 24 s it is requeued
     (PENDING): rank 0's next squeue (every 2 s) finds the missing rank accounted for and holds its
     --timeout, and every member it tells must hold too -- nobody times out, nothing is decided."""
-    monkeypatch.setattr(timing_mod, "STATUS_PER_S", per_s, raising=False)
+    monkeypatch.setattr(timing_mod, "STATUS_PER_S", per_s)
     w = World(3, ranks=[0, 1, 2], staleness=1.0, pidns="pod", timeout=30.0)
     w.scheduler = sched = FakeScheduler(lambda: w.fs.now, {"j_2": "RUNNING"})
     w.start(0)
