@@ -95,7 +95,8 @@ class Timing:
         A push is one sealed message per member: 1 s up to :data:`STATUS_PER_S` members, then
         ``size / STATUS_PER_S`` s (4.1 s at 2,048, 16.4 s at 8,192), so rank 0 seals about
         STATUS_PER_S of them a second whatever the size.  Status is for people (progress lines, timeout messages) and
-        for a waiting spare's count, never for a decision that needs it fresh.
+        for a waiting spare's count; the one decision a member makes on it (holding ``--timeout``
+        for pending peer jobs) rank 0 pushes at once (``rank0/queueing.py``).
         """
         return max(1.0, size / STATUS_PER_S)
 

@@ -26,6 +26,10 @@ class Queueing:
             return
         self.status_dirty = True
         p.queue_news()
+        if q.hold and not before[0]:
+            # A hold the members must hear before their --timeout runs out: at once, not after the
+            # status gap (N / 500 s past 500 members); at most once per --queue-poll.
+            self._push_status(now)
         if q.ended:
             self._push_status(now)  # the members learn why before the void
             raise PeerJobEndedError(
