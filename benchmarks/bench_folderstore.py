@@ -13,8 +13,9 @@ multiprocessing barrier.  Scenario per (filesystem, store, N):
 * **set**: each rank sets ``K`` keys of its own; **get**: reads them back; mean latency per op.
 * **add**: each rank adds 1 to ONE shared counter ``K_ADD`` times (all N contend); mean latency per op.
 * **wait**: N-1 ranks block in ``wait(["go"])``; rank 0 sets it 0.2 s later; latency = wake - set (p50, max).
-* **barrier**: every rank ``add("b", 1)``; the N-th sets ``"b-done"``, the others ``wait`` for it; time from the
-  last arrival to the last release.
+* **barrier**: torch's ``_store_based_barrier``: every rank ``add("b", 1)``, then reads the count with
+  ``add("b", 0)``; a rank that counts N sets ``"b-done"``; all ``wait`` for it; time from the last arrival to the last
+  release.
 * **waiting rank**: one rank waits 3 s on a key nobody sets; metadata operations per second it costs.
 """
 
@@ -44,6 +45,7 @@ from .rdzv.fsops import OpCounter, install_counting_os
 K = 20  # set/get ops per rank
 K_ADD = 5  # adds per rank on the one shared counter
 STORES = ("folder", "file", "tcp")
+STORE_TIMEOUT = 60.0  # seconds every store's operations may take (--limit: a slow run is measured, not failed)
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "folderstore")
 
 counter = OpCounter()
@@ -54,7 +56,7 @@ def _meta(c: dict) -> int:
 
 
 def _open(kind: str, where: str, n: int, port: int, rank: int):
-    t = timedelta(seconds=60)
+    t = timedelta(seconds=STORE_TIMEOUT)
     if kind == "folder":
         return folder_store_class()(os.path.join(where, "fstore"), n, timeout=t)
     if kind == "file":
@@ -95,10 +97,10 @@ def _rank(kind, where, n, port, rank, bar, q):
             out["t_woke"] = time.monotonic()
         bar.wait()
         out["t_arrive"] = time.monotonic()
-        if s.add("b", 1) == n:
+        s.add("b", 1)  # torch's _store_based_barrier, call for call
+        if s.add("b", 0) == n:
             s.set("b-done", "1")
-        else:
-            s.wait(["b-done"])
+        s.wait(["b-done"])
         out["t_released"] = time.monotonic()
         bar.wait()  # nobody leaves before all are released (rank 0 hosts the TCPStore)
         q.put(out)
@@ -214,37 +216,54 @@ def filestore_waiting_cost(where: str, seconds: float = 3.0) -> dict | None:
     return {k: (counts[1].get(k, 0) - counts[0].get(k, 0)) / (seconds - 0.001) for k in ("openat", "flock")}
 
 
+def _load(r: dict) -> str:
+    return " / ".join(f"{x:.1f}" for x in r.get("load", ()))
+
+
 def table(results: dict) -> str:
     ms = lambda v: f"{v * 1e3:.2f}"
     lines = [
         "| filesystem | N | store | set ms | get ms | add ms (N contend) | wait wake p50 / max ms | barrier ms "
-        "| metadata ops per set / get / add |",
-        "|---|---:|---|---:|---:|---:|---:|---:|---|",
+        "| metadata ops per set / get / add | load before / after |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---|---|",
     ]
     for fsname, by_n in results["runs"].items():
         for n, by_store in by_n.items():
             for kind, r in by_store.items():
                 if "error" in r:
-                    lines.append(f"| {fsname} | {n} | {kind} | failed: {r['error'][:80]} | | | | | |")
+                    lines.append(f"| {fsname} | {n} | {kind} | failed: {r['error'][:80]} | | | | | | {_load(r)} |")
                     continue
                 meta = f"{r['set_meta']:.1f} / {r['get_meta']:.1f} / {r['add_meta']:.1f}" if "set_meta" in r else "n/a"
                 lines.append(
                     f"| {fsname} | {n} | {kind} | {ms(r['set'])} | {ms(r['get'])} | {ms(r['add'])} "
-                    f"| {ms(r['wait_p50'])} / {ms(r['wait_max'])} | {ms(r['barrier'])} | {meta} |"
+                    f"| {ms(r['wait_p50'])} / {ms(r['wait_max'])} | {ms(r['barrier'])} | {meta} | {_load(r)} |"
                 )
-    return "\n".join(lines) + "\n"
+    ratios = []
+    for fsname, by_n in results["runs"].items():
+        for n, by_store in by_n.items():
+            fo, fi = by_store.get("folder", {}), by_store.get("file", {})
+            if "barrier" in fo and "barrier" in fi:
+                ratios.append(
+                    f"- {fsname} N={n}: FolderStore / FileStore, same run: barrier {fo['barrier'] / fi['barrier']:.2f}x, "
+                    f"wait wake p50 {fo['wait_p50'] / fi['wait_p50']:.2f}x"
+                )
+    return "\n".join(lines) + "\n" + ("\n" + "\n".join(ratios) + "\n" if ratios else "")
 
 
 def main() -> None:
+    global K, K_ADD, STORE_TIMEOUT
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", default="2,8,32,64", help="rank counts, comma-separated")
-    ap.add_argument("--fs", default="local,bindfs", help="filesystems: local, bindfs (1 s caches), bindfs5")
+    ap.add_argument("--fs", default="local,bindfs", help="filesystems: local, bindfs (1 s caches), bindfs2, bindfs5")
+    ap.add_argument("--k", type=int, default=K, help="set/get ops per rank")
+    ap.add_argument("--k-add", type=int, default=K_ADD, help="adds per rank on the one shared counter")
     ap.add_argument("--stores", default=",".join(STORES))
     ap.add_argument("--mounts", type=int, default=4, help="bindfs mounts (simulated nodes); rank r uses r %% mounts")
     ap.add_argument("--limit", type=float, default=120.0, help="seconds one (filesystem, store, N) may take")
     ap.add_argument("--out", default=RESULTS)
     ap.add_argument("--no-strace", action="store_true")
     a = ap.parse_args()
+    K, K_ADD, STORE_TIMEOUT = a.k, a.k_add, a.limit  # read by the forked ranks
     install_counting_os(counter)
     ns = [int(x) for x in a.n.split(",")]
     results: dict = {"k": K, "k_add": K_ADD, "cpus": os.cpu_count(), "runs": {}}
@@ -267,11 +286,13 @@ def main() -> None:
                     for d in dirs:  # a fresh store per run: the mounts share one backing directory
                         run_dirs.append(os.path.join(d, f"run-{kind}-{n}"))
                     os.makedirs(os.path.join(mounts.backing if mounts else root, f"run-{kind}-{n}"), mode=0o700)
+                    load = os.getloadavg()[0]  # the machine is shared: every figure is reported beside it
                     t0 = time.monotonic()
                     # FileStore across bindfs mounts hangs (flock and its cached file size are
                     # per mount): 30 s is plenty where it finishes in 5 s on a local disk.
                     limit = min(a.limit, 30.0) if kind == "file" and fsname != "local" else a.limit
                     r = run_one(kind, run_dirs, n, limit)
+                    r["load"] = [load, os.getloadavg()[0]]
                     print(f"{fsname} N={n} {kind}: {time.monotonic() - t0:.1f} s {r}", file=sys.stderr, flush=True)
                     results["runs"].setdefault(fsname, {}).setdefault(str(n), {})[kind] = r
             results.setdefault("waiting", {})[fsname] = waiting_cost(dirs[0])

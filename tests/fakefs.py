@@ -253,6 +253,9 @@ class FakeStore(Store):
         self._hook: Callable[[], None] | None = None
         self.neg_ttl = 0.0  # seconds a failed lookup keeps answering "absent" (0: only the lag rule)
         self.neg: dict[str, float] = {}  # name -> fake time until which lookups of it fail
+        # A listing ends the negative entries of the names it shows (GlusterFS nl-cache: measured,
+        # fsmingle.fs.store.stat_existing); False: they last their neg_ttl (bindfs, NFS lookupcache).
+        self.listing_cures = False
         self._lost_reply_at: int | None = None  # creates counted; that one's reply is lost
         self._lost_reply_match: Callable[[str], bool] | None = None
         self.creates = 0
@@ -454,7 +457,11 @@ class FakeStore(Store):
             self._remember_absent(name, is_dir=True)
         t = max(self.fs.now - self._lag, self.listed.get(name, NEVER))
         self.listed[name] = t
-        return self.fs.listing(name, t)
+        names = self.fs.listing(name, t)
+        if self.listing_cures:
+            for n in names:  # GlusterFS: a listed name's inode is linked, which nl-cache consults first
+                self.neg.pop(f"{name}/{n}" if name else n, None)
+        return names
 
     # ------------------------------------------------------------------ writes
     def _wrote(self, name: str) -> None:
@@ -483,7 +490,8 @@ class FakeStore(Store):
         if crash:
             raise self._death(f"{self.node} died after publishing {name}")
 
-    def create(self, name: str, data: bytes) -> bool:
+    def create(self, name: str, data: bytes, fsync: bool = True) -> bool:
+        # fsync is ignored: this filesystem loses nothing a node wrote when the node crashes
         crash = self._op("create", name)
         self._check_parent(name)
         fs = self.fs

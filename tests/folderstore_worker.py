@@ -51,7 +51,10 @@ def check(outs: list[list[dict]], store, workers: int, n_add: int, n_race: int) 
     """The oracle of a hammering: every add distinct and none lost, one compare_set winner per chain step and per
     race round (seen by all).  ``outs``: each worker's printed lines; ``store``: a FolderStore on the same directory."""
     adds = [x["add"] for o in outs for x in o if "add" in x]
-    assert sorted(adds) == list(range(1, workers * n_add + 1)), "every add distinct, none lost"
+    want = list(range(1, workers * n_add + 1))
+    assert sorted(adds) == want, (
+        f"every add distinct, none lost: {sorted(adds)} (repeated: {sorted(set(a for a in adds if adds.count(a) > 1))}, missing: {sorted(set(want) - set(adds))})"
+    )
     assert store.add("ctr", 0) == workers * n_add
     wins = [x["cas"] for o in outs for x in o if x.get("won")]
     assert len(wins) == len(set(wins)), "two compare_sets won the same step"

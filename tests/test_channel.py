@@ -251,8 +251,9 @@ def test_drain_returns_once_members_closed(pair):
     t0 = time.monotonic()
     pair.link.poll(0.5)
     pair.link.close()
-    pair.hub.drain(5.0)
-    assert time.monotonic() - t0 < 4.0
+    pair.hub.drain(60.0)
+    # Returned on the close, not at the drain's bound (a wide margin: no tight bound under load).
+    assert time.monotonic() - t0 < 30.0
     assert pair.hub.open_connections() == 0
 
 

@@ -8,10 +8,10 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
+from helpers import wait_for
 
 try:
     import cluster as cl
@@ -174,8 +174,8 @@ def test_teardown_with_busy_mount_and_kill_all():
         sleepers = [h.popen(["sleep", "1000"], cwd=c.shared) for h in c]
         # a process that forked away from its Popen (not in our process group)
         c[1].sh("setsid sleep 1000 >/dev/null 2>&1 < /dev/null &", timeout=10)
-        time.sleep(0.2)
-        assert len(c[1].pids()) == 2
+        # A condition, not a 0.2 s sleep: under load the forked-away sleeper may take longer to appear.
+        wait_for(lambda: len(c[1].pids()) == 2, 30, "host 1's two sleepers")
         c[0].kill_all()
         assert sleepers[0].wait(timeout=5) == -signal.SIGKILL
         assert c[0].pids() == []

@@ -15,7 +15,11 @@ ack and recording it (fixed: ``Member._on_message`` opens the commit window firs
 handler failed telling the members their go (fixed: ``Leaving.withdraw``, best effort); two spares
 forming a world of their own, and a node failed by a write that took effect and reported EIO
 (fixed in the spares rules and the store's read-back); a void abandoned after making the next
-generation, stranding an explicit world whose rank 0 arrives late (fixed: ``Joining._abandoned_ahead``).
+generation, stranding an explicit world whose rank 0 arrives late (fixed: ``Joining._abandoned_ahead``);
+a re-run on views with negative caches and lagging listings failing RankConflictError in the
+released generation it took for abandoned (fixed: ``OutsideWorld._released_while_contesting``);
+a member in its commit window exiting in doubt because its own lookup hid its release on a
+GlusterFS-like view (fixed: ``Leaving._read_decision_in_doubt`` lists before reading again).
 Every run of every world now breaks no oracle: nothing is tolerated.
 """
 
@@ -27,6 +31,7 @@ import pytest
 
 try:
     from model_enum import DEPTH, Scenario, count_points, enumerate_scenario, final_oracles, run_one
+    from model_rerun import LAG, RerunScenario
 except ImportError:  # tests/ imported as a package
     from tests.model_enum import (
         DEPTH,
@@ -36,6 +41,7 @@ except ImportError:  # tests/ imported as a package
         final_oracles,
         run_one,
     )
+    from tests.model_rerun import LAG, RerunScenario
 
 SCENARIOS = [
     Scenario("2 explicit", 2, explicit=True),
@@ -46,6 +52,10 @@ SCENARIOS = [
     Scenario("2 first-come + spare", 2, spares=1),
     Scenario("3 explicit, peer jobs, relay", 3, explicit=True, peers=True),
     Scenario("2 explicit, peer jobs, relay + spare", 2, explicit=True, spares=1, peers=True),
+    # A re-run of a released job on hosts whose views cache "absent" (neg_ttl 5 s: longer than a
+    # run, shorter than stale_after) and lag their listings by LAG; only the re-run's points.
+    RerunScenario("2 explicit re-run, negative caches", 2, explicit=True, neg_ttl=5.0),
+    RerunScenario("2 first-come re-run, negative caches", 2, neg_ttl=5.0),
 ]
 # Elastic MIN:MAX worlds: fsmingle has no elastic size (a world is exactly --nnodes), so none here.
 
@@ -174,3 +184,47 @@ def test_a_beacon_whose_publish_took_effect_and_reported_eio_does_not_fail_the_n
     pt = next(p for p in count_points(sc) if p.op.startswith("publish gen-00000001/beacon-"))
     why, _ = run_one(sc, [(pt, "eio-after")])
     assert why is None, why
+
+
+@pytest.mark.parametrize(
+    "gap, listing", [(2 * LAG, "fresh"), (0.0, "lagging")], ids=["fresh listing", "lagging listing"]
+)
+@pytest.mark.parametrize("size", [2, 3])
+def test_a_rerun_on_a_negative_caching_view_joins_the_next_generation(size, gap, listing):
+    """The CI failure of ``test_negative_cache_like_glusterfs_reruns[explicit]``, in the model (the
+    enumeration's worlds had no re-run): a job of explicit ranks is released and ends; its re-run on
+    the same hosts reads the previous generation's ``release.json`` "absent" by name (the negative
+    entry its own host's earlier joiner left), takes that released generation for one abandoned
+    after ``prepare_next``, joins it, meets its rank claimed -- and, once the cache expires and the
+    decision shows, failed with RankConflictError (exit 6).
+
+    "fresh listing": the re-run starts after the listings caught up; fails before 910eb5b
+    (``Joining._abandoned_ahead`` asks the listing of the generation below).  "lagging listing":
+    the re-run starts at once, and the listing does not show the decision yet either; fails on
+    910eb5b, fixed in ``OutsideWorld._released_while_contesting`` (a release seen while contesting
+    names a duplicate only if the holder is seen alive; else the contester is late and moves on)."""
+    sc = RerunScenario(f"{size} explicit re-run", size, explicit=True, neg_ttl=5.0, gap=gap)
+    why, w = run_one(sc, [])
+    assert why is None, why
+    rerun = w.rerun()
+    assert [q.status for q in rerun] == ["done"] * size, [(q.status, q.error) for q in rerun]
+    assert {q.result.generation for q in rerun} == {w.first_gen + 1}
+
+
+@pytest.mark.parametrize("kind", ["interrupt-late", "eio-late"])
+def test_a_member_whose_own_lookup_hid_its_release_reads_it_back_after_a_listing(kind):
+    """Found with the re-run worlds: every joiner looks its generation's ``release.json`` up before
+    it exists (``Joining._step_join``), so on a GlusterFS client (nl-cache, 61 s) the member's own
+    decision stays "absent" by name for a minute.  A member interrupted after its ack, whose void
+    then loses to the release, read it back for ``--stale-after`` (30 s by default), never saw it,
+    and exited in doubt while the release names it (the others' torch start waits for it).  A
+    listing of the generation links the names it shows (GlusterFS ``nlc_lookup``, measured in
+    ``fsmingle.fs.store.stat_existing``), so ``Leaving._read_decision_in_doubt`` lists before it
+    reads again: the member is released."""
+    sc = RerunScenario("2 explicit re-run, GlusterFS nl-cache", 2, explicit=True, neg_ttl=61.0, listing_cures=True)
+    pt = next(p for p in count_points(sc) if p.role == "member" and p.op == "send ack")
+    why, w = run_one(sc, [(pt, kind)])
+    assert why is None, why
+    q = w.procs[pt.proc]
+    assert not any("in doubt" in line for line in w.log), [line for line in w.log if "in doubt" in line]
+    assert q.status == "done" and q.result.generation == w.first_gen + 1, (q.status, q.error)

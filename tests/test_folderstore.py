@@ -420,6 +420,20 @@ def test_gloo_ddp_gets_its_process_group_from_a_folder_store(tmp_path):
 # ---------------------------------------------------------------- the read-modify-write over fakefs (hypothesis)
 
 
+def lagging_stores(lags: list[float], seal_at: int):
+    """A fake filesystem, one view per lag (seconds its listings may lag) and a FolderKV on each, sealing every
+    ``seal_at`` versions: (fs, views, kvs)."""
+    fs = FakeFS(max_staleness=3.0)
+    views = [fs.view(f"n{i}") for i in range(len(lags))]
+    for v, lag in zip(views, lags):
+        v.lag = lag
+    fs.mkdir_truth("", None)
+    kvs = [FolderKV(v, clock=_Clock(fs), poll_max=0.5) for v in views]
+    for kv in kvs:
+        kv.seal_at = seal_at
+    return fs, views, kvs
+
+
 class _Clock:
     """Sleeping advances the fake filesystem's time (blocking loops make progress; caches expire)."""
 
@@ -507,7 +521,7 @@ def test_model_read_modify_write_over_fakefs(lags, ops):
         for value, amt in got:
             assert value - prev == amt, f"adds do not form one chain: {got}"
             prev = value
-    final = kvs[2].add("ctr", 0)  # an add of 0 is a write: linearizable even from the laggiest node
+    final = kvs[2].add("ctr", 0)  # an add of 0 is a fresh read: linearizable even from the laggiest node
     assert final == sum(a for _, a in epochs[-1])
     assert len(cas_wins) == len(set(cas_wins)) and sorted(cas_wins) == list(range(1, len(cas_wins) + 1))
 
@@ -557,14 +571,7 @@ def test_model_every_answer_is_linearizable(lags, ops, seal_at):
     was linearizable, and a delete_key False where only True was."""
     from lincheck import History, check
 
-    fs = FakeFS(max_staleness=3.0)
-    views = [fs.view(f"n{i}") for i in range(3)]
-    for v, lag in zip(views, lags):
-        v.lag = lag
-    fs.mkdir_truth("", None)
-    kvs = [FolderKV(v, clock=_Clock(fs), poll_max=0.5) for v in views]
-    for kv in kvs:
-        kv.seal_at = seal_at
+    fs, views, kvs = lagging_stores(lags, seal_at)
     h = History()
 
     def run(node, op, x):
@@ -755,3 +762,21 @@ def test_a_version_removed_by_hand_is_reported_not_waited_on_forever():
     with pytest.raises(CorruptStateError, match="unreadable"):
         kv.try_get("k")
     assert LIE_LIMIT <= fs.now - t0 < LIE_LIMIT + 10
+
+
+def test_an_add_of_zero_reads_without_writing(tmp_path):
+    """torch's store-based barrier reads its counter with ``add(k, 0)`` from every rank right after its ``add(k, 1)``:
+    on a key that exists it is answered by a fresh read, not a contended write (before, it wrote a version each time:
+    N more racing link()s per barrier); on a missing key it still creates ``0``, as torch's stores do."""
+    from fsmingle.fs.folderstore_torch import open_store_dir
+
+    kv = FolderKV(open_store_dir(tmp_path / "s"), timeout=60)
+    kv.add("ctr", 5)
+
+    def versions():
+        return sorted(f for _, _, fs in os.walk(tmp_path / "s" / key_dir("ctr")) for f in fs if f.startswith("v-"))
+
+    before = versions()
+    assert [kv.add("ctr", 0) for _ in range(3)] == [5, 5, 5]
+    assert versions() == before
+    assert kv.add("new", 0) == 0 and kv.try_get("new") == b"0"

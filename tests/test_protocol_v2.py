@@ -132,6 +132,10 @@ def test_master_address_that_does_not_answer_is_never_released(make_cluster, pro
     assert all(rel["state"] == "restart" for rel in _decisions(c, "bogus").values())
 
 
+# What a participant says on stderr when it went through the previous run's generation.
+_DETOURS = ("already claimed", "voided", "lost its connection", "lost the master", "before this participant could see")
+
+
 @pytest.mark.parametrize("ranks", ["first-come", "explicit"])
 def test_negative_cache_like_glusterfs_reruns(make_cluster, procs, ranks):
     """4 hosts whose views cache "absent" answers for 60 s (bindfs negative_timeout, as GlusterFS nl-cache).
@@ -147,7 +151,9 @@ def test_negative_cache_like_glusterfs_reruns(make_cluster, procs, ranks):
     decided (``Joining._abandoned_ahead`` asks the listing): CI once met a re-run with explicit
     ranks that took it for abandoned, joined it, found its own rank claimed there and failed with
     RankConflictError (exit 6).  So every re-run lands in the very next generation, nobody meets a
-    claimed rank, and it takes less than ``--stale-after`` (no detour through a dead holder).
+    claimed rank, and nobody takes a detour through a dead holder of the previous run (a contest,
+    a lost master, a void: each says so on stderr).  A condition, not a wall-clock bound: "less
+    than ``--stale-after``" (8 s for 4 processes) failed by load alone on a busy machine.
     """
     c = make_cluster(4, cache_timeout=60.0)
     gens = []
@@ -159,8 +165,8 @@ def test_negative_cache_like_glusterfs_reruns(make_cluster, procs, ranks):
         took = time.monotonic() - t0
         w = _one_world(res)
         assert sorted(r["node_rank"] for r in res) == [0, 1, 2, 3]
-        assert took < 8, f"run {run} took {took:.1f} s: {[p.stderr() for p in ps]}"
-        assert not [p.stderr() for p in ps if "already claimed" in p.stderr()], run
+        detours = [e for p in ps for e in [p.stderr()] if any(s in e for s in _DETOURS)]
+        assert not detours, f"run {run} ({took:.1f} s) took a detour: {detours}"
         gens.append(w["generation"])
     assert gens == list(range(gens[0], gens[0] + 5)), gens  # each re-run the next generation
 

@@ -370,7 +370,7 @@ def test_closed_run_with_live_members_is_not_finished(tmp_path):
     w.stop(remove=False)
     t_stop = time.monotonic()
     while not new.is_finished(new.peek()):  # an observer following it, as a waiting agent does
-        assert time.monotonic() - t_stop < 5
+        assert time.monotonic() - t_stop < 30  # a bound on waiting, not a speed: 1 s is expected
         time.sleep(0.05)
     # Not before its last beat (at most one 0.2 s interval before the stop) is 1 s old.
     assert time.monotonic() - t_stop >= 1.0 - 0.2 - 0.05
@@ -379,7 +379,7 @@ def test_closed_run_with_live_members_is_not_finished(tmp_path):
     late = _backend(tmp_path, liveness_s=1.0)
     t_late = time.monotonic()
     while not late.is_finished(late.peek()):
-        assert time.monotonic() - t_late < 5
+        assert time.monotonic() - t_late < 30  # a bound on waiting, not a speed: 1 s is expected
         time.sleep(0.05)
     assert time.monotonic() - t_late >= 1.0 - 0.05
     assert late.get_state() is None
@@ -405,7 +405,7 @@ def test_store_address_files(tmp_path):
     t0 = time.monotonic()
     with pytest.raises(RendezvousTimeoutError):
         board.wait(1, 7, node, timeout=0.5)
-    assert time.monotonic() - t0 < 5
+    assert time.monotonic() - t0 < 30  # it gave up (a hang never returns): no speed asserted under load
 
 
 # --------------------------------------------------------------------------
@@ -550,7 +550,9 @@ def test_closed_run_with_live_member_makes_new_agent_wait(tmp_path):
     t0 = time.monotonic()
     with pytest.raises(RendezvousClosedError):
         h.next_rendezvous()
-    assert 1.5 < time.monotonic() - t0 < 15
+    # Waited its join timeout (2 s) for the live member, then gave up: the upper bound only says it
+    # gave up (the member beats on, so a wrong wait never ends), not how fast under load.
+    assert 1.5 < time.monotonic() - t0 < 60
     w.stop()
 
 
@@ -574,10 +576,18 @@ def test_live_agents_stay_alive_without_writing_the_state(tmp_path):
     while time.monotonic() - t0 < 7:  # 3.5 x liveness: torch's rule would need 7 keep-alive writes
         for h in handlers:
             assert h.num_nodes_waiting() == 0 and not h.is_closed()
+        # The observer's verdict is as of its read: measure the age from before the read, not from
+        # after it (under load 20-40 get_state alone took over a second), and allow what the writers
+        # themselves were late (a beat delayed past its 1 s interval by the loaded machine is late
+        # for torch too, and no verdict of the observer's).  An observer that ages a node on its
+        # own -- the bug this guards against -- still reports it 2 s old and more with writers on time.
+        t_read = datetime.now(timezone.utc)
         data, _ = observer.get_state()
         st = pickle.loads(data)
         assert set(st.participants) == set(nodes)
-        assert all(datetime.now(timezone.utc) - st.last_heartbeats[n] < timedelta(seconds=2) for n in nodes)
+        late = max(0.0, max(h._beats.max_gap for h in handlers) - 1.0)  # max_gap only grows
+        ages = {n: (t_read - st.last_heartbeats[n]).total_seconds() for n in nodes}
+        assert all(age < 2.0 + late for age in ages.values()), (ages, late)
         time.sleep(0.3)
     assert _versions(tmp_path) == before  # the shared state was not written once
     assert all(h._beats.writes >= 5 for h in handlers)  # the heartbeat files were

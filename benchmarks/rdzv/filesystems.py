@@ -5,6 +5,7 @@ separate NFS clients).
 Modes (``FS_OPTS``):
 
 * ``bindfs``: 1 s attribute/entry/negative caches, no lock forwarding (like NFS with ``local_lock``).
+* ``bindfs2``: 2 s caches (issue 30's row: 256 FolderStore ranks on 4 mounts).
 * ``bindfs5``: 5 s caches -- issue 11's row "16 participants on 4 mounts with 5 s attribute/entry
   caches" (run it with ``--max-mounts 4``).
 * ``bindfs-coherent``: no caches, locks forwarded: NFS with a working lock manager (torch's
@@ -20,6 +21,7 @@ import subprocess
 FS_MODES = ("local", "bindfs", "bindfs5", "bindfs-coherent")
 FS_OPTS = {
     "bindfs": "attr_timeout=1,entry_timeout=1,negative_timeout=1",
+    "bindfs2": "attr_timeout=2,entry_timeout=2,negative_timeout=2",
     "bindfs5": "attr_timeout=5,entry_timeout=5,negative_timeout=5",
     "bindfs-coherent": "attr_timeout=0,entry_timeout=0,negative_timeout=0,enable-lock-forwarding,"
     "multithreaded,direct_io",

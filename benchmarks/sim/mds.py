@@ -139,13 +139,14 @@ class SimStore(Store):
         self.counts["close"] += 1
         return data
 
-    def _tmp(self, name: str) -> None:
+    def _tmp(self, name: str, fsync: bool = True) -> None:
         d, _ = self.fs.split(name)
         self._op("create")
         if d not in self.fs.dirs:
             raise FileNotFoundError(name)
         self._op("write")
-        self._op("fsync")
+        if fsync:
+            self._op("fsync")
         self.counts["close"] += 1
 
     def publish(self, name: str, data: bytes) -> None:
@@ -155,8 +156,8 @@ class SimStore(Store):
             self.fs.add(name)
         self.fs.files[name] = bytes(data)
 
-    def create(self, name: str, data: bytes) -> bool:
-        self._tmp(name)
+    def create(self, name: str, data: bytes, fsync: bool = True) -> bool:
+        self._tmp(name, fsync)
         self._op("link")
         ok = name not in self.fs.files
         if ok:

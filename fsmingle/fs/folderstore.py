@@ -25,21 +25,19 @@ import time
 from collections.abc import Callable, Iterable
 
 from ..errors import CorruptStateError, StorageError
+from .folderstore_keys import live_keys
 from .folderstore_log import (
     _UNREADABLE,
     EPOCH0,
     EPOCH_RE,
-    KEY_RE,
     MAX_KEY,
     MAX_VALUE,
     VERSION_RE,
     FolderStoreTimeout,
     Version,
     as_bytes,
-    create_unsynced,
     epoch_number,
     key_dir,
-    key_of_dir,
     new_epoch_name,
     probe_dir,
     version_name,
@@ -87,7 +85,6 @@ class FolderKV:
         self._seen: dict[str, tuple[int, str, int]] = {}
         self._seal: dict[str, tuple[str, Version]] = {}  # key dir -> (epoch, the seal that named it), newest
         self._posix = store.root if isinstance(store, PosixStore) else None
-        self._proven = False  # the first create goes through PosixStore.create: its link count probe
 
     # ------------------------------------------------------------------ primitives
     def _op(self, what: str, secs: float | None = -1.0) -> _Op:
@@ -105,19 +102,16 @@ class FolderKV:
         self.clock.sleep(pause)
 
     def _create(self, name: str, data: bytes) -> bool:
-        if self._posix is None or not self._proven:
-            made = self.store.create(name, data)
-            self._proven = self._proven or made
-            return made
         # No fsync: a version is needed only while the job's generation lives; a crash of the writer's
-        # node ends that generation (docs/folderstore.md, "What an fsync would buy").
-        return create_unsynced(self._posix, name, data)
+        # node ends that generation (docs/folderstore.md, "What an fsync would buy").  The store's
+        # first link() still proves the filesystem's link count (PosixStore.create).
+        return self.store.create(name, data, fsync=False)
 
     def _probe(self, d: str) -> bool:
         """Make the next listing of directory ``d`` fresh (a change of ours in it); False if ``d`` is gone."""
         if self._posix is not None:
             return probe_dir(self._posix, d)
-        name = f"{d}/.p-{secrets.token_hex(6)}"
+        name = f"{d}/.p-{secrets.token_hex(6)}" if d else f".p-{secrets.token_hex(6)}"
         try:
             self.store.publish(name, b"")
         except FileNotFoundError:
@@ -312,19 +306,23 @@ class FolderKV:
         return all(self.try_get(k) is not None for k in keys)
 
     def list_keys(self) -> list[str]:
-        """Keys that exist now, as this client's directory cache shows them."""
-        out = []
-        op = self._op("listing keys")
-        for name in self.store.listdir(""):
-            if not KEY_RE.match(name):
-                continue
-            st = self._resolve(None, name, op)
-            if st.value is None:
-                continue
-            self._made.add(name)
-            key = key_of_dir(name)
-            out.append(st.ver.key if key is None else key)
-        return sorted(out)
+        """Keys that hold a value now, sorted; linearizable (two equal fresh collects: :mod:`.folderstore_keys`).
+
+        Raises:
+            the timeout error: keys kept changing during every pair of collects until the store's timeout.
+        """
+        return live_keys(self, self._op("listing keys"))
+
+    # what folderstore_keys uses: a fresh listing (probe), a key's newest version (resolve), a pause (nap)
+    probe, resolve, nap = _probe, _resolve, _nap
+
+    def adopt(self, kd: str) -> None:
+        """Before the first listing of key directory ``kd`` (listed by the store's): mkdir its epoch 0, as
+        ``_keydir`` does -- a writer that made ``kd`` and died (or stalls) before epoch 0 must not make
+        it unreadable; and epoch 0, never retired, is never re-created by this."""
+        if kd not in self._made:
+            self.store.mkdir(f"{kd}/{EPOCH0}")
+            self._made.add(kd)
 
     # ------------------------------------------------------------------ read-modify-write
     def _update(
@@ -449,8 +447,9 @@ class FolderKV:
         self._update(key, lambda cur: ("set", value), "setting")
 
     def add(self, key: str, amount: int) -> int:
-        """Add ``amount`` to the integer in ``key`` (missing: 0); returns the new value.  Always writes a
-        version, even for ``amount == 0`` (torch's barrier reads counters with ``add(k, 0)``)."""
+        """Add ``amount`` to the integer in ``key`` (missing: 0); returns the new value.  ``amount == 0`` on a
+        key that exists writes nothing: a fresh read answers it (torch's barrier reads its counter with
+        ``add(k, 0)`` from every rank: N contended writes fewer); on a missing key it writes ``0``, as torch's do."""
         amount = int(amount)
         out = []
 
@@ -462,7 +461,7 @@ class FolderKV:
                 except ValueError:
                     raise ValueError(f"add: the value of {key!r} is not an integer: {cur[:40]!r}") from None
             out[:] = [base + amount]
-            return "set", str(base + amount).encode()
+            return None if amount == 0 and cur is not None else ("set", str(base + amount).encode())
 
         self._update(key, change, "adding to")
         return out[0]

@@ -11,10 +11,9 @@ Layout (``docs/folderstore.md`` gives the argument)::
                 v-000000000001 ...         the writer about to seal its predecessor; retired whole
             .p-*, .tmp-*                   probes and temporaries (hidden: never listed)
 
-The primitives live here rather than in :mod:`fsmingle.fs.store` (whose ``PosixStore`` the
-rendezvous uses): :func:`create_unsynced` is ``PosixStore.create`` without the ``fsync`` (why a
-version needs none: ``docs/folderstore.md``), and :func:`probe_dir` makes the next listing of a
-directory fresh.
+Versions are created by ``PosixStore.create(..., fsync=False)`` (why a version needs no fsync:
+``docs/folderstore.md``); :func:`probe_dir`, which makes the next listing of a directory fresh,
+lives here because only the FolderStore needs it.
 """
 
 from __future__ import annotations
@@ -27,7 +26,7 @@ import re
 import secrets
 
 from ..errors import CorruptStateError, FsmingleError
-from .store import _nlink, _tmp_name, _unlink_quiet, stat_existing, storage_error
+from .store import _tmp_name, _unlink_quiet, storage_error
 
 VERSION_RE = re.compile(r"^v-(\d{12})$")
 KEY_RE = re.compile(r"^(k-[0-9a-f]*|h-[0-9a-f]{64})$")
@@ -154,56 +153,6 @@ class Version:
         if not ok:
             raise CorruptStateError(f"{where} is not a FolderStore version (damaged or foreign); remove the store")
         return cls(h["key"], h["op"], h["token"], value, h.get("next"))
-
-
-def create_unsynced(root: str, name: str, data: bytes) -> bool:
-    """``PosixStore.create`` (exclusive ``link()`` of a complete temporary) without its ``fsync``.
-
-    Returns:
-        bool: True if this call created ``name`` (a lost reply is judged by the link count).
-
-    Raises:
-        FileNotFoundError: the directory is missing (or its lookup lies).
-        StorageError: any other failure (its ``errno`` says which; EIO: the effect is unknown).
-    """
-    target = os.path.join(root, name)
-    directory = os.path.dirname(target)
-    tmp = os.path.join(directory, _tmp_name())
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    except FileNotFoundError:
-        raise
-    except OSError as e:
-        raise storage_error(e, "write in", directory) from None
-    try:
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-        finally:
-            os.close(fd)  # close() sends the data to an NFS server (close-to-open): readers elsewhere see it
-    except OSError as e:
-        _unlink_quiet(tmp)
-        raise storage_error(e, "write", tmp) from None
-    try:
-        os.link(tmp, target)  # exclusive on NFSv3+, Lustre, GPFS, GlusterFS; complete content at once
-    except FileExistsError:
-        if _nlink(tmp) == 2:  # a retransmitted LINK answered EEXIST after it succeeded
-            return True
-        try:
-            stat_existing(target)  # the winner's name must not hide in a negative lookup cache
-        except FileNotFoundError:
-            pass
-        return False
-    except OSError as e:
-        if e.errno == errno.ENOENT:
-            raise
-        if _nlink(tmp) == 2:
-            return True
-        raise storage_error(e, "create", target) from None
-    finally:
-        _unlink_quiet(tmp)
-    return True
 
 
 def probe_dir(root: str, name: str) -> bool:

@@ -84,9 +84,9 @@ def _storage_errors(what: str):
 
     def wrap(method):
         @functools.wraps(method)
-        def wrapper(self, name: str = "", *args):
+        def wrapper(self, name: str = "", *args, **kwargs):
             try:
-                return method(self, name, *args)
+                return method(self, name, *args, **kwargs)
             except (FsmingleError, FileNotFoundError):
                 raise
             except OSError as e:
@@ -122,8 +122,13 @@ class Store(abc.ABC):
         """
 
     @abc.abstractmethod
-    def create(self, name: str, data: bytes) -> bool:
+    def create(self, name: str, data: bytes, fsync: bool = True) -> bool:
         """Create file ``name`` with ``data`` only if it does not exist; True if this call created it.
+
+        ``fsync=False`` skips the flush to stable storage before the name appears: only for files
+        nobody reads after a crash of the writer's node or of the server (a FolderStore's versions:
+        a crash ends the generation whose store they are; see :meth:`PosixStore.create`).  Other
+        clients see the complete file either way (NFS close-to-open).
 
         Raises:
             StorageError, FileNotFoundError: as for :meth:`publish`.
@@ -237,7 +242,7 @@ class PosixStore(Store):
                 # (close(2)); what was read is one whole version (rename() replaces atomically).
                 pass
 
-    def _write_tmp(self, name: str, data: bytes) -> str:
+    def _write_tmp(self, name: str, data: bytes, fsync: bool = True) -> str:
         directory = os.path.dirname(self.path(name))
         # Same directory as the target: rename/link are atomic only within one
         # directory (and one filesystem) on NFS, Lustre and GPFS.
@@ -255,9 +260,10 @@ class PosixStore(Store):
                     view = view[os.write(fd, view) :]
                 # fsync before publishing: after a crash of this node the name
                 # must never point at an empty or partial file.
-                os.fsync(fd)
+                if fsync:
+                    os.fsync(fd)
             finally:
-                os.close(fd)
+                os.close(fd)  # sends the data to an NFS server (close-to-open), fsync or not
         except OSError as e:
             _unlink_quiet(tmp)  # loses nothing: the target was never touched
             raise storage_error(e, "write", tmp) from None
@@ -282,8 +288,14 @@ class PosixStore(Store):
             raise storage_error(e, "publish", self.path(name)) from None
 
     @_storage_errors("create")
-    def create(self, name: str, data: bytes) -> bool:
+    def create(self, name: str, data: bytes, fsync: bool = True) -> bool:
         """Exclusive create by link() (see :meth:`Store.create`).
+
+        ``fsync`` (default True): flush the temporary before linking it, so that after a crash of this
+        node or the server the name never holds a partial file: the rendezvous's records (claims,
+        releases, torchrun's state) are read again after a crash.  A FolderStore's versions pass
+        False: a crash of the writer's node ends their generation, whose store is never read again
+        (a ``set``: 0.36 ms instead of 0.56; issue 30).  Other clients see the whole file either way.
 
         The first claim is also the probe of the filesystem (:mod:`fsmingle.fs.refusal`):
         the first link() that succeeds must leave our temp file with a link count of 2 (one
@@ -297,7 +309,7 @@ class PosixStore(Store):
                 it on every mount at once (measured: both of two mounts won 100 of 100 races).
             StorageError, FileNotFoundError: as for :meth:`publish`.
         """
-        tmp = self._write_tmp(name, data)
+        tmp = self._write_tmp(name, data, fsync)
         target = self.path(name)
         try:
             try:

@@ -16,6 +16,7 @@ from ..fs.chunks import attach_members
 from ..fs.layout import beacon_name, claim_name, member_chunk_name, release_name
 from ..fs.records import Beacon, Claim, Release, decode
 from .liveness import Verdict
+from .parts_state import GenView, Identity, Wiring
 
 log = logging.getLogger("fsmingle")
 
@@ -23,19 +24,24 @@ log = logging.getLogger("fsmingle")
 class GenerationReader:
     """Readers of the current generation's records (see the module doc)."""
 
+    # The state this part acts on (fsmingle.protocol.parts_state; made by Participant.__init__).
+    view: GenView  # gen; caches claims, rank 0's vouch and the files warned about
+    ident: Identity  # reads: job_id
+    wiring: Wiring  # reads: store
+
     def warn_once(self, name: str, msg: str) -> None:
         """Log a problem with one file once; later repeats are only counted (polling re-reads it often)."""
-        n = self._warned.get(name, 0)
-        self._warned[name] = n + 1
+        n = self.view.warned.get(name, 0)
+        self.view.warned[name] = n + 1
         if n == 0:
             log.warning("ignoring %s: %s", self.store_path(name), msg)
 
     def store_path(self, name: str) -> str:
-        return getattr(self.store, "path", lambda n: n)(name)
+        return getattr(self.wiring.store, "path", lambda n: n)(name)
 
     def _load(self, name: str, kind: type, consequence: str = "") -> object | None | RecordError:
         """Read and decode one record: the record, None if not visible, or the error (named once)."""
-        data = self.store.read(name)
+        data = self.wiring.store.read(name)
         if data is None:
             return None
         try:
@@ -48,7 +54,7 @@ class GenerationReader:
         """Generation ``g``'s decision: the record, None if not visible, or the error that makes it unusable."""
         name = release_name(g)
         rel = self._load(name, Release)
-        if isinstance(rel, Release) and (rel.job_id != self.job_id or rel.generation != g):
+        if isinstance(rel, Release) and (rel.job_id != self.ident.job_id or rel.generation != g):
             rel = RecordError(f"it names job {rel.job_id!r} generation {rel.generation}")
             self.warn_once(name, str(rel))
         return rel
@@ -59,7 +65,7 @@ class GenerationReader:
             return rel
         datas = []
         for k in range(len(rel.member_chunks)):
-            data = self.store.read(member_chunk_name(rel.generation, rel.writer, k))
+            data = self.wiring.store.read(member_chunk_name(rel.generation, rel.writer, k))
             if data is None:
                 return None
             datas.append(data)
@@ -71,18 +77,23 @@ class GenerationReader:
 
     def read_beacon(self, name: str, instance: str) -> Beacon | None:
         b = self._load(name, Beacon, "; its writer counts as silent until it writes a valid beacon")
-        if not isinstance(b, Beacon) or b.instance != instance or b.generation != self.gen or b.job_id != self.job_id:
+        if (
+            not isinstance(b, Beacon)
+            or b.instance != instance
+            or b.generation != self.view.gen
+            or b.job_id != self.ident.job_id
+        ):
             return None
         return b
 
     def read_claim(self, r: int) -> str | None:
         """Instance holding rank ``r`` (cached: claims are immutable); None if not readable."""
-        if r in self.claims:
-            return self.claims[r]
-        c = self._load(claim_name(self.gen, r), Claim, "; its rank is treated as held by a silent participant")
+        if r in self.view.claims:
+            return self.view.claims[r]
+        c = self._load(claim_name(self.view.gen, r), Claim, "; its rank is treated as held by a silent participant")
         if not isinstance(c, Claim) or c.rank != r:
             return None
-        self.claims[r] = c.instance
+        self.view.claims[r] = c.instance
         return c.instance
 
     def void_if_dead(self, r: int, now: float, what: str) -> bool:
@@ -114,16 +125,20 @@ class GenerationReader:
 
     def _rank0_vouch(self, r: int, now: float) -> Verdict | None:
         """Rank 0's verdict (ALIVE, or UNKNOWN before it is judged) if its beacon vouches for ``r``; else None."""
-        seen = self._vouch_seen
+        seen = self.view.vouch_seen
         if seen is None or seen[0] != now:  # one read of rank 0's beacon per observer step
             inst0 = self.read_claim(0)
-            b0 = self.read_beacon(beacon_name(self.gen, inst0), inst0) if inst0 else None
-            seen = self._vouch_seen = (now, b0, self.judge.judge(inst0 or "?rank0", b0, now) if inst0 else None)
+            b0 = self.read_beacon(beacon_name(self.view.gen, inst0), inst0) if inst0 else None
+            seen = self.view.vouch_seen = (
+                now,
+                b0,
+                self.view.judge.judge(inst0 or "?rank0", b0, now) if inst0 else None,
+            )
         _, b0, v0 = seen
         if b0 is None or v0 in (None, Verdict.DEAD) or not b0.vouches_for(r):
             return None
         return v0
 
     def judge_holder(self, instance: str | None, now: float, key: str) -> tuple[Verdict, Beacon | None]:
-        b = self.read_beacon(beacon_name(self.gen, instance), instance) if instance else None
-        return self.judge.judge(instance or key, b, now), b
+        b = self.read_beacon(beacon_name(self.view.gen, instance), instance) if instance else None
+        return self.view.judge.judge(instance or key, b, now), b

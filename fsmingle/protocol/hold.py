@@ -23,7 +23,7 @@ class DeadlineHold:
         self._last: float | None = None  # the previous counted tick (monotonic seconds), None: none
 
     def tick(self, p, now: float, counting: bool, holding: bool) -> bool:
-        """One step of ``p`` (a ``Participant``) at ``now`` (monotonic seconds).
+        """One step of ``p`` (anything with a ``deadline``: a ``Participant``, its ``Timers``) at ``now`` (monotonic seconds).
 
         The time since the previous counted tick is held (``p.deadline`` moves forward by it) when
         ``holding``; ``counting`` False (the participant is not in the wait this hold is about)

@@ -33,6 +33,7 @@ from ..fs.layout import (
 from ..fs.records import Claim, Release, encode
 from ..net.hostinfo import port_holder
 from .decision import Placement
+from .parts_state import GenView, Identity, Seat, Spares, Timers, Wiring
 from .states import State
 
 log = logging.getLogger("fsmingle")
@@ -46,15 +47,20 @@ BLIND_GUESSES = 1  # hash-drawn claims a joiner of a big world tries before rank
 class Joining:
     """JOIN: pick the generation, publish the beacon, claim a rank (see the module doc)."""
 
-    _busy_since: float | None = None  # when this joiner first met --port busy (claim_one, _port_busy)
-    _busy_gen: int | None = None  # in which generation
+    # The state this part acts on (fsmingle.protocol.parts_state; made by Participant.__init__).
+    view: GenView  # chooses gen (and left), records claims, whether the maker takes rank 0
+    seat: Seat  # takes a rank (rank 0: the hub first), or CONTEST / WORLD_FULL
+    timers: Timers  # enoent_since (a lying cache), busy_since (--port busy), delay
+    spares: Spares  # a spare after finding its generation released without it
+    ident: Identity  # reads: job_id, instance, size, want_rank, master_port_wanted, addr
+    wiring: Wiring  # reads: store, transport, clock, timing, queue
 
     def _step_join(self) -> Placement | None:
-        names = self.store.listdir("")
+        names = self.wiring.store.listdir("")
         gens = [int(m.group(1)) for m in map(GEN_RE.match, names) if m]
-        g = max([*gens, self.left + 1, 1])
+        g = max([*gens, self.view.left + 1, 1])
         created = False
-        if g - 1 in gens and g - 1 > self.left:
+        if g - 1 in gens and g - 1 > self.view.left:
             # The newest generation was made ahead by the decider of the one before it:
             # say so if that one was released (a late participant, or a re-run).
             before = self.read_release(g - 1)
@@ -63,7 +69,7 @@ class Joining:
                 g -= 1
         while True:
             if g > MAX_GENERATION:
-                raise CorruptStateError(f"job {self.job_id} exhausted generation numbers; run `fsmingle clean`")
+                raise CorruptStateError(f"job {self.ident.job_id} exhausted generation numbers; run `fsmingle clean`")
             # mkdir before any lookup of the name: a name looked up before it
             # exists can stay "absent" in a negative cache (GlusterFS nl-cache:
             # 61 s measured).  mkdir goes to the server and is exclusive.
@@ -77,7 +83,7 @@ class Joining:
                     # we just made an empty old generation while the world waits in a newer
                     # one.  Mark it retired (nobody can join it) and go to the newest.
                     self._mark_retired_number(g, newer)
-                    self.left = max(self.left, g)
+                    self.view.left = max(self.view.left, g)
                     gens.append(newer)
                     g = newer
                     continue
@@ -85,19 +91,19 @@ class Joining:
                 break
             self._note_released(g, rel)
             g += 1
-        self.gen = g
+        self.view.gen = g
         # The one whose mkdir made the generation tries rank 0 first; the others ask it for a
         # rank rather than race for rank 0 (each loser of that race costs the metadata server
         # four operations: 60 when 16 nodes start in the same instant).  A generation that was
         # in our listing (made ahead by a decider, or by an earlier joiner) has no such creator.
-        self.rank0_by_creator = not created and g not in gens
+        self.view.rank0_by_creator = not created and g not in gens
         self._reset_gen_state()
-        self.rank = None
+        self.seat.rank = None
         # No beacon yet: the first one is written once the rank is known (hold()), so a
         # joiner writes it once, not twice (4 metadata operations per participant).  Until
         # then nobody judges us: a claim whose holder's beacon is not visible yet counts as
         # unreadable, which proves nothing for stale_after (fsmingle.protocol.liveness).
-        self._enoent_since = None
+        self.timers.enoent_since = None
         return self._claim(created)  # which reports progress (hold(), or a note): after the first write
 
     def _abandoned_ahead(self, g: int) -> bool:
@@ -118,9 +124,9 @@ class Joining:
         cached view took the released generation for an abandoned one, met its own rank claimed
         there, and failed with RankConflictError instead of joining the next generation.
         """
-        if claimed_ranks(self.store.listdir(gen_name(g))):
+        if claimed_ranks(self.wiring.store.listdir(gen_name(g))):
             return False
-        return RELEASE not in self.store.listdir(gen_name(g - 1))
+        return RELEASE not in self.wiring.store.listdir(gen_name(g - 1))
 
     def _on_enoent(self) -> None:
         # ENOENT on our generation directory: either it was retired (cleaned as
@@ -128,20 +134,25 @@ class Joining:
         # parent is answered from the server (GlusterFS nl-cache and NFS
         # lookupcache hide a looked-up-too-early name for up to their timeout,
         # while readdir shows it at once), so only a listing may confirm it.
-        g = self.gen
-        if g is not None and gen_name(g) in self.store.listdir(""):
-            now = self.clock.monotonic()
-            if self._enoent_since is None:
-                self._enoent_since = now
+        g = self.view.gen
+        if g is not None and gen_name(g) in self.wiring.store.listdir(""):
+            now = self.wiring.clock.monotonic()
+            if self.timers.enoent_since is None:
+                self.timers.enoent_since = now
             self.set_note(
                 f"generation {g} exists but this node's filesystem cache says it does not; retrying "
-                f"(for {now - self._enoent_since:.0f} s so far)"
+                f"(for {now - self.timers.enoent_since:.0f} s so far)"
             )
-            self.delay = min(self.timing.poll_max, max(self.delay, self.timing.poll_min) * self.timing.backoff)
+            self.timers.delay = min(
+                self.wiring.timing.poll_max,
+                max(self.timers.delay, self.wiring.timing.poll_min) * self.wiring.timing.backoff,
+            )
             return None
-        self._enoent_since = None
-        if self.state is State.WAIT and self.rank is not None:
-            log.info("job %s: generation %s was removed while this node waited in it; joining again", self.job_id, g)
+        self.timers.enoent_since = None
+        if self.seat.state is State.WAIT and self.seat.rank is not None:
+            log.info(
+                "job %s: generation %s was removed while this node waited in it; joining again", self.ident.job_id, g
+            )
         self.rejoin()
         return None
 
@@ -158,7 +169,7 @@ class Joining:
         kernel cache (``fuse_dir_changed``).  Should a cache still answer stale, rank 0 of the
         re-created generation leaves it later (``Coordinator._leave_if_superseded``).
         """
-        gens = [int(m.group(1)) for m in map(GEN_RE.match, self.store.listdir("")) if m]
+        gens = [int(m.group(1)) for m in map(GEN_RE.match, self.wiring.store.listdir("")) if m]
         newest = max(gens, default=0)
         return newest if newest > g else None
 
@@ -176,19 +187,19 @@ class Joining:
         log.info(
             "job %s: generation %d had been retired and this node's stale listing re-created it; %s; "
             "joining generation %d",
-            self.job_id,
+            self.ident.job_id,
             g,
             "marked it retired" if made else "someone else decided it already",
             newer,
         )
 
     def _note_released(self, g: int, rel) -> None:
-        if isinstance(rel, Release) and self.queue is not None:
+        if isinstance(rel, Release) and self.wiring.queue is not None:
             # Jobs that joined an earlier generation: one that ended left a place for a spare or a
             # re-run, it did not "end without joining" (protocol/queue.py; every decision carries them).
-            self.queue.learn_jobs(rel.jobs)
+            self.wiring.queue.learn_jobs(rel.jobs)
         if isinstance(rel, Release) and rel.state == "released" and self.spare_of(g, rel):
-            self.spare_for = g  # a spare: takes a place when the running world comes back for one
+            self.spares.spare_for = g  # a spare: takes a place when the running world comes back for one
             self.become_spare()
             self.set_note(
                 f"generation {g} was already released to {rel.size} participant(s) before this one "
@@ -196,30 +207,35 @@ class Joining:
             )
 
     def _ensure_hub(self) -> None:
-        if self.hub is None:
+        if self.seat.hub is None:
             try:
-                self.hub = self.transport.listen(self.addr, self.master_port_wanted or 0, self.size)
+                self.seat.hub = self.wiring.transport.listen(
+                    self.ident.addr, self.ident.master_port_wanted or 0, self.ident.size
+                )
             except ConfigError as e:
-                if not self.master_port_wanted or "already in use" not in str(e):
+                if not self.ident.master_port_wanted or "already in use" not in str(e):
                     raise
                 # Name what holds the port (a previous run's torch master, most often).
-                raise ConfigError(f"{e} (held by {self._port_holder(self.master_port_wanted)})") from None
+                raise ConfigError(f"{e} (held by {self._port_holder(self.ident.master_port_wanted)})") from None
 
     def _port_holder(self, port: int) -> str:
         """Who holds ``port`` on this host (psutil; the model's transport answers for its fake hosts)."""
-        ask = getattr(self.transport, "port_holder", None) or port_holder
+        ask = getattr(self.wiring.transport, "port_holder", None) or port_holder
         return ask(port)
 
     def _claim(self, created: bool) -> Placement | None:
-        if self.want_rank is not None:
-            r = self.want_rank
+        if self.ident.want_rank is not None:
+            r = self.ident.want_rank
             if r == 0:
                 self._ensure_hub()  # fail on a busy --port before claiming anything
             if self.try_claim(r):
                 return self.hold(r)
-            self.state = State.CONTEST
-            self.contest_holder = self.read_claim(r)
-            self.set_note(f"rank {r} is already claimed in generation {self.gen}; checking whether its holder is alive")
+            self.seat.state = State.CONTEST
+            self.view.contest_holder = self.read_claim(r)
+            self.view.contest_life = False
+            self.set_note(
+                f"rank {r} is already claimed in generation {self.view.gen}; checking whether its holder is alive"
+            )
             return self._step_contesting()
         # First-come joiners never list the generation to claim (a listing is O(N) entries
         # for every joiner, O(N^2) in all, and simultaneous joiners herd on the lowest free
@@ -230,38 +246,42 @@ class Joining:
         # too (ranks then follow arrival order at rank 0), unless the generation's maker is
         # taking it just now; a big world's joiner claims a rank drawn from its instance
         # hash.  If that collides, it asks.
-        self.master_names = self.store.listdir(master_dir(self.gen))
-        if not any(BEACON_RE.match(n) for n in self.master_names):
-            big = self.size > SPREAD_ABOVE
+        self.view.master_names = self.wiring.store.listdir(master_dir(self.view.gen))
+        if not any(BEACON_RE.match(n) for n in self.view.master_names):
+            big = self.ident.size > SPREAD_ABOVE
             guesses = [
-                int(hashlib.sha1(f"{self.instance}:{i}".encode()).hexdigest(), 16) % self.size
+                int(hashlib.sha1(f"{self.ident.instance}:{i}".encode()).hexdigest(), 16) % self.ident.size
                 for i in range(BLIND_GUESSES if big else 0)
             ]
-            rank0 = [0] if created or not (big or self.rank0_by_creator) else []
+            rank0 = [0] if created or not (big or self.view.rank0_by_creator) else []
             for r in dict.fromkeys(rank0 + guesses):
                 if self.claim_one(r):
                     return self.hold(r)
-            self.master_names = None  # stale by now: the member lists master/ itself
+            self.view.master_names = None  # stale by now: the member lists master/ itself
         return self.hold(None)
 
     def claim_by_listing(self) -> Placement | None:
         """List the generation and claim a free rank: rank 0 could not say which (module doc)."""
-        taken = set(claimed_ranks(self.store.listdir(gen_name(self.gen))))
-        free = [r for r in range(self.size) if r not in taken]
+        taken = set(claimed_ranks(self.wiring.store.listdir(gen_name(self.view.gen))))
+        free = [r for r in range(self.ident.size) if r not in taken]
         rest = [r for r in free if r != 0]
         # Rank 0 first if free: the master is what everyone waits for.  Small
         # worlds fill ranks in order (what users expect to see).  In big ones
         # each joiner starts at a place given by its instance hash, so N
         # simultaneous joiners spread over the free ranks instead of all racing
         # for the lowest one (O(N) link() attempts in all, not O(N^2)).
-        k = int(hashlib.sha1(self.instance.encode()).hexdigest(), 16) % len(rest) if len(rest) > SPREAD_ABOVE else 0
+        k = (
+            int(hashlib.sha1(self.ident.instance.encode()).hexdigest(), 16) % len(rest)
+            if len(rest) > SPREAD_ABOVE
+            else 0
+        )
         order = ([0] if 0 in free else []) + rest[k:] + rest[:k]
         for r in order:
             if self.claim_one(r):
                 return self.hold(r)
-        self.state = State.WORLD_FULL
+        self.seat.state = State.WORLD_FULL
         self.become_spare()
-        self.set_note(f"all {self.size} ranks of generation {self.gen} are claimed; watching their holders")
+        self.set_note(f"all {self.ident.size} ranks of generation {self.view.gen} are claimed; watching their holders")
         return None
 
     def claim_one(self, r: int) -> bool:
@@ -277,15 +297,15 @@ class Joining:
             except ConfigError as e:
                 # --port busy on this host: a first-come peer on this node may be about to
                 # take rank 0 with it, or another host with a free port may; try another rank.
-                if self.size == 1:
+                if self.ident.size == 1:
                     raise
                 self._port_busy(e)
                 return False
         if self.try_claim(r):
             return True
-        if r == 0 and self.hub is not None:
-            self.hub.close()
-            self.hub = None
+        if r == 0 and self.seat.hub is not None:
+            self.seat.hub.close()
+            self.seat.hub = None
         return False
 
     def _port_busy(self, e: ConfigError) -> None:
@@ -298,19 +318,19 @@ class Joining:
         than a timeout that blames a master that "never published its endpoint".  A joiner
         that fails here holds no rank: it just exits.
         """
-        now = self.clock.monotonic()
-        if self._busy_since is None or self._busy_gen != self.gen:
-            self._busy_since, self._busy_gen = now, self.gen
+        now = self.wiring.clock.monotonic()
+        if self.timers.busy_since is None or self.timers.busy_gen != self.view.gen:
+            self.timers.busy_since, self.timers.busy_gen = now, self.view.gen
             # A warning at once -- unless the holder is an fsmingle peer of this host, which
             # is taking rank 0 with it (rank mode: several processes per host share --port).
             peer = "fsmingle" in str(e).rsplit("(held by", 1)[-1]
             self.set_note(
-                f"{e}; this node cannot be rank 0 (the master) of generation {self.gen}: waiting up to "
-                f"{self.timing.stale_after:g} s (--stale-after) for another node to take rank 0",
+                f"{e}; this node cannot be rank 0 (the master) of generation {self.view.gen}: waiting up to "
+                f"{self.wiring.timing.stale_after:g} s (--stale-after) for another node to take rank 0",
                 logging.INFO if peer else logging.WARNING,
             )
             return
-        if now - self._busy_since < self.timing.stale_after:
+        if now - self.timers.busy_since < self.wiring.timing.stale_after:
             return
         # Before failing, one listing of the generation: has somebody claimed rank 0 whose
         # endpoint we have not seen yet (a lagging listing of master/)?  Then wait for it after
@@ -321,13 +341,13 @@ class Joining:
         # nothing either, so wait (--timeout still bounds it).  Found by the model: a peer of
         # this host held --port as rank 0 while this host was blind to the generation for longer
         # than --stale-after, and this joiner exited 3 with the master alive.
-        names = self.store.listdir(gen_name(self.gen))
-        if 0 in self.claims or not names or 0 in claimed_ranks(names):
+        names = self.wiring.store.listdir(gen_name(self.view.gen))
+        if 0 in self.view.claims or not names or 0 in claimed_ranks(names):
             return
         raise ConfigError(
-            f"{e}; no other node took rank 0 (the master) of generation {self.gen} within "
-            f"{self.timing.stale_after:g} s (--stale-after), so the job cannot start: free port "
-            f"{self.master_port_wanted} on the hosts (a previous run's master?) or pass another --port"
+            f"{e}; no other node took rank 0 (the master) of generation {self.view.gen} within "
+            f"{self.wiring.timing.stale_after:g} s (--stale-after), so the job cannot start: free port "
+            f"{self.ident.master_port_wanted} on the hosts (a previous run's master?) or pass another --port"
         )
 
     # ------------------------------------------------------------------ writes that may take effect and fail
@@ -335,20 +355,20 @@ class Joining:
     # happened; methods here so the model's enumeration counts them as this role's store operations)
     def create_record(self, name: str, data: bytes) -> bool:
         """:func:`fsmingle.fs.readback.create` on this job's store (same Raises)."""
-        return readback.create(self.store, name, data, f"job {self.job_id}")
+        return readback.create(self.wiring.store, name, data, f"job {self.ident.job_id}")
 
     def make_dir(self, name: str) -> bool:
         """:func:`fsmingle.fs.readback.make_dir` on this job's store (same Raises)."""
-        return readback.make_dir(self.store, name, f"job {self.job_id}")
+        return readback.make_dir(self.wiring.store, name, f"job {self.ident.job_id}")
 
     def publish_record(self, name: str, data: bytes) -> None:
         """:func:`fsmingle.fs.readback.publish` on this job's store (same Raises)."""
-        readback.publish(self.store, name, data, f"job {self.job_id}")
+        readback.publish(self.wiring.store, name, data, f"job {self.ident.job_id}")
 
     def try_claim(self, r: int) -> bool:
-        if self.create_record(claim_name(self.gen, r), encode(Claim(r, self.instance))):
-            self.claims[r] = self.instance
+        if self.create_record(claim_name(self.view.gen, r), encode(Claim(r, self.ident.instance))):
+            self.view.claims[r] = self.ident.instance
             return True
         # EEXIST: maybe ours -- link() can report failure after succeeding (a
         # retransmitted NFS request whose first reply was lost).  Read it back.
-        return self.read_claim(r) == self.instance
+        return self.read_claim(r) == self.ident.instance

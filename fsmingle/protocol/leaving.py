@@ -12,6 +12,7 @@ from ..errors import CorruptStateError, FsmingleError, RecordError, RendezvousTi
 from ..fs.layout import beacon_name, gen_name, ranges, release_name
 from ..fs.records import Release
 from .decision import Placement
+from .parts_state import GenView, Identity, Seat, Timers, Wiring
 from .states import State
 
 log = logging.getLogger("fsmingle")
@@ -20,30 +21,37 @@ log = logging.getLogger("fsmingle")
 class Leaving:
     """DECIDING, timeouts and withdrawal (see the module doc)."""
 
+    # The state this part acts on (fsmingle.protocol.parts_state; made by Participant.__init__).
+    seat: Seat  # DECIDING, DONE or FAILED; closes the role and the hub; in_doubt, result
+    view: GenView  # the decision read (release_bad_since), the missing ranks for a timeout
+    timers: Timers  # timeout; the deadline's one grace to read a decision
+    ident: Identity  # reads: instance, job_id, mode, size
+    wiring: Wiring  # reads: store, clock, timing
+
     def decision_for_me(self, rel: Release) -> Placement | None:
         """My placement in a released record, or None if it does not name this instance at this rank."""
         from .decision import placements
 
         if rel.state != "released":
             return None
-        mine = [k for k, m in enumerate(rel.members) if m.instance == self.instance]
+        mine = [k for k, m in enumerate(rel.members) if m.instance == self.ident.instance]
         if not mine:
             return None
-        self.released_members = tuple([m.host.hostname, m.addr, m.arrival] for m in rel.members)
+        self.seat.released_members = tuple([m.host.hostname, m.addr, m.arrival] for m in rel.members)
         return placements(list(rel.members), rel.mode, rel.master_port, rel.generation)[mine[0]]
 
     def enter_deciding(self, why: str) -> None:
         """Inside the commit window with the decision unknown (a member lost rank 0 after its ack,
         rank 0's create of release.json failed): read the decision until it shows."""
-        self.state = State.DECIDING
-        self.set_note(f"{why}; reading generation {self.gen}'s decision")
-        if self.role is not None:
-            self.role.close()
-            self.role = None
+        self.seat.state = State.DECIDING
+        self.set_note(f"{why}; reading generation {self.view.gen}'s decision")
+        if self.seat.role is not None:
+            self.seat.role.close()
+            self.seat.role = None
 
     def _step_deciding(self) -> Placement | None:
-        rel = self.read_release(self.gen)
-        now = self.clock.monotonic()
+        rel = self.read_release(self.view.gen)
+        now = self.wiring.clock.monotonic()
         if isinstance(rel, RecordError):
             self._bad_release(now)
             return None
@@ -54,67 +62,67 @@ class Leaving:
             return None
         if rel is None:
             return None  # exists (our void lost the race) but not visible here yet: read again
-        self.release_bad_since = None
+        self.view.release_bad_since = None
         mine = self.decision_for_me(rel)
         if mine is not None:
             return self._done(mine)
-        self.set_note(f"generation {self.gen} voided: {rel.reason or 'released without this participant'}")
+        self.set_note(f"generation {self.view.gen} voided: {rel.reason or 'released without this participant'}")
         self.rejoin()
         return None
 
     def _bad_release(self, now: float) -> None:
-        if self.release_bad_since is None:
-            self.release_bad_since = now
-        elif now - self.release_bad_since >= self.timing.stale_after:
+        if self.view.release_bad_since is None:
+            self.view.release_bad_since = now
+        elif now - self.view.release_bad_since >= self.wiring.timing.stale_after:
             raise CorruptStateError(
-                f"{self.store_path(release_name(self.gen))} has stayed unusable for "
-                f"{self.timing.stale_after:.0f} s (see the warning above); remove it or run "
-                f"`fsmingle clean --dir ... {self.job_id}` and start again"
+                f"{self.store_path(release_name(self.view.gen))} has stayed unusable for "
+                f"{self.wiring.timing.stale_after:.0f} s (see the warning above); remove it or run "
+                f"`fsmingle clean --dir ... {self.ident.job_id}` and start again"
             )
 
     def _on_timeout(self) -> Placement | None:
-        if self.state is State.DECIDING and not self._grace:
+        if self.seat.state is State.DECIDING and not self.timers.grace:
             # A decision exists that our (cached) view cannot show yet: it may
             # name us.  Keep reading it for stale_after more seconds instead of
             # leaving a world that is about to start with us in it.
-            self._grace = True
-            self.deadline = self.clock.monotonic() + self.timing.stale_after
+            self.timers.grace = True
+            self.timers.deadline = self.wiring.clock.monotonic() + self.wiring.timing.stale_after
             log.info(
                 "deadline passed, but generation %d has a decision this node cannot read yet; "
                 "waiting up to %g s for it",
-                self.gen,
-                self.timing.stale_after,
+                self.view.gen,
+                self.wiring.timing.stale_after,
             )
             return None
-        why = self.role.missing_description() if self.role is not None else None
-        placement = self.withdraw(f"rank {self.rank} timed out after {self.timeout:g} s")
+        why = self.seat.role.missing_description() if self.seat.role is not None else None
+        placement = self.withdraw(f"rank {self.seat.rank} timed out after {self.timers.timeout:g} s")
         if placement is not None:
             return placement
-        if self.state is State.DECIDING or why is None:
-            missing = self.missing_hint
-            who = "node ranks" if self.mode == "node" else "ranks"
-            if self.state is State.DECIDING:
+        if self.seat.state is State.DECIDING or why is None:
+            missing = self.view.missing_hint
+            who = "node ranks" if self.ident.mode == "node" else "ranks"
+            if self.seat.state is State.DECIDING:
                 why = (
-                    f"generation {self.gen} has a decision this node could not read within "
-                    f"{self.timing.stale_after:g} s (filesystem caches?)"
+                    f"generation {self.view.gen} has a decision this node could not read within "
+                    f"{self.wiring.timing.stale_after:g} s (filesystem caches?)"
                 )
             elif missing:
                 missing = self.never_seen(missing)
                 why = (
-                    f"missing {who} {ranges(missing)} ({len(missing)} of {self.size})"
+                    f"missing {who} {ranges(missing)} ({len(missing)} of {self.ident.size})"
                     if len(missing) <= 64
-                    else f"{len(missing)} of {self.size} {who} missing"
+                    else f"{len(missing)} of {self.ident.size} {who} missing"
                 )
             else:
-                why = f"no complete world of {self.size} formed"
-        note = f"; {self.note}" if self.note else ""
+                why = f"no complete world of {self.ident.size} formed"
+        note = f"; {self.seat.note}" if self.seat.note else ""
         raise RendezvousTimeoutError(
-            f"rendezvous for job {self.job_id} timed out after {self.timeout:g} s in generation {self.gen}: "
-            f"{why}{note}. Directory: {self.store_path(gen_name(self.gen) if self.gen else '')}. "
+            f"rendezvous for job {self.ident.job_id} timed out after {self.timers.timeout:g} s in generation {self.view.gen}: "
+            f"{why}{note}. Directory: {self.store_path(gen_name(self.view.gen) if self.view.gen else '')}. "
             "Start the missing participants with the same --dir and --job-id (or raise --timeout); "
             "the directory is left ready for a retry",
-            missing=list(self.missing_hint or []),
-            present=len(self.present or ()),
+            missing=list(self.view.missing_hint or []),
+            present=len(self.view.present or ()),
         )
 
     def withdraw(self, reason: str) -> Placement | None:
@@ -126,18 +134,20 @@ class Leaving:
         an exclusive create that races only with the release; if it loses, the decision is read
         back (:meth:`_read_decision_in_doubt`), and a release that names it stands -- rank 0
         sends the members their go and returns its placement.  A decision that cannot be read
-        leaves this participant *in doubt* (``self.in_doubt``): it says nothing to anyone, and
+        leaves this participant *in doubt* (``self.seat.in_doubt``): it says nothing to anyone, and
         every member that acknowledged reads ``release.json`` itself.
 
         Returns:
             Placement | None: this participant's placement if the release stands with it in it.
         """
-        acked = self.state is State.DECIDING or (self.role is not None and getattr(self.role, "acked", False))
-        active = self.gen is not None and self.state not in (State.DONE, State.FAILED)
-        self.in_doubt = False
+        acked = self.seat.state is State.DECIDING or (
+            self.seat.role is not None and getattr(self.seat.role, "acked", False)
+        )
+        active = self.view.gen is not None and self.seat.state not in (State.DONE, State.FAILED)
+        self.seat.in_doubt = False
         decided: Release | None = None  # the decision read back (or our own void)
         voided = False
-        if active and self.rank is not None:
+        if active and self.seat.rank is not None:
             # Void first, then close: the decision record then says why we left (not
             # "lost its connection", which rank 0 would write on seeing it drop).
             try:
@@ -146,64 +156,73 @@ class Leaving:
                 log.warning("could not withdraw cleanly: %s", e)
             if not voided and acked:
                 decided = self._read_decision_in_doubt()
-                self.in_doubt = decided is None
+                self.seat.in_doubt = decided is None
         mine = self.decision_for_me(decided) if decided is not None else None
-        if self.role is not None:
+        if self.seat.role is not None:
             try:
                 if mine is not None:
-                    self.role.leaving("", released=decided)
+                    self.seat.role.leaving("", released=decided)
                 else:
                     # "void" on the wire only where no release can exist: nothing acknowledged, or
                     # a restart record created by us or read back.
-                    self.role.leaving(f"{reason}; it left", voided=voided or not acked or decided is not None)
+                    self.seat.role.leaving(f"{reason}; it left", voided=voided or not acked or decided is not None)
             except (OSError, FsmingleError) as e:
                 # Telling the others is a courtesy: what this participant is, the record says (a
                 # released rank 0 whose go could not leave still starts; the members that miss it
                 # lose the connection and read release.json).  Found by the fault enumeration.
                 log.warning("could not tell the others how this participant leaves: %s", e)
-            self.role.close()  # rank 0 sees the connection drop at once
-            self.role = None
-        if self.hub is not None:
-            self.hub.close()  # released: torch binds the master port next
-            self.hub = None
+            self.seat.role.close()  # rank 0 sees the connection drop at once
+            self.seat.role = None
+        if self.seat.hub is not None:
+            self.seat.hub.close()  # released: torch binds the master port next
+            self.seat.hub = None
         if mine is not None:
-            self.result, self.state = mine, State.DONE
+            self.seat.result, self.seat.state = mine, State.DONE
             return mine
         if not active:
-            return self.result
-        if self.in_doubt:
+            return self.seat.result
+        if self.seat.in_doubt:
             log.warning(
                 "job %s: could not read generation %d's decision after acknowledging its release; a release "
                 "naming this participant (rank %s) may stand, and the others then start without it",
-                self.job_id,
-                self.gen,
-                self.rank,
+                self.ident.job_id,
+                self.view.gen,
+                self.seat.rank,
             )
         else:
             try:
-                self.store.remove(beacon_name(self.gen, self.instance))
+                self.wiring.store.remove(beacon_name(self.view.gen, self.ident.instance))
             except (OSError, FsmingleError) as e:
                 log.warning("could not remove this participant's beacon: %s", e)
-        self.state = State.FAILED
+        self.seat.state = State.FAILED
         return None
 
     def _read_decision_in_doubt(self, attempts: int = 8) -> Release | None:
         """Read this generation's decision after our void lost the race: the record (members
         loaded), or None if it stayed unreadable or invisible for ``attempts`` reads spread over
-        up to ``stale_after`` seconds (a negative lookup cache hides a name that long at most)."""
-        end = self.clock.monotonic() + self.timing.stale_after
-        delay = self.timing.poll_min
+        up to ``stale_after`` seconds.  Before each read again, one listing of the generation: our
+        own joining looked ``release.json`` up before it existed, and GlusterFS nl-cache keeps
+        that "absent" for its timeout (61 s, over the default ``--stale-after``) unless a listing
+        shows the name (it links the inode, which nl-cache consults first; measured, see
+        ``fsmingle.fs.store.stat_existing``).  Found by the re-run enumeration: such a member
+        exited in doubt while the release named it."""
+        end = self.wiring.clock.monotonic() + self.wiring.timing.stale_after
+        delay = self.wiring.timing.poll_min
         for k in range(attempts):
             try:
-                rel = self.read_release(self.gen)
+                rel = self.read_release(self.view.gen)
                 rel = self.with_members(rel) if isinstance(rel, Release) else rel
             except (OSError, FsmingleError) as e:
-                log.debug("reading generation %d's decision: %s", self.gen, e)
+                log.debug("reading generation %d's decision: %s", self.view.gen, e)
                 rel = None
             if isinstance(rel, Release):
                 return rel
-            if k + 1 == attempts or self.clock.monotonic() + delay > end:
+            if k + 1 == attempts or self.wiring.clock.monotonic() + delay > end:
                 return None
-            self.clock.sleep(delay)
-            delay = min(2 * delay * self.timing.backoff, max(0.0, end - self.clock.monotonic()))
+            self.wiring.clock.sleep(delay)
+            try:
+                self.wiring.store.listdir(gen_name(self.view.gen))  # the cure (docstring); its names are not needed
+            except (OSError, FsmingleError) as e:
+                log.debug("listing generation %d: %s", self.view.gen, e)
+            delay = min(2 * delay * self.wiring.timing.backoff, max(0.0, end - self.wiring.clock.monotonic()))
         return None

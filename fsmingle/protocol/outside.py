@@ -37,6 +37,7 @@ from ..fs.layout import beacon_name, claimed_ranks, gen_name
 from ..fs.records import Beacon, Release
 from .decision import Placement
 from .liveness import Verdict
+from .parts_state import GenView, Identity, Seat, Spares, Timers, Wiring
 from .states import State
 
 log = logging.getLogger("fsmingle")
@@ -45,84 +46,131 @@ log = logging.getLogger("fsmingle")
 class OutsideWorld:
     """Steps of a participant that holds no rank in its generation (see the module doc)."""
 
+    # The state this part acts on (fsmingle.protocol.parts_state; made by Participant.__init__).
+    seat: Seat  # CONTEST and WORLD_FULL; FAILED on a live holder
+    spares: Spares  # the spare's standing and its held --timeout
+    view: GenView  # the contested holder, the decision read, who is present
+    timers: Timers  # deadline (a place opened: --timeout runs again), next_check of the holders
+    ident: Identity  # reads: job_id, instance, want_rank, me, size, restart_count, slurm_job_id
+    wiring: Wiring  # reads: store, clock, timing
+
     def _poll_decision(self) -> Release | None:
         """Outside a world (contesting, world-full): the generation's decision if one shows."""
-        rel = self.read_release(self.gen)
-        now = self.clock.monotonic()
+        rel = self.read_release(self.view.gen)
+        now = self.wiring.clock.monotonic()
         if isinstance(rel, RecordError):
             # An unusable decision still means "decided": this generation will
             # never release us; move on (the record's writer meant to end it).
             self._bad_release(now)
             return None
-        self.release_bad_since = None
+        self.view.release_bad_since = None
         return rel
 
     def _step_contesting(self) -> Placement | None:
-        r = self.want_rank
+        r = self.ident.want_rank
         rel = self._poll_decision()
         if rel is not None:
             if rel.state == "released":
-                holder = rel.members[r] if r < len(rel.members) else None
-                where = (
-                    f"pid {holder.host.pid} on {holder.host.hostname}, {holder.addr}" if holder else "another process"
-                )
-                raise RankConflictError(
-                    f"rank {r} of job {self.job_id} was taken by another process ({where}), which was released "
-                    f"in generation {self.gen}; give each node a distinct rank, or omit the rank for first-come "
-                    "assignment"
-                )
+                return self._released_while_contesting(r, rel)
             self.rejoin()
             return None
-        now = self.clock.monotonic()
+        now = self.wiring.clock.monotonic()
         self.heartbeat_if_due(now)
-        holder = self.contest_holder or self.read_claim(r)
-        self.contest_holder = holder
-        if holder == self.instance:
+        holder = self.view.contest_holder or self.read_claim(r)
+        self.view.contest_holder = holder
+        if holder == self.ident.instance:
             # The claim is ours: our create took effect, reported an error, and a negative lookup
             # entry left by that error hid it from the read-back and after the EEXIST of the retry
             # (Joining.create_record).  Found by the model: this node judged its own beacon alive
             # and failed itself with RankConflictError.
-            log.info("job %s: rank %d of generation %d was claimed by this node after all", self.job_id, r, self.gen)
+            log.info(
+                "job %s: rank %d of generation %d was claimed by this node after all",
+                self.ident.job_id,
+                r,
+                self.view.gen,
+            )
             return self.hold(r)
         verdict, b = self.judge_rank(r, now, holder)
+        if r != 0 and self._rank0_vouch(r, now) is Verdict.ALIVE:
+            self.view.contest_life = True  # rank 0 heartbeats, vouching for the holder: a world forms
         if verdict is Verdict.ALIVE and self._displaces(b):
             self.void(
-                f"rank {r} is held by a spare (pid {b.host.pid} on {b.host.hostname}); pid {self.me.pid} on "
-                f"{self.me.hostname}, not a spare, takes a place: a world is never made of spares alone"
+                f"rank {r} is held by a spare (pid {b.host.pid} on {b.host.hostname}); pid {self.ident.me.pid} on "
+                f"{self.ident.me.hostname}, not a spare, takes a place: a world is never made of spares alone"
             )
             self.rejoin()
             return None
         if verdict is Verdict.ALIVE:
             where = f"pid {b.host.pid} on {b.host.hostname} ({b.addr})" if b else "another process"
-            self.state = State.FAILED
+            self.seat.state = State.FAILED
             raise RankConflictError(
-                f"rank {r} of job {self.job_id} is already held by a live process: {where}; "
+                f"rank {r} of job {self.ident.job_id} is already held by a live process: {where}; "
                 "give each node a distinct rank, or omit the rank for first-come assignment"
             )
         if verdict is Verdict.DEAD:
-            self.void(f"rank {r}'s holder is dead; replaced by pid {self.me.pid} on {self.me.hostname}")
+            self.void(f"rank {r}'s holder is dead; replaced by pid {self.ident.me.pid} on {self.ident.me.hostname}")
             self.rejoin()
         return None
+
+    def _released_while_contesting(self, r: int, rel: Release) -> None:
+        """Generation ``gen``, where rank ``r`` is claimed by another, shows released.
+
+        Named a duplicate (exit 6) only if this contester saw that world alive: the holder's beacon
+        changed between two looks, or rank 0's did while it vouched for the holder
+        (``contest_life``; a world forming with two nodes given rank ``r``).  Otherwise the world was released
+        before this participant could tell, and it is a late one -- a re-run, or a restart --
+        which joins the next generation as a late first-come participant would (and is a spare
+        there, given ``--spare-timeout``).  A re-run reaches here when a negative lookup cache
+        (bindfs ``negative_timeout``, NFS lookupcache, GlusterFS nl-cache) answered the previous
+        run's ``release.json`` "absent" by name and a lagging listing did not show it either
+        (found by the re-run enumeration, ``tests/model_rerun.py``: before, it failed with
+        RankConflictError although its rank's holder had ended with the previous run).
+
+        Raises:
+            RankConflictError: the holder of rank ``r`` is alive and was released with it.
+        """
+        holder = rel.members[r] if r < len(rel.members) else None
+        where = f"pid {holder.host.pid} on {holder.host.hostname}, {holder.addr}" if holder else "another process"
+        now = self.wiring.clock.monotonic()
+        verdict, _ = self.judge_rank(r, now, holder.instance if holder else None)
+        if (
+            self.view.contest_life
+            or verdict is Verdict.ALIVE
+            or (r != 0 and self._rank0_vouch(r, now) is Verdict.ALIVE)
+        ):
+            self.seat.state = State.FAILED
+            raise RankConflictError(
+                f"rank {r} of job {self.ident.job_id} was taken by another process ({where}), which was released "
+                f"in generation {self.view.gen}; give each node a distinct rank, or omit the rank for first-come "
+                "assignment"
+            )
+        self.set_note(
+            f"generation {self.view.gen} was released with rank {r} held by {where} before this participant could see "
+            f"it alive: joining generation {self.view.gen + 1} (a re-run or a restart; if not, two nodes were given "
+            f"rank {r})"
+        )
+        self._note_released(self.view.gen, rel)  # a spare now, given --spare-timeout (its note wins)
+        self.rejoin()
 
     def _step_world_full(self) -> Placement | None:
         rel = self._poll_decision()
         if rel is not None:
-            if rel.state == "released" and self.spare_of(self.gen, rel):
-                self.spare_for = self.gen
+            if rel.state == "released" and self.spare_of(self.view.gen, rel):
+                self.spares.spare_for = self.view.gen
                 self.set_note(
-                    f"generation {self.gen} was released to {self.size} participants without this one "
-                    f"(a late participant); waiting in generation {self.gen + 1} as a spare",
+                    f"generation {self.view.gen} was released to {self.ident.size} participants without this one "
+                    f"(a late participant); waiting in generation {self.view.gen + 1} as a spare",
                     logging.WARNING,
                 )
             self.rejoin()
             return None
-        now = self.clock.monotonic()
+        now = self.wiring.clock.monotonic()
         self.heartbeat_if_due(now)
-        if now >= self.next_check:
-            self.next_check = now + min(self.timing.heartbeat_period, 1.0)
+        if now >= self.timers.next_check:
+            self.timers.next_check = now + min(self.wiring.timing.heartbeat_period, 1.0)
             spares: list[Beacon] = []
-            for r in claimed_ranks(self.store.listdir(gen_name(self.gen))):
-                if r >= self.size:
+            for r in claimed_ranks(self.wiring.store.listdir(gen_name(self.view.gen))):
+                if r >= self.ident.size:
                     continue
                 verdict, b = self.judge_rank(r, now)
                 if verdict is Verdict.DEAD:
@@ -133,12 +181,12 @@ class OutsideWorld:
                     return None
                 if self._displaces(b):
                     spares.append(b)
-            if len(spares) >= self.size:
+            if len(spares) >= self.ident.size:
                 # Every rank held by a live spare: that world waits for one like us (decision.decide
                 # never releases it).  Void it; the next generation is made with us in it.
                 self.void(
-                    f"all {self.size} ranks of generation {self.gen} are held by spares; pid {self.me.pid} on "
-                    f"{self.me.hostname}, not a spare, takes a place: a world is never made of spares alone"
+                    f"all {self.ident.size} ranks of generation {self.view.gen} are held by spares; pid {self.ident.me.pid} on "
+                    f"{self.ident.me.hostname}, not a spare, takes a place: a world is never made of spares alone"
                 )
                 self.rejoin()
         return None
@@ -146,15 +194,17 @@ class OutsideWorld:
     def _displaces(self, holder: Beacon | None) -> bool:
         """Whether this participant, not a spare, may void a generation for ``holder``'s rank: the
         holder's own beacon says it was started as a spare (a spare never displaces a spare)."""
-        return not self.spare and holder is not None and holder.spare
+        return not self.spares.spare and holder is not None and holder.spare
 
     # ------------------------------------------------------------------ spares
     def become_spare(self) -> None:
         """This participant found its generation full or released without it: given
         ``--spare-timeout``, it is a spare from now on, for the life of the process (module doc)."""
-        if self.spare_hold.bound is not None and not self.spare:
-            self.spare = True
-            log.info("job %s: started as a spare: it takes a place, never makes a world with spares alone", self.job_id)
+        if self.spares.hold.bound is not None and not self.spares.spare:
+            self.spares.spare = True
+            log.info(
+                "job %s: started as a spare: it takes a place, never makes a world with spares alone", self.ident.job_id
+            )
 
     def spare_of(self, g: int, rel: Release) -> bool:
         """Whether generation ``g``, released (``rel``) without this participant, makes it a spare.
@@ -168,11 +218,11 @@ class OutsideWorld:
         if not rel.members:
             return True  # members in chunk files: rank 0 unknown without reading them; a spare
         b = self._load(beacon_name(g, rel.members[0].instance), Beacon)
-        later_run = isinstance(b, Beacon) and b.restart_count > self.restart_count
-        if later_run and b.slurm_job_id == self.slurm_job_id:
+        later_run = isinstance(b, Beacon) and b.restart_count > self.ident.restart_count
+        if later_run and b.slurm_job_id == self.ident.slurm_job_id:
             self.set_note(
                 f"generation {g} was released to run {b.restart_count} of this job (SLURM_RESTART_COUNT); "
-                f"this process belongs to run {self.restart_count}, requeued away: not a spare, --timeout runs",
+                f"this process belongs to run {self.ident.restart_count}, requeued away: not a spare, --timeout runs",
                 logging.WARNING,
             )
             return False
@@ -185,14 +235,18 @@ class OutsideWorld:
             int: the generation found full (world full), or released without it (``spare_for``)
             while it waits where nobody else is present yet; 0 otherwise.
         """
-        if self.state is State.WORLD_FULL:
-            return self.gen or 0
-        if not self.spare_for or self.state not in (State.JOIN, State.WAIT):
+        if self.seat.state is State.WORLD_FULL:
+            return self.view.gen or 0
+        if not self.spares.spare_for or self.seat.state not in (State.JOIN, State.WAIT):
             return 0
         # Rank 0 counts itself present; a member hears who is present from rank 0, itself included.
         # A spare backs until one that is not a spare is present (spares alone make no world).
-        others = 0 if self.present is None else len(self.present) - (self.present_spares if self.spare else 0)
-        return self.spare_for if others <= (0 if self.spare else 1) else 0
+        others = (
+            0
+            if self.view.present is None
+            else len(self.view.present) - (self.view.present_spares if self.spares.spare else 0)
+        )
+        return self.spares.spare_for if others <= (0 if self.spares.spare else 1) else 0
 
     def spare_holding(self) -> int:
         """:meth:`spare_backing` while its ``--timeout`` is held, 0 otherwise.
@@ -203,7 +257,7 @@ class OutsideWorld:
         would let a re-run whose peers never come wait until its job's time limit instead of
         failing after ``--timeout``, naming them.
         """
-        return self.spare_backing() if self.spare_hold.bound is not None else 0
+        return self.spare_backing() if self.spares.hold.bound is not None else 0
 
     def spare_tick(self, now: float) -> bool:
         """Hold ``--timeout`` while this participant is a spare; say so when that starts or ends.
@@ -215,19 +269,19 @@ class OutsideWorld:
             bool: True once it waited ``--spare-timeout`` as a spare (:meth:`_spare_timeout`).
         """
         backs = self.spare_holding()
-        was, self.spare_backs = self.spare_backs, backs
+        was, self.spares.backs = self.spares.backs, backs
         if backs and not was:
-            bound = self.spare_hold.bound
+            bound = self.spares.hold.bound
             limit = f"up to --spare-timeout {bound:g} s" if bound is not None else "with no limit (--spare-timeout)"
             held = f"a spare for generation {backs}: --timeout is held while it waits for a place, {limit}"
-            self.set_note(f"{self.note}; {held}" if self.note else held)
+            self.set_note(f"{self.seat.note}; {held}" if self.seat.note else held)
         elif was and not backs:
             # A place opened: peers wait for this one now, so it gets the whole --timeout from here.
-            self.deadline = max(self.deadline, now + self.timeout)
+            self.timers.deadline = max(self.timers.deadline, now + self.timers.timeout)
             self.set_note(
-                f"no longer a spare for generation {was}: a place opened; --timeout ({self.timeout:g} s) runs from now"
+                f"no longer a spare for generation {was}: a place opened; --timeout ({self.timers.timeout:g} s) runs from now"
             )
-        return self.spare_hold.tick(self, now, True, bool(backs))
+        return self.spares.hold.tick(self.timers, now, True, bool(backs))
 
     def _spare_timeout(self) -> Placement | None:
         """``--spare-timeout`` passed: leave (voiding a generation it holds a rank in), then fail.
@@ -235,14 +289,14 @@ class OutsideWorld:
         Raises:
             RendezvousTimeoutError: naming the generation it backed (exit 7).
         """
-        backs, bound, gen = self.spare_backs, self.spare_hold.bound, self.gen
+        backs, bound, gen = self.spares.backs, self.spares.hold.bound, self.view.gen
         placement = self.withdraw(f"a spare for generation {backs} waited --spare-timeout {bound:g} s")
         if placement is not None:
             return placement  # released with it after all (the commit window): the release stands
         raise RendezvousTimeoutError(
-            f"rendezvous for job {self.job_id}: waited {self.spare_hold.held_for:.0f} s as a spare for generation "
+            f"rendezvous for job {self.ident.job_id}: waited {self.spares.hold.held_for:.0f} s as a spare for generation "
             f"{backs} (--spare-timeout {bound:g} s) and no place opened: the world of generation {backs} neither "
             f"lost a member nor came back for one. Directory: {self.store_path(gen_name(gen) if gen else '')}. "
             "Raise --spare-timeout, or start the spare again when the world needs one",
-            present=len(self.present or ()),
+            present=len(self.view.present or ()),
         )

@@ -63,6 +63,7 @@ from .joining import Joining
 from .leaving import Leaving
 from .liveness import Judge
 from .outside import OutsideWorld
+from .parts_state import GenView, Identity, Seat, Spares, Timers, Wiring, compat_properties
 from .states import Progress, RankSet, State
 from .testhooks import pause
 from .timing import Clock, SystemClock, Timing
@@ -76,6 +77,7 @@ from ..fs.layout import CLAIM_RE, RELEASE  # noqa: E402,F401
 __all__ = ["Participant", "Progress", "State", "SystemClock", "Timing", "Clock"]
 
 
+@compat_properties
 class Participant(Joining, Leaving, GenerationReader, OutsideWorld):
     """One participant's side of the protocol, driven by :meth:`step` (or :meth:`run`).
 
@@ -114,6 +116,14 @@ class Participant(Joining, Leaving, GenerationReader, OutsideWorld):
             neighbours (see :mod:`fsmingle.net.mesh`); rank 0's setting rules.
     """
 
+    # The state its parts share (fsmingle.protocol.parts_state), made here.
+    ident: Identity  # who it is and what it asks for (fixed)
+    wiring: Wiring  # store, transport, clock, timing, callbacks
+    view: GenView  # its generation: claims, who is present, the decision read
+    seat: Seat  # its state, rank, role, master port, placement
+    timers: Timers  # deadline, heartbeat and check due, delay
+    spares: Spares  # its standing as a spare
+
     def __init__(
         self,
         store: Store,
@@ -146,111 +156,89 @@ class Participant(Joining, Leaving, GenerationReader, OutsideWorld):
         want_members: bool = False,
         check_mesh: bool = False,
     ):
-        self.store, self.job_id, self.mode, self.size = store, job_id, mode, size
-        self.want_rank, self.addr, self.instance, self.me = rank, addr, instance, me
-        self.timing, self.master_port_wanted, self.restart_count = timing, master_port, restart_count
-        self.slurm_job_id, self.clock, self.local_alive = slurm_job_id, clock, local_alive
-        self.scheduler, self.queue = tuple(scheduler), queue  # queue: rendezvous.queue.QueueWatch | None
-        self.spare_for = 0  # the released generation this one arrived too late for (a spare), 0: none
-        self.spare_hold = DeadlineHold(spare_timeout)  # --timeout held while a spare (OutsideWorld.spare_tick)
-        self.spare_backs = 0  # the generation it backs while that hold lasts, 0: none
-        self.spare = False  # started as a spare (OutsideWorld.become_spare): never a world of spares alone
-        self.present_spares = 0  # of the present ranks, how many spares hold (rank 0's count)
-        self.transport, self.on_progress, self.cleaner, self.version = transport, on_progress, cleaner, version
-        self.rng = rng or random.Random()
-        self.rank_order, self.topology_key, self.nodelist = rank_order, topology_key, tuple(nodelist)
-        self.want_members, self.check_mesh = want_members, check_mesh
-        self.released_members: tuple = ()  # the world in rank order, when asked for (want_members) or rank 0
-        self.started = clock.monotonic()
-        self.deadline = self.started + timeout
-        self.timeout = timeout
-        self.state = State.JOIN
-        self.gen: int | None = None  # the generation we are in (joined)
-        self.left: int = 0  # the highest generation we left; never joined again
-        self.rank: int | None = None
-        self.heartbeat = 0
-        self.hub = None  # rank 0's listening endpoint (the master port), held until exec
-        self.role = None  # Coordinator or Member while holding a rank
-        self.result: Placement | None = None
-        self.delay = timing.poll_min
-        self.note = ""
-        self.present: RankSet | None = None
-        self.master_names: list[str] | None = None  # Joining's listing of master/, for Member._look
-        # Another joiner made this generation's directory just now (it was not in our listing,
-        # and our mkdir found it): that joiner is taking rank 0, so do not race it for
-        # rank 0 (Joining._claim, Member._look).
-        self.rank0_by_creator = False
-        self.missing_hint: list[int] | None = None
-        # Ranks never seen present in any generation of this attempt (None: nothing known yet):
-        # at a timeout, ranks that never showed up are the news; ranks that came and left (a
-        # voided generation) are not.  Kept as the never-seen ones, which is small once a world
-        # is nearly complete, where the seen ones are O(N) on every member.
-        self.never_present: frozenset[int] | None = None
-        self._last_progress: tuple | None = None
-        self._warned: dict[str, int] = {}
-        self._grace = False
-        self._enoent_since: float | None = None
-        self.in_doubt = False  # withdrew in the commit window without reading the decision (Leaving.withdraw)
+        self.ident = Identity(
+            job_id=job_id,
+            mode=mode,
+            size=size,
+            want_rank=rank,
+            addr=addr,
+            instance=instance,
+            me=me,
+            master_port_wanted=master_port,
+            restart_count=restart_count,
+            slurm_job_id=slurm_job_id,
+            scheduler=tuple(scheduler),
+            version=version,
+            rank_order=rank_order,
+            topology_key=topology_key,
+            nodelist=tuple(nodelist),
+            want_members=want_members,
+            check_mesh=check_mesh,
+        )
+        # queue: a protocol.queue.QueueWatch or None
+        self.wiring = Wiring(store, transport, timing, clock, local_alive, rng or random.Random(), queue)
+        self.wiring.on_progress, self.wiring.cleaner = on_progress, cleaner
+        started = clock.monotonic()
+        self.timers = Timers(started=started, timeout=timeout, deadline=started + timeout, delay=timing.poll_min)
+        self.spares = Spares(DeadlineHold(spare_timeout))  # --timeout held while a spare (OutsideWorld.spare_tick)
+        self.seat = Seat()
+        self.view = GenView()
         self._reset_gen_state()
 
     # ------------------------------------------------------------------ small helpers
     def _reset_gen_state(self) -> None:
-        self.claims: dict[int, str] = {}  # rank -> instance; claims are immutable within a generation
-        self.judge = Judge(self.me, self.timing.stale_after, self.local_alive, self.restart_count, self.slurm_job_id)
-        self._vouch_seen = None  # (when, rank 0's beacon, its verdict): GenerationReader.judge_rank
-        self.contest_holder: str | None = None
-        self.release_bad_since: float | None = None
-        self.present = None
-        self.present_spares = 0
-        now = self.clock.monotonic()
-        self.next_hb = now + self.timing.heartbeat_period
-        self.next_check = now + self.timing.heartbeat_period
-        self.delay = self.timing.poll_min
-        if getattr(self, "queue", None) is not None:
-            self.queue.forget()
+        timing = self.wiring.timing
+        i = self.ident
+        self.view.reset(Judge(i.me, timing.stale_after, self.wiring.local_alive, i.restart_count, i.slurm_job_id))
+        self.timers.due(self.wiring.clock.monotonic(), timing.heartbeat_period)
+        self.timers.delay = timing.poll_min
+        if self.wiring.queue is not None:
+            self.wiring.queue.forget()
 
     def beacon(self, endpoint: bool = False) -> Beacon:
         """This participant's beacon as of now (rank 0's carries the master port, and in the
         generation directory -- not the ``endpoint`` copy every joiner reads -- its vouch; only
         the ``endpoint`` copy carries the channel secret)."""
-        port = self.hub.port if (self.hub is not None and self.rank == 0) else None
-        vouch = getattr(self.role, "vouch", None) if self.rank == 0 and not endpoint else None
+        i, seat, q = self.ident, self.seat, self.wiring.queue
+        port = seat.hub.port if (seat.hub is not None and seat.rank == 0) else None
+        vouch = getattr(seat.role, "vouch", None) if seat.rank == 0 and not endpoint else None
         # The channel secret goes in the endpoint record only (master/): see fsmingle.net.channel.
-        secret = getattr(self.role, "secret", "") if self.rank == 0 and endpoint else ""
+        secret = getattr(seat.role, "secret", "") if seat.rank == 0 and endpoint else ""
         return Beacon(
-            job_id=self.job_id,
-            generation=self.gen or 0,
-            instance=self.instance,
-            mode=self.mode,
-            size=self.size,
-            rank=self.rank,
-            addr=self.addr,
+            job_id=i.job_id,
+            generation=self.view.gen or 0,
+            instance=i.instance,
+            mode=i.mode,
+            size=i.size,
+            rank=seat.rank,
+            addr=i.addr,
             master_port=port,
-            heartbeat=self.heartbeat,
-            restart_count=self.restart_count,
-            host=self.me,
-            wall_time=self.clock.time(),
-            version=self.version,
-            slurm_job_id=self.slurm_job_id,
-            scheduler=self.scheduler,
-            queue=tuple(self.queue.lines) if self.queue is not None and self.rank == 0 else (),
-            queue_word=self.queue.relay.word(self.queue) if self.queue is not None and self.rank else None,
+            heartbeat=self.timers.heartbeat,
+            restart_count=i.restart_count,
+            host=i.me,
+            wall_time=self.wiring.clock.time(),
+            version=i.version,
+            slurm_job_id=i.slurm_job_id,
+            scheduler=i.scheduler,
+            queue=tuple(q.lines) if q is not None and seat.rank == 0 else (),
+            queue_word=q.relay.word(q) if q is not None and seat.rank else None,
             spare_for=self.spare_backing(),
-            spare=self.spare,
+            spare=self.spares.spare,
             vouch=vouch() if vouch else "",
             secret=secret,
         )
 
     def publish_beacon(self) -> None:
-        self.publish_record(beacon_name(self.gen, self.instance), encode(self.beacon()))  # read back on an error
+        # read back on an error
+        self.publish_record(beacon_name(self.view.gen, self.ident.instance), encode(self.beacon()))
         pause("beacon")  # tests only: a member whose claim and beacon are written, before its hello
 
     def heartbeat_if_due(self, now: float, period: float | None = None) -> None:
-        if now >= self.next_hb:
+        if now >= self.timers.next_hb:
             # Due time first: a failing write (ENOENT from a lying cache) must
             # not be retried at every step against the metadata server.
-            self.next_hb = now + (period or self.timing.heartbeat_period)
-            self.heartbeat += 1
+            self.timers.next_hb = now + (period or self.wiring.timing.heartbeat_period)
+            self.timers.heartbeat += 1
             self.publish_beacon()
 
     def prepare_next(self) -> None:
@@ -263,89 +251,90 @@ class Participant(Joining, Leaving, GenerationReader, OutsideWorld):
         (measured in ``tests/test_realfs.py``).  A courtesy: failures are ignored.
         """
         try:
-            self.store.mkdir(gen_name(self.gen + 1))
-            self.store.mkdir(master_dir(self.gen + 1))
+            self.wiring.store.mkdir(gen_name(self.view.gen + 1))
+            self.wiring.store.mkdir(master_dir(self.view.gen + 1))
         except (OSError, FsmingleError) as e:
-            log.debug("could not prepare generation %d: %s", self.gen + 1, e)
+            log.debug("could not prepare generation %d: %s", self.view.gen + 1, e)
 
     def restart_record(self, g: int, reason: str) -> bytes:
         """The encoded restart decision of generation ``g`` written by this participant."""
         rel = Release(
-            job_id=self.job_id,
+            job_id=self.ident.job_id,
             generation=g,
             state="restart",
-            mode=self.mode,
-            size=self.size,
+            mode=self.ident.mode,
+            size=self.ident.size,
             master_addr=None,
             master_port=None,
             members=(),
-            writer=self.instance,
+            writer=self.ident.instance,
             reason=reason[:1000],
-            wall_time=self.clock.time(),
-            jobs=self.queue.record_jobs() if self.queue is not None else (),  # who joined, carried forward
+            wall_time=self.wiring.clock.time(),
+            # who joined, carried forward
+            jobs=self.wiring.queue.record_jobs() if self.wiring.queue is not None else (),
         )
         return encode(rel)
 
     def void(self, reason: str) -> bool:
         """Create this generation's restart decision; False if a decision already existed."""
         self.prepare_next()
-        created = self.create_record(release_name(self.gen), self.restart_record(self.gen, reason))
+        created = self.create_record(release_name(self.view.gen), self.restart_record(self.view.gen, reason))
         if created:
-            log.warning("job %s generation %d voided: %s", self.job_id, self.gen, reason)
-        self.delay = self.timing.poll_min
+            log.warning("job %s generation %d voided: %s", self.ident.job_id, self.view.gen, reason)
+        self.timers.delay = self.wiring.timing.poll_min
         return created
 
     def emit(self) -> None:
-        if self.on_progress is None:
+        if self.wiring.on_progress is None:
             return
-        now = self.clock.monotonic()
-        missing = None if self.present is None else self.present.missing
-        self.on_progress(
+        now = self.wiring.clock.monotonic()
+        missing = None if self.view.present is None else self.view.present.missing
+        self.wiring.on_progress(
             Progress(
-                self.job_id,
-                self.gen or 0,
-                self.mode,
-                self.size,
-                self.present,
+                self.ident.job_id,
+                self.view.gen or 0,
+                self.ident.mode,
+                self.ident.size,
+                self.view.present,
                 missing,
-                self.rank,
-                now - self.started,
-                max(0.0, self.deadline - now),
-                self.state.value,
-                self.note,
-                self.spare_backs,
-                **(self.queue.progress() if self.queue is not None else {}),
+                self.seat.rank,
+                now - self.timers.started,
+                max(0.0, self.timers.deadline - now),
+                self.seat.state.value,
+                self.seat.note,
+                self.spares.backs,
+                **(self.wiring.queue.progress() if self.wiring.queue is not None else {}),
             )
         )
 
     def set_present(self, present: RankSet) -> None:
         """Record who is present now (rank 0's connections, or its last status message)."""
         gone = frozenset(present.missing)
-        self.never_present = gone if self.never_present is None else self.never_present & gone
-        if present != self.present:
-            self.present = present
-            self.missing_hint = list(present.missing)
+        self.view.never_present = gone if self.view.never_present is None else self.view.never_present & gone
+        if present != self.view.present:
+            self.view.present = present
+            self.view.missing_hint = list(present.missing)
             self.emit()
 
     def never_seen(self, missing: list[int]) -> list[int]:
         """The ranks of ``missing`` never present in this attempt (all of them if none qualifies)."""
-        never = self.never_present
+        never = self.view.never_present
         return [r for r in missing if never is None or r in never] or missing
 
     def queue_news(self, word=None) -> None:
         """Rank 0's findings on peer jobs (``word``: its status message's ``queue``) into the note."""
-        if self.queue is not None:
+        if self.wiring.queue is not None:
             if word is not None:
-                self.queue.from_wire(word)
-            if self.queue.lines:
-                self.set_note("; ".join(self.queue.lines)[:1000])
-            elif self.note.startswith("missing"):
-                self.note = ""
+                self.wiring.queue.from_wire(word)
+            if self.wiring.queue.lines:
+                self.set_note("; ".join(self.wiring.queue.lines)[:1000])
+            elif self.seat.note.startswith("missing"):
+                self.seat.note = ""
 
     def set_note(self, note: str, level: int = logging.INFO) -> None:
-        if note != self.note:
-            self.note = note
-            log.log(level, "job %s: %s", self.job_id, note)
+        if note != self.seat.note:
+            self.seat.note = note
+            log.log(level, "job %s: %s", self.ident.job_id, note)
             self.emit()
 
     # ------------------------------------------------------------------ driver
@@ -364,94 +353,96 @@ class Participant(Joining, Leaving, GenerationReader, OutsideWorld):
                 generation is voided first).
         """
         try:
-            now = self.clock.monotonic()
+            now = self.wiring.clock.monotonic()
             if self.spare_tick(now):  # a spare's --timeout is held; past --spare-timeout it fails
                 return self._spare_timeout()
-            if self.queue is not None:  # pending peer jobs hold the deadline; an ended one fails now
-                waiting = self.state is State.WAIT and not self.spare_backs
-                if self.queue.peers:  # rank 0 missing: the lowest present rank asks (queue_relay)
-                    self.queue.relay.step(self.queue, self, now, waiting)
-                self.queue.tick(self, now, waiting)
-            if self.clock.monotonic() >= self.deadline:
+            q = self.wiring.queue
+            if q is not None:  # pending peer jobs hold the deadline; an ended one fails now
+                waiting = self.seat.state is State.WAIT and not self.spares.backs
+                if q.peers:  # rank 0 missing: the lowest present rank asks (queue_relay)
+                    q.relay.step(q, self, now, waiting)
+                q.tick(self, now, waiting)
+            if self.wiring.clock.monotonic() >= self.timers.deadline:
                 return self._on_timeout()
-            if self.state is State.JOIN:
+            if self.seat.state is State.JOIN:
                 return self._step_join()
-            if self.state is State.WAIT:
+            if self.seat.state is State.WAIT:
                 return self._step_role()
-            if self.state is State.DECIDING:
+            if self.seat.state is State.DECIDING:
                 return self._step_deciding()
-            if self.state is State.CONTEST:
+            if self.seat.state is State.CONTEST:
                 return self._step_contesting()
-            if self.state is State.WORLD_FULL:
+            if self.seat.state is State.WORLD_FULL:
                 return self._step_world_full()
-            raise RuntimeError(f"step() called in state {self.state.value}")
+            raise RuntimeError(f"step() called in state {self.seat.state.value}")
         except FileNotFoundError:
             return self._on_enoent()
 
     def next_delay(self) -> float:
         """Seconds to wait before the next :meth:`step` (backoff with jitter)."""
-        base = self.role.delay() if (self.state is State.WAIT and self.role is not None) else self.delay
-        if self._enoent_since is not None:
-            base = max(base, self.delay)  # retrying after a (cached) ENOENT: back off, never spin
-        d = base * (1 + self.timing.jitter * (2 * self.rng.random() - 1))
-        self.delay = min(self.timing.poll_max, self.delay * self.timing.backoff)
-        return max(0.0, min(d, self.deadline - self.clock.monotonic()))
+        seat, t, timing = self.seat, self.timers, self.wiring.timing
+        base = seat.role.delay() if (seat.state is State.WAIT and seat.role is not None) else t.delay
+        if t.enoent_since is not None:
+            base = max(base, t.delay)  # retrying after a (cached) ENOENT: back off, never spin
+        d = base * (1 + timing.jitter * (2 * self.wiring.rng.random() - 1))
+        t.delay = min(timing.poll_max, t.delay * timing.backoff)
+        return max(0.0, min(d, t.deadline - self.wiring.clock.monotonic()))
 
     def wait(self, seconds: float) -> None:
         """Block up to ``seconds``; returns early when a message arrives on the channel."""
-        if self.state is State.WAIT and self.role is not None:
-            self.role.wait(seconds)
+        if self.seat.state is State.WAIT and self.seat.role is not None:
+            self.seat.role.wait(seconds)
         else:
-            self.clock.sleep(seconds)
+            self.wiring.clock.sleep(seconds)
 
     def rejoin(self) -> None:
         """Leave the current generation (already decided or voided by us) for the next one."""
-        if self.role is not None:
-            self.role.close()
-            self.role = None
-        if self.hub is not None and not (self.want_rank == 0 and self.master_port_wanted):
-            self.hub.close()
-            self.hub = None
-        if self.gen is not None:
-            self.left = max(self.left, self.gen)
-        self.rank = None
-        self.state = State.JOIN
-        self.delay = self.timing.poll_min
-        self._enoent_since = None
+        if self.seat.role is not None:
+            self.seat.role.close()
+            self.seat.role = None
+        if self.seat.hub is not None and not (self.ident.want_rank == 0 and self.ident.master_port_wanted):
+            self.seat.hub.close()
+            self.seat.hub = None
+        if self.view.gen is not None:
+            self.view.left = max(self.view.left, self.view.gen)
+        self.seat.rank = None
+        self.seat.state = State.JOIN
+        self.timers.delay = self.wiring.timing.poll_min
+        self.timers.enoent_since = None
 
     def hold(self, r: int | None) -> Placement | None:
         """Take rank ``r`` (claimed) and its role; ``None``: a member that asks rank 0 for a free rank."""
         from .member import Member
         from .rank0.coordinator import Coordinator
 
-        self.rank = r
-        if r != 0 and self.hub is not None:
-            self.hub.close()  # only rank 0 holds a port
-            self.hub = None
+        self.seat.rank = r
+        if r != 0 and self.seat.hub is not None:
+            self.seat.hub.close()  # only rank 0 holds a port
+            self.seat.hub = None
         if r is not None:
             self.publish_beacon()
-        self.state = State.WAIT
-        self.delay = self.timing.poll_min
-        self.role = Coordinator(self) if r == 0 else Member(self)
+        self.seat.state = State.WAIT
+        self.timers.delay = self.wiring.timing.poll_min
+        self.seat.role = Coordinator(self) if r == 0 else Member(self)
         self.emit()
-        return self.role.step()
+        return self.seat.role.step()
 
     def _step_role(self) -> Placement | None:
-        placement = self.role.step()
+        placement = self.seat.role.step()
         if placement is not None:
             return self._done(placement)
         return None
 
     def _done(self, placement: Placement) -> Placement:
-        self.result = placement
-        self.rank = placement.rank  # the final rank (--rank-order may renumber first-come ranks)
-        self.state = State.DONE
-        if self.role is not None:
-            self.role.close()
-            self.role = None
-        if self.hub is not None:
-            self.hub.close()  # torch binds this port next
-            self.hub = None
+        self.seat.result = placement
+        self.seat.rank = placement.rank  # the final rank (--rank-order may renumber first-come ranks)
+        self.seat.state = State.DONE
+        if self.seat.role is not None:
+            self.seat.role.close()
+            self.seat.role = None
+        if self.seat.hub is not None:
+            self.seat.hub.close()  # torch binds this port next
+            self.seat.hub = None
         return placement
 
     def run(self) -> Placement:
@@ -477,8 +468,8 @@ class Participant(Joining, Leaving, GenerationReader, OutsideWorld):
                     return placement
                 self.wait(self.next_delay())
         except BaseException as e:
-            if self.state not in (State.DONE, State.FAILED) and not isinstance(e, RendezvousTimeoutError):
-                placement = self.withdraw(f"rank {self.rank} stopped ({e.__class__.__name__})")
+            if self.seat.state not in (State.DONE, State.FAILED) and not isinstance(e, RendezvousTimeoutError):
+                placement = self.withdraw(f"rank {self.seat.rank} stopped ({e.__class__.__name__})")
                 if placement is not None:
                     log.warning(
                         "%s, but generation %d had already been released with this participant as rank %d; "
@@ -488,12 +479,12 @@ class Participant(Joining, Leaving, GenerationReader, OutsideWorld):
                         placement.rank,
                     )
                     return placement
-                if self.in_doubt and isinstance(e, KeyboardInterrupt):
+                if self.seat.in_doubt and isinstance(e, KeyboardInterrupt):
                     raise InterruptedInCommitWindow(
-                        f"interrupted in the commit window of job {self.job_id} generation {self.gen}: its "
+                        f"interrupted in the commit window of job {self.ident.job_id} generation {self.view.gen}: its "
                         "decision could not be read back, so a release naming this participant may stand",
-                        self.job_id,
-                        self.gen,
-                        self.rank,
+                        self.ident.job_id,
+                        self.view.gen,
+                        self.seat.rank,
                     ) from e
             raise
