@@ -160,3 +160,21 @@ def test_same_job_twice_in_a_row(procs, d):
         assert len({r["generation"] for r in res}) == 1
         gens.append(res[0]["generation"])
     assert gens == sorted(set(gens)), gens  # a new generation every run
+
+
+def test_a_world_of_one_leaves_the_master_port_free_for_torch(d):
+    """A world of one is released in rank 0's first step; that path kept the rendezvous' listening
+    socket on the master port, so ``fsmingle.worlds(nnodes=1)`` failed EADDRINUSE in
+    ``init_process_group`` (found by the recovery work).  After the call the port must be bindable,
+    as torch's TCPStore binds it (no SO_REUSEPORT), and a second world of one must follow."""
+    import socket
+
+    import fsmingle
+
+    for run in range(2):
+        r = fsmingle.rendezvous(str(d), "solo", nnodes=1, addr="127.0.0.1", timeout=30)
+        assert (r.node_rank, r.nnodes, r.generation) == (0, 1, run + 1)
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(("127.0.0.1", r.master_port))  # EADDRINUSE before the fix
+            s.listen(1)

@@ -425,7 +425,11 @@ class Participant(Joining, Leaving, GenerationReader, OutsideWorld):
         self.timers.delay = self.wiring.timing.poll_min
         self.seat.role = Coordinator(self) if r == 0 else Member(self)
         self.emit()
-        return self.seat.role.step()
+        placement = self.seat.role.step()
+        # A world of one is released in its first step (Coordinator: prepare, then commit at once):
+        # end it as _step_role does, or the hub keeps the master port that torch binds next (found:
+        # fsmingle.worlds(nnodes=1) failed EADDRINUSE in init_process_group).
+        return self._done(placement) if placement is not None else None
 
     def _step_role(self) -> Placement | None:
         placement = self.seat.role.step()
