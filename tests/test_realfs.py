@@ -441,11 +441,16 @@ if role == "stale":
             break
         except FileNotFoundError:
             if time.time() > t0:
-                raise
+                print("unseen")  # JuiceFS once hid it for 5 s: the test tries again with a new one
+                sys.exit(0)
             time.sleep(0.1)
     until(t0)
-    os.listdir(ep)
-    os.stat(os.path.join(ep, "v-2"))  # this client now holds the epoch's entries (a writer that read v-1)
+    try:
+        os.listdir(ep)
+        os.stat(os.path.join(ep, "v-2"))  # this client now holds the epoch's entries (a writer that read v-1)
+    except FileNotFoundError:
+        print("unseen")
+        sys.exit(0)
     tmp = os.path.join(root, ".tmp-stale")
     with open(tmp, "w") as f:
         f.write("late")
@@ -484,20 +489,25 @@ def test_a_retired_epoch_never_frees_a_name_to_a_stale_client(fresh):
     c = fresh
     seen = {}
     for keep in (0.0, 60.0):
-        root = os.path.join(c.rdzv, f"retire-{int(keep)}")
-        os.makedirs(os.path.join(root, "kd", "X"), mode=0o700)
-        for v in ("v-1", "v-2"):
-            with open(os.path.join(root, "kd", "X", v), "w") as f:
-                f.write(v)
-        t0 = time.time() + (8.0 if "cached" in c.fs else 2.0)  # juicefs-cached: 5 s entry caches
-        ran = _run_on_hosts(
-            [c[0], c[1]],
-            [[sys.executable, "-c", _RETIRE, root, role, str(t0), str(keep)] for role in ("retire", "stale")],
-            60,
-            f"[{c.fs}] retire keep_for={keep}",
-        )
-        assert ran[0][0].split()[-1] == "True", ran[0]
-        seen[keep] = ran[1][0].split()[-1]
+        # An attempt counts once both hosts saw the epoch before the retire (the experiment's setup,
+        # made through the test's own client: a host may not see it in time, then a new one is made).
+        for attempt in range(3):
+            root = os.path.join(c.rdzv, f"retire-{int(keep)}-{attempt}")
+            os.makedirs(os.path.join(root, "kd", "X"), mode=0o700)
+            for v in ("v-1", "v-2"):
+                with open(os.path.join(root, "kd", "X", v), "w") as f:
+                    f.write(v)
+            t0 = time.time() + (10.0 if "cached" in c.fs else 5.0)  # start-up under load; juicefs-cached: 5 s caches
+            ran = _run_on_hosts(
+                [c[0], c[1]],
+                [[sys.executable, "-c", _RETIRE, root, role, str(t0), str(keep)] for role in ("retire", "stale")],
+                60,
+                f"[{c.fs}] retire keep_for={keep}",
+            )
+            retired, seen[keep] = ran[0][0].split()[-1], ran[1][0].split()[-1]
+            if retired == "True" and seen[keep] != "unseen":
+                break
+        assert retired == "True" and seen[keep] != "unseen", (f"[{c.fs}] the epoch never showed on both hosts", ran)
     print(f"[{c.fs}] a stale client's link into a retired epoch: deleted at once -> {seen[0.0]}, kept -> {seen[60.0]}")
     assert seen[60.0] in ("EEXIST", "ENOENT", "ESTALE"), seen
 
