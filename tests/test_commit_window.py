@@ -25,6 +25,20 @@ JOB = "window"
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def _signal_after_release(d, victim, sig, who: str) -> dict:
+    """Generation 1's ``release.json`` is created; signal ``victim`` (paused in its commit window):
+    it exits 143 saying it was too late to withdraw.  Returns the release record."""
+    rel = wait_for(lambda: release_of(d, JOB, 1), 30, "rank 0 to create generation 1's release.json")
+    assert rel["state"] == "released", rel
+    victim.signal(sig)
+    rc = victim.wait(30)
+    assert rc == 143, f"{who} exited {rc}:\n{victim.stderr()[-3000:]}"
+    err = victim.stderr()
+    assert f"terminated ({signal.Signals(sig).name}) after job {JOB} generation 1 was released" in err, err
+    assert "Traceback" not in err
+    return rel
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_signal_on_rank0_in_the_commit_window_keeps_one_world(procs, d, sig):
     r0 = procs.env(
@@ -32,15 +46,8 @@ def test_signal_on_rank0_in_the_commit_window_keeps_one_world(procs, d, sig):
         extra_env={"FSMINGLE_TEST_PAUSE": "commit:30"},
     )  # fmt: skip
     members = [procs.env(d, JOB, "--nnodes", 3, "--node-rank", r, timeout=60, stale_after=10) for r in (1, 2)]
-    rel = wait_for(lambda: release_of(d, JOB, 1), 30, "rank 0 to create generation 1's release.json")
-    assert rel["state"] == "released", rel
-    r0.signal(sig)
-    rc = r0.wait(20)
-    name = "SIGTERM" if sig == signal.SIGTERM else "SIGINT"
-    assert rc == 143, f"rank 0 exited {rc}:\n{r0.stderr()[-3000:]}"
-    assert f"terminated ({name}) after job {JOB} generation 1 was released" in r0.stderr(), r0.stderr()
+    rel = _signal_after_release(d, r0, sig, "rank 0")
     assert "void" not in r0.stderr().lower(), r0.stderr()
-    assert "Traceback" not in r0.stderr()
     res = results(members, timeout=30)
     # Every member starts in the generation release.json names, with the master it names.
     assert {(r["generation"], r["master_port"]) for r in res} == {(1, rel["master_port"])}, res
@@ -134,14 +141,7 @@ def test_signal_on_a_member_just_after_its_ack_keeps_one_world(procs, d, sig):
         d, JOB, "--nnodes", 2, "--node-rank", 1, timeout=60, stale_after=10, name="m",
         extra_env={"FSMINGLE_TEST_PAUSE": "ack:30"},
     )  # fmt: skip
-    rel = wait_for(lambda: release_of(d, JOB, 1), 30, "rank 0 to create generation 1's release.json")
-    assert rel["state"] == "released", rel
-    m.signal(sig)
-    rc = m.wait(30)
-    name = "SIGTERM" if sig == signal.SIGTERM else "SIGINT"
-    assert rc == 143, f"the member exited {rc}:\n{m.stderr()[-3000:]}"
-    assert f"terminated ({name}) after job {JOB} generation 1 was released" in m.stderr(), m.stderr()
-    assert "Traceback" not in m.stderr()
+    _signal_after_release(d, m, sig, "the member")
     (res,) = results([r0], timeout=30)
     assert (res["generation"], res["node_rank"]) == (1, 0), res
     assert release_of(d, JOB, 2) is None  # nobody regrouped

@@ -2,7 +2,10 @@
 
 A retired directory is renamed to ``.trash-<expiry ms>-<random>-<name>`` in the store's root
 (hidden: listings skip dot names), then every ``.trash-*`` whose expiry has passed is deleted --
-this host's or another's (the sweep is one listing of the root per retire).  The expiry is wall
+this host's or another's (the sweep is one listing of the root).  A directory retired with nothing to
+keep is deleted at once, and such a retire sweeps at most once per ``SWEEP_GAP`` seconds per root in a
+process: the cleaner retires up to ``CLEAN_PER_CALL`` generations in one call and needs the root listed
+once, not once each.  The expiry is wall
 clock, so that it means the same to every host; a few seconds of clock skew are small beside a
 grace meant to outlast entry caches of a minute (``Store.retire`` says why files are kept at all).
 """
@@ -17,10 +20,12 @@ import time
 
 PREFIX = ".trash-"
 _MS_DIGITS = 14
+SWEEP_GAP = 10.0  # seconds between two sweeps of one root by one process
+_last_sweep: dict[str, float] = {}  # root -> monotonic time of this process's last sweep of it
 
 
 def move_aside(root: str, name: str, keep_for: float = 0.0) -> bool:
-    """Rename directory ``root/name`` into the trash, kept ``keep_for`` seconds; then sweep.
+    """Rename directory ``root/name`` into the trash, kept ``keep_for`` seconds; then sweep (when: the module docstring).
 
     Returns:
         bool: False if ``name`` was already gone (ENOENT, ESTALE: another retired it).
@@ -36,7 +41,14 @@ def move_aside(root: str, name: str, keep_for: float = 0.0) -> bool:
         if e.errno in (errno.ENOENT, errno.ESTALE):
             return False
         raise
-    sweep(root)
+    if keep_for <= 0:
+        shutil.rmtree(aside, ignore_errors=True)  # nothing to keep: gone now, not at the next sweep
+    now = time.monotonic()
+    # With files kept, sweep at each retire: what expired is then deleted a little at a time (a
+    # FolderStore's seal stays as cheap after a day as at its start, tests/test_folderstore_longjob.py).
+    if keep_for > 0 or now - _last_sweep.get(root, -float("inf")) >= SWEEP_GAP:
+        _last_sweep[root] = now
+        sweep(root)
     return True
 
 

@@ -303,9 +303,8 @@ class Joining:
                 return False
         if self.try_claim(r):
             return True
-        if r == 0 and self.seat.hub is not None:
-            self.seat.hub.close()
-            self.seat.hub = None
+        if r == 0:
+            self.seat.drop_hub()
         return False
 
     def _port_busy(self, e: ConfigError) -> None:

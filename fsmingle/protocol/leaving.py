@@ -45,9 +45,7 @@ class Leaving:
         rank 0's create of release.json failed): read the decision until it shows."""
         self.seat.state = State.DECIDING
         self.set_note(f"{why}; reading generation {self.view.gen}'s decision")
-        if self.seat.role is not None:
-            self.seat.role.close()
-            self.seat.role = None
+        self.seat.drop_role()
 
     def _step_deciding(self) -> Placement | None:
         rel = self.read_release(self.view.gen)
@@ -171,11 +169,8 @@ class Leaving:
                 # released rank 0 whose go could not leave still starts; the members that miss it
                 # lose the connection and read release.json).  Found by the fault enumeration.
                 log.warning("could not tell the others how this participant leaves: %s", e)
-            self.seat.role.close()  # rank 0 sees the connection drop at once
-            self.seat.role = None
-        if self.seat.hub is not None:
-            self.seat.hub.close()  # released: torch binds the master port next
-            self.seat.hub = None
+            self.seat.drop_role()  # rank 0 sees the connection drop at once
+        self.seat.drop_hub()  # released: torch binds the master port next
         if mine is not None:
             self.seat.result, self.seat.state = mine, State.DONE
             return mine

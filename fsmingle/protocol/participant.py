@@ -397,12 +397,9 @@ class Participant(Joining, Leaving, GenerationReader, OutsideWorld):
 
     def rejoin(self) -> None:
         """Leave the current generation (already decided or voided by us) for the next one."""
-        if self.seat.role is not None:
-            self.seat.role.close()
-            self.seat.role = None
-        if self.seat.hub is not None and not (self.ident.want_rank == 0 and self.ident.master_port_wanted):
-            self.seat.hub.close()
-            self.seat.hub = None
+        self.seat.drop_role()
+        if not (self.ident.want_rank == 0 and self.ident.master_port_wanted):
+            self.seat.drop_hub()
         if self.view.gen is not None:
             self.view.left = max(self.view.left, self.view.gen)
         self.seat.rank = None
@@ -416,9 +413,8 @@ class Participant(Joining, Leaving, GenerationReader, OutsideWorld):
         from .rank0.coordinator import Coordinator
 
         self.seat.rank = r
-        if r != 0 and self.seat.hub is not None:
-            self.seat.hub.close()  # only rank 0 holds a port
-            self.seat.hub = None
+        if r != 0:
+            self.seat.drop_hub()  # only rank 0 holds a port
         if r is not None:
             self.publish_beacon()
         self.seat.state = State.WAIT
@@ -441,12 +437,8 @@ class Participant(Joining, Leaving, GenerationReader, OutsideWorld):
         self.seat.result = placement
         self.seat.rank = placement.rank  # the final rank (--rank-order may renumber first-come ranks)
         self.seat.state = State.DONE
-        if self.seat.role is not None:
-            self.seat.role.close()
-            self.seat.role = None
-        if self.seat.hub is not None:
-            self.seat.hub.close()  # torch binds this port next
-            self.seat.hub = None
+        self.seat.drop_role()
+        self.seat.drop_hub()  # torch binds this port next
         return placement
 
     def run(self) -> Placement:

@@ -158,6 +158,20 @@ class Seat:
     released_members: tuple = ()
     in_doubt: bool = False
 
+    def drop_role(self) -> None:
+        """Close the Coordinator or Member this participant holds, if any (its peers see the
+        connection drop at once), and forget it."""
+        if self.role is not None:
+            self.role.close()
+            self.role = None
+
+    def drop_hub(self) -> None:
+        """Close rank 0's listening endpoint, if held: the master port is free for torch (or for
+        the next rank 0) from here on."""
+        if self.hub is not None:
+            self.hub.close()
+            self.hub = None
+
 
 @dataclass
 class Timers:
