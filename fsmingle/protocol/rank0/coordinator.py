@@ -114,8 +114,7 @@ class Coordinator(Door, Offers, Hellos, Membership, Scanning, Releasing, Queuein
             # Who is silent matters at the scale of stale_after: look twice a second, and hand
             # the decision only the suspects (O(N) twice a second, not at every message).
             self.next_silence_check = now + min(0.5, p.timing.stale_after / 8)
-            half, silent_for = p.timing.stale_after / 2, self.hub.silent_for  # bound once: N calls
-            self.suspects = [(r, c) for r, c in self.rank_conn.items() if silent_for(c) >= half]
+            self.suspects = self.hub.silent_among(self.rank_conn, p.timing.stale_after / 2)
         view = CoordinatorView(
             size=p.size,
             connected=self.rank_conn.keys(),
