@@ -78,12 +78,14 @@ class _CountingOs:
         real = getattr(self._real, name)
         kind = _ONE_OP.get(name)
         if kind is None:
+            setattr(self, name, real)  # found in the instance from now on: __getattr__ is not called again
             return real
 
         def counted(*a, **k):
             self._c.add(kind)
             return real(*a, **k)
 
+        setattr(self, name, counted)
         return counted
 
     def open(self, path, flags, *a, **k):

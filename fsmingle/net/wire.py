@@ -22,6 +22,11 @@ import json
 import secrets
 import zlib
 
+# json.dumps(x, separators=(",", ":")[, sort_keys=True]), without the encoder json.dumps makes
+# per call for non-default arguments (2 us of rank 0's CPU per message; the output is the same).
+_compact = json.JSONEncoder(separators=(",", ":")).encode
+_canonical = json.JSONEncoder(separators=(",", ":"), sort_keys=True).encode
+
 MAX_LINE = 64 * 1024  # a hello or a placement is ~300 bytes; anything larger is hostile
 
 
@@ -49,7 +54,7 @@ def auth_mac(secret: str, nonce: str, t, job, gen, inst, rank=None, mnonce="") -
     ``nonce`` (rank 0's challenge), the member's own ``mnonce`` and the fields that say who
     speaks and what for (hex).  The values are taken as the message carries them (any JSON), so
     a receiver checks exactly what it then acts on."""
-    body = json.dumps([WIRE_VERSION, nonce, t, job, gen, inst, rank, mnonce], separators=(",", ":"), sort_keys=True)
+    body = _canonical([WIRE_VERSION, nonce, t, job, gen, inst, rank, mnonce])
     h = _keyed(secret).copy()  # the key schedule once per secret (_keyed): rank 0 checks N of these
     h.update(body.encode())
     return h.hexdigest()
@@ -94,7 +99,7 @@ def _keyed(secret: str):
 
 def canonical(msg: dict) -> bytes:
     """The bytes a seal covers: ``msg`` (without ``seq`` and ``mac``) as JSON with sorted keys."""
-    return json.dumps(msg, separators=(",", ":"), sort_keys=True).encode()
+    return _canonical(msg).encode()
 
 
 class SealedMsg(dict):
@@ -211,7 +216,7 @@ def peer_host(addr: str) -> str:
 
 def encode_msg(msg: dict) -> bytes:
     """One wire message: compact JSON plus a newline."""
-    return json.dumps(msg, separators=(",", ":")).encode() + b"\n"
+    return _compact(msg).encode() + b"\n"
 
 
 def decode_msg(line: bytes) -> dict | None:
