@@ -61,4 +61,9 @@ class SealedHub:
         self._hub.send(conn, s.seal(msg, body))
 
     def __getattr__(self, name: str):
-        return getattr(self._hub, name)
+        value = getattr(self._hub, name)
+        if callable(value):
+            # A method of the hub (poll, drop, silent_for...): kept here, so later calls skip this
+            # lookup (rank 0 polls at every step); data (port, limit) is read through each time.
+            setattr(self, name, value)
+        return value
