@@ -37,7 +37,8 @@ class OpCounter:
 
     def bind(self, p: int) -> None:
         self._local.p = p
-        self.counts.setdefault(p, dict.fromkeys(KINDS, 0))
+        if p not in self.counts:
+            self.counts[p] = dict.fromkeys(KINDS, 0)
 
     def add(self, kind: str, k: int = 1) -> None:
         p = getattr(self._local, "p", None)

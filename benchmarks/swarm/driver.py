@@ -411,6 +411,12 @@ def main(cfg_path: str, group: int) -> None:
 
         prof = cProfile.Profile(time.process_time)  # CPU, not the waits in epoll
         prof.enable()
+    sampler = None
+    if cfg.get("sample") and group == 0:  # rank 0's process, by CPU time at its own speed
+        from .sampler import Sampler
+
+        sampler = Sampler()
+        sampler.start()
     try:
         sw.loop()
     except Exception:
@@ -418,6 +424,8 @@ def main(cfg_path: str, group: int) -> None:
     if prof is not None:
         prof.disable()
         prof.dump_stats(cfg["profile"] + ("" if group == 0 else f".{group}"))
+    if sampler is not None:
+        sampler.dump(cfg["sample"])
     sw.report()
     sys.stdout.flush()
     os._exit(0)

@@ -61,6 +61,7 @@ def run_once(
     root: str | None = None,
     timing: dict | None = None,
     profile: str | None = None,
+    sample: str | None = None,
     log=print,
 ) -> dict:
     """One repetition; returns its measurements (keys as :func:`benchmarks.rdzv.harness.run_once`'s,
@@ -83,6 +84,7 @@ def run_once(
         "unauth_cap": unauth_cap,
         "timing": timing or {},
         "profile": profile and os.path.abspath(profile),
+        "sample": sample and os.path.abspath(sample),
     }
     cfg_path = f"{base}.json"
     with open(cfg_path, "w") as fh:

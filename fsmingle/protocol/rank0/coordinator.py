@@ -75,7 +75,12 @@ class Coordinator(Door, Offers, Hellos, Membership, Scanning, Releasing, Queuein
             p.publish_record(master_name(p.gen, p.instance), encode(p.beacon(endpoint=True)))  # read back on an error
             self.published, self.next_endpoint = True, now + p.timing.heartbeat_period
         p.heartbeat_if_due(now)
-        events, self.inbox = self.inbox + self.hub.poll(0), []
+        if self.inbox:
+            # What wait() read when it woke us: the channel was polled a moment ago (a poll is
+            # an epoll_wait per step for nothing); what came since wakes the next step at once.
+            events, self.inbox = self.inbox, []
+        else:
+            events = self.hub.poll(0)
         for ev in events:
             if p.role is not self:
                 break  # the generation ended while handling an earlier event
