@@ -48,7 +48,15 @@ def _free_port() -> int:
 
 class Run:
     def __init__(
-        self, path: str, n: int, fault: str, work: Path, stale_after: float, pg_timeout: float, cut_watch: float = 10.0
+        self,
+        path: str,
+        n: int,
+        fault: str,
+        work: Path,
+        stale_after: float,
+        pg_timeout: float,
+        cut_watch: float = 10.0,
+        spares: int = 1,
     ):
         if fault not in FAULTS:
             raise ValueError(f"fault must be one of {', '.join(FAULTS)}")
@@ -66,7 +74,7 @@ class Run:
         if fault == "cut":
             from .netcut import start_cluster
 
-            self.cluster = start_cluster(n + 1, etcd=path == "torchrun-etcd")
+            self.cluster = start_cluster(n + spares, etcd=path == "torchrun-etcd")
 
     def ip(self, i: int) -> str:
         """Node ``i``'s address (``"etcd"``: etcd's): its host's IP with ``cut``, else 127.0.0.1."""
