@@ -15,6 +15,7 @@ The cut node stays cut until the next world has stepped on every rank (the measu
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -27,12 +28,17 @@ if str(ROOT / "tests") not in sys.path:
 import cluster as cl  # noqa: E402  (tests/cluster/: the cluster harness)
 
 
-def start_cluster(n_hosts: int, etcd: bool) -> cl.Cluster:
+def start_cluster(n_hosts: int, etcd: bool, pid_ns: bool | None = None) -> cl.Cluster:
     """``n_hosts`` hosts ``node0``.. (and ``etcd`` if asked) on a private bridge; needs root.
 
-    Raises RuntimeError (from the cluster harness) when namespaces cannot be made here."""
+    ``pid_ns``: each host's processes in a pid namespace of its own, as on separate machines
+    (fsmingle then judges a peer it cannot reach by its heartbeat file, never by asking the
+    kernel); None: ``$BENCH_PID_NS`` = 1.  Raises RuntimeError (from the cluster harness) when
+    namespaces cannot be made here."""
+    if pid_ns is None:
+        pid_ns = os.environ.get("BENCH_PID_NS") == "1"
     # bindfs views are made by the harness for every host; uncached (0) since nothing here uses them.
-    return cl.Cluster(n_hosts, cache_timeout=0, extra_hosts=["etcd"] if etcd else (), pid_ns=False).start()
+    return cl.Cluster(n_hosts, cache_timeout=0, extra_hosts=["etcd"] if etcd else (), pid_ns=pid_ns).start()
 
 
 def _kinds(evs: list[dict]) -> list[str]:
