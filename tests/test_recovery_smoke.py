@@ -1,7 +1,7 @@
 """Smoke of the recovery benchmark (``python -m benchmarks.recovery``) and of the in-process example
 (``examples/train_worlds.py``), small enough for every CI run: 2 nodes, one repetition.
 
-The full runs (N = 4, 8, 16, five paths, two faults) and their table are in
+The full runs (N = 4, 8, 16, five paths, three faults) and their table are in
 ``benchmarks/README.md``; ``tests/test_worlds.py`` drives the example through real faults.
 """
 
@@ -11,6 +11,7 @@ import json
 import subprocess
 import sys
 
+import cluster as cl
 import pytest
 from helpers import REPO, torch_env
 
@@ -30,6 +31,32 @@ def test_recovery_benchmark_smoke_in_process_path_after_a_sigkill(tmp_path):
     assert row["spare_in"] is True
     assert 0 <= row["detect"] <= row["release"] <= row["first_step"]
     assert "| kill | 2 | inproc | 1/1 |" in (out / "results.md").read_text()
+
+
+@pytest.mark.root
+def test_recovery_benchmark_smoke_in_process_path_after_a_network_cut(tmp_path):
+    """``--faults cut``: every node on a network-namespace host of tests/cluster/, the victim's
+    link down, its processes running.  Nothing closes a connection, so the survivor sees the cut
+    at its process-group timeout; the spare takes the cut node's place, the cut node stays out
+    of the new world once its link is up again, and the new world goes on training."""
+    cl.require_capabilities()
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "benchmarks.recovery", "--n", "2", "--paths", "inproc", "--faults", "cut"]
+    cmd += ["--reps", "1", "--train-s", "0.5", "--pg-timeout", "5", "--stale-after", "5", "--cut-watch", "3"]
+    cmd += ["--out", str(out)]
+    p = subprocess.run(cmd, cwd=REPO, env=torch_env(tmp_path), capture_output=True, text=True, timeout=200)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    (row,) = json.loads((out / "results.json").read_text())["rows"]
+    assert row["ok"], row.get("note")
+    assert row["spare_in"] is True
+    # A cut sends no RST: the survivor's collective raises at its timeout (5 s), not at once.
+    assert 2.5 <= row["detect"] <= row["release"] <= row["first_step"]
+    cut = row["cut"]
+    assert cut["victim_in_new_world"] is False
+    # The cut node's own collective timed out too: it left its world (and waits in the next generation).
+    assert "raised" in cut["victim_cut"] and "lost" in cut["victim_cut"]
+    assert cut["new_world_steps_up"] > 0 and cut["worlds_after_up"] == 0
+    assert "| cut | 2 | inproc | 1/1 |" in (out / "results.md").read_text()
 
 
 def test_example_train_worlds_trains_to_the_end_and_stops(tmp_path, d):

@@ -11,14 +11,19 @@ import subprocess
 import time
 from pathlib import Path
 
-from .harness import PATHS, ROOT, one
+from .harness import FAULTS, PATHS, ROOT, one
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.recovery", description=__doc__)
     ap.add_argument("--n", default="4", help="node counts, comma-separated (default 4)")
     ap.add_argument("--paths", default=",".join(PATHS), help=f"comma-separated, of {','.join(PATHS)}")
-    ap.add_argument("--faults", default="kill,stop", help="kill (SIGKILL of a node's tree), stop (SIGSTOP)")
+    ap.add_argument(
+        "--faults",
+        default="kill,stop",
+        help="kill (SIGKILL of a node's tree), stop (SIGSTOP), cut (the node's network link down: "
+        "every node on a network-namespace host of tests/cluster/, needs root)",
+    )
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--stale-after", type=float, default=10.0, help="fsmingle --stale-after (seconds)")
     ap.add_argument("--pg-timeout", type=float, default=10.0, help="the training's process-group timeout (s)")
@@ -34,6 +39,12 @@ def main(argv=None) -> int:
     )
     ap.add_argument(
         "--from-log", default=None, help="no runs: rebuild the outputs from the JSON rows a run printed (its stdout)"
+    )
+    ap.add_argument(
+        "--cut-watch",
+        type=float,
+        default=10.0,
+        help="cut: seconds to watch after the cut node's link comes up again (once the next world stepped)",
     )
     ap.add_argument("--out", default=None, help="directory for results.json and results.md")
     ap.add_argument("--keep-logs", default=None, help="copy each run's logs here")
@@ -51,13 +62,27 @@ def main(argv=None) -> int:
             plan.append((ns, ",".join(PATHS) if paths == "all" else paths, faults, int(reps)))
     else:
         plan = [(a.n, a.paths, a.faults, a.reps)]
+    for _ns, paths, faults, _reps in plan:
+        bad = [x for x in faults.split(",") if x not in FAULTS] + [x for x in paths.split(",") if x not in PATHS]
+        if bad:
+            ap.error(f"unknown fault or path: {', '.join(bad)}")
     for ns, paths, faults, reps in plan:
         for n in [int(x) for x in ns.split(",")]:
             for fault in faults.split(","):
                 for path in paths.split(","):
                     for rep in range(reps):
                         load = os.getloadavg()[0]
-                        r = one(path, n, fault, a.stale_after, a.pg_timeout, a.keep_logs, a.train_s, a.recover_s)
+                        r = one(
+                            path,
+                            n,
+                            fault,
+                            a.stale_after,
+                            a.pg_timeout,
+                            a.keep_logs,
+                            a.train_s,
+                            a.recover_s,
+                            a.cut_watch,
+                        )
                         r.update(rep=rep, load=round(load, 2))
                         rows.append(r)
                         print(json.dumps(r), flush=True)
@@ -74,6 +99,8 @@ def main(argv=None) -> int:
         args=vars(a),
     )
     table = markdown([r for r in rows if not r.get("before_fix")])
+    if any(r.get("cut") for r in rows):
+        table += "\n" + cut_markdown(rows)
     print(table)
     if a.out:
         out = Path(a.out)
@@ -102,6 +129,24 @@ def markdown(rows: list[dict]) -> str:
             f"| {k[0]} | {k[1]} | {k[2]} | {len(ok)}/{len(rs)} | {_med(r['detect'] for r in ok)} | "
             f"{_med(r['release'] for r in ok)} | {_med(r.get('ready') for r in ok)} | {_med(r['first_step'] for r in ok)} | "
             f"{_med(r['load'] for r in rs)} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def cut_markdown(rows: list[dict]) -> str:
+    """What the cut node and the new world did once the link came up again (runs that recovered)."""
+    lines = [
+        "| N | path | runs | cut node, while cut (first run) | cut node, link up again (first run) | "
+        "cut node in a new world | new world stepped after the link came up | another world after |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    keys = sorted({(r["n"], r["path"]) for r in rows if r.get("cut")}, key=lambda k: (k[0], PATHS.index(k[1])))
+    for n, path in keys:
+        cs = [r["cut"] for r in rows if r.get("cut") and (r["n"], r["path"]) == (n, path)]
+        lines.append(
+            f"| {n} | {path} | {len(cs)} | {' '.join(cs[0]['victim_cut']) or '—'} | "
+            f"{' '.join(cs[0]['victim_up']) or '—'} | {sum(c['victim_in_new_world'] for c in cs)}/{len(cs)} | "
+            f"{sum(c['new_world_steps_up'] > 0 for c in cs)}/{len(cs)} | {sum(c['worlds_after_up'] > 0 for c in cs)}/{len(cs)} |"
         )
     return "\n".join(lines) + "\n"
 

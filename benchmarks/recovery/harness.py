@@ -3,7 +3,10 @@
 Each node is a process tree in its own session (a launcher and its training process, or one
 in-process trainer); every training process appends JSON lines to its node's log
 (:mod:`benchmarks.recovery.trainer`).  The fault hits one node whose training rank is not 0:
-``kill`` sends SIGKILL to every process of its tree, ``stop`` SIGSTOP.  From the logs:
+``kill`` sends SIGKILL to every process of its tree, ``stop`` SIGSTOP (both with every node on
+127.0.0.1 in the root namespace), ``cut`` takes the node's network link down, its processes left
+running (every node then on a network-namespace host of its own: :mod:`benchmarks.recovery.netcut`).
+From the logs, the same definitions for the three faults:
 
 * **detect**: the first survivor whose collective raised (``lost``);
 * **release**: the first process of the next world started (a launcher's restart), or for the
@@ -13,7 +16,8 @@ in-process trainer); every training process appends JSON lines to its node's log
 * **first step**: every rank of the next world (the world whose ``wid`` shows N ranks after the
   fault) did its first step: the latest of their first steps.
 
-All times are seconds after the fault (``time.time()``, one clock: one host).
+All times are seconds after the fault (``time.time()``, one clock: one machine, the hosts of
+``cut`` included).
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import psutil
 
 ROOT = Path(__file__).resolve().parents[2]
 PATHS = ("inproc", "fsmingle-run", "torchrun-fsmingle", "torchrun-c10d", "torchrun-etcd")
+FAULTS = ("kill", "stop", "cut")
 
 
 def _free_port() -> int:
@@ -42,8 +47,20 @@ def _free_port() -> int:
 
 
 class Run:
-    def __init__(self, path: str, n: int, fault: str, work: Path, stale_after: float, pg_timeout: float):
-        self.path, self.n, self.fault, self.work = path, n, fault, work
+    def __init__(
+        self,
+        path: str,
+        n: int,
+        fault: str,
+        work: Path,
+        stale_after: float,
+        pg_timeout: float,
+        cut_watch: float = 10.0,
+        spares: int = 1,
+    ):
+        if fault not in FAULTS:
+            raise ValueError(f"fault must be one of {', '.join(FAULTS)}")
+        self.path, self.n, self.fault, self.work, self.cut_watch = path, n, fault, work, cut_watch
         self.stale_after, self.pg_timeout = stale_after, pg_timeout
         self.dir = work / "rdzv"
         self.dir.mkdir(mode=0o700)
@@ -53,6 +70,17 @@ class Run:
         self.etcd: subprocess.Popen | None = None
         self.c10d_port = _free_port()
         self.etcd_port = _free_port()
+        self.cluster = None  # cut: the hosts (node i on cluster.hosts[i], etcd on cluster.extra["etcd"])
+        if fault == "cut":
+            from .netcut import start_cluster
+
+            self.cluster = start_cluster(n + spares, etcd=path == "torchrun-etcd")
+
+    def ip(self, i: int) -> str:
+        """Node ``i``'s address (``"etcd"``: etcd's): its host's IP with ``cut``, else 127.0.0.1."""
+        if self.cluster is None:
+            return "127.0.0.1"
+        return self.cluster.extra["etcd"].ip if i == "etcd" else self.cluster.hosts[i].ip
 
     # ------------------------------------------------------------------ commands
     def _trainer(self) -> list[str]:
@@ -62,13 +90,15 @@ class Run:
         tr = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(self.n), "--nproc-per-node", "1"]
         tr += ["--max-restarts", "5", "--rdzv-id", self.job]
         if self.path == "torchrun-c10d":
-            tr += ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{self.c10d_port}"]
+            tr += ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"{self.ip(0)}:{self.c10d_port}"]
             tr += ["--rdzv-conf", f"is_host={1 if i == 0 else 0}"]
         elif self.path == "torchrun-etcd":
-            tr += ["--rdzv-backend", "etcd-v2", "--rdzv-endpoint", f"127.0.0.1:{self.etcd_port}"]
+            tr += ["--rdzv-backend", "etcd-v2", "--rdzv-endpoint", f"{self.ip('etcd')}:{self.etcd_port}"]
         else:
             tr += ["--rdzv-backend", "fsmingle", "--rdzv-endpoint", str(self.dir)]
-            tr += ["--rdzv-conf", f"addr=127.0.0.1,stale_after={self.stale_after}"]
+            tr += ["--rdzv-conf", f"addr={self.ip(i)},stale_after={self.stale_after}"]
+        if self.cluster is not None:
+            tr += ["--local-addr", self.ip(i)]  # the agent's address in the rendezvous: MASTER_ADDR
         return tr + ["-m", "benchmarks.recovery.trainer", "env"]
 
     def command(self, i: int, spare: bool) -> list[str]:
@@ -77,7 +107,7 @@ class Run:
             return c + (["--spare"] if spare else [])
         if self.path == "fsmingle-run":
             fr = [sys.executable, "-m", "fsmingle", "run", "--dir", str(self.dir), "--job-id", self.job]
-            fr += ["--nnodes", str(self.n), "--addr", "127.0.0.1", "--stale-after", str(self.stale_after)]
+            fr += ["--nnodes", str(self.n), "--addr", self.ip(i), "--stale-after", str(self.stale_after)]
             fr += ["--timeout", "300"] + (["--spare-timeout", "inf"] if spare else [])
             loop = " ".join(map(_q, fr + ["--"] + self._trainer()))
             return ["bash", "-c", f"for i in 1 2 3 4 5; do {loop}; done"]
@@ -93,37 +123,46 @@ class Run:
             BENCH_PG_TIMEOUT=str(self.pg_timeout),
             OMP_NUM_THREADS="1",
             LOGLEVEL="WARNING",
+            BENCH_ADDR=self.ip(i),
         )
+        argv = self.command(i, spare)
+        if self.cluster is not None:
+            host = self.cluster.hosts[i]
+            # gloo picks its interface from the hostname otherwise; TMPDIR: torchrun's files per host
+            env.update(GLOO_SOCKET_IFNAME="eth0", TMPDIR=host.tmpdir)
+            argv = host.wrap(argv, cwd=ROOT)
         out = open(self.work / f"node{i}.out", "wb")
-        p = subprocess.Popen(
-            self.command(i, spare), cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-        )
+        p = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         self.procs.append(p)
 
     def start_etcd(self) -> None:
         peer = _free_port()
+        ip = self.ip("etcd")
+        argv = [
+            "etcd",
+            "--enable-v2=true",
+            "--data-dir",
+            str(self.work / "etcd"),
+            "--listen-client-urls",
+            f"http://{ip}:{self.etcd_port}",
+            "--advertise-client-urls",
+            f"http://{ip}:{self.etcd_port}",
+            "--listen-peer-urls",
+            f"http://{ip}:{peer}",
+            "--initial-advertise-peer-urls",
+            f"http://{ip}:{peer}",
+            "--initial-cluster",
+            f"default=http://{ip}:{peer}",
+        ]
+        if self.cluster is not None:
+            argv = self.cluster.extra["etcd"].wrap(argv)
         self.etcd = subprocess.Popen(
-            [
-                "etcd",
-                "--enable-v2=true",
-                "--data-dir",
-                str(self.work / "etcd"),
-                "--listen-client-urls",
-                f"http://127.0.0.1:{self.etcd_port}",
-                "--advertise-client-urls",
-                f"http://127.0.0.1:{self.etcd_port}",
-                "--listen-peer-urls",
-                f"http://127.0.0.1:{peer}",
-                "--initial-advertise-peer-urls",
-                f"http://127.0.0.1:{peer}",
-                "--initial-cluster",
-                f"default=http://127.0.0.1:{peer}",
-            ],
+            argv,
             stdout=open(self.work / "etcd.out", "wb"),
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-        _wait(lambda: _port_open(self.etcd_port), 30, "etcd")
+        _wait(lambda: self.etcd.poll() is not None or _etcd_up(self.work / "etcd.out"), 30, "etcd")
 
     # ------------------------------------------------------------------ reading
     def events(self) -> list[tuple[int, dict]]:
@@ -164,14 +203,17 @@ class Run:
         host = 0 if self.path == "torchrun-c10d" else None
         victim = next(ranks[r] for r in sorted(ranks, reverse=True) if r != 0 and ranks[r] != host)
         tree = _tree(self.procs[victim].pid)
-        t_fault = time.time()
-        sig = signal.SIGKILL if self.fault == "kill" else signal.SIGSTOP
-        for p in tree:
-            try:
-                p.send_signal(sig)
-            except psutil.Error:
-                pass
         before = set(self.world_ranks())
+        t_fault = time.time()
+        if self.fault == "cut":
+            self.cluster.hosts[victim].link_down()  # the processes run on; stays down until watch()
+        else:
+            sig = signal.SIGKILL if self.fault == "kill" else signal.SIGSTOP
+            for p in tree:
+                try:
+                    p.send_signal(sig)
+                except psutil.Error:
+                    pass
         try:
             _wait(lambda: self._next_world(before) is not None, recover_s, "the next world")
         except TimeoutError:
@@ -194,7 +236,7 @@ class Run:
                 firsts.setdefault(e["rank"], e["t"])
             if e.get("ev") == "ready" and e["wid"] == wid:
                 ready.setdefault(e["rank"], e["t"])
-        return dict(
+        row = dict(
             path=self.path,
             n=self.n,
             fault=self.fault,
@@ -206,6 +248,11 @@ class Run:
             spare_in=self.n in set(self.world_ranks()[wid].values()),
             teardown_max={k: round(max(v), 3) for k, v in td.items()},
         )
+        if self.fault == "cut":
+            from .netcut import watch
+
+            row["cut"] = watch(self, victim, wid, before, t_fault, self.cut_watch)
+        return row
 
     def _next_world(self, before: set) -> str | None:
         for w, r in self.world_ranks().items():
@@ -235,6 +282,9 @@ class Run:
         return "\n".join(outs)
 
     def close(self) -> None:
+        if self.cluster is not None:
+            for h in self.cluster.hosts:  # a cut host's processes must see the kill, not a dead link
+                h.link_up()
         for p in self.procs + ([self.etcd] if self.etcd else []):
             for q in _tree(p.pid):
                 try:
@@ -250,6 +300,8 @@ class Run:
                 p.wait(10)
             except subprocess.TimeoutExpired:
                 pass
+        if self.cluster is not None:
+            self.cluster.close()
 
 
 def one(
@@ -261,16 +313,24 @@ def one(
     keep: str | None = None,
     train_s: float = 3.0,
     recover_s: float = 60.0,
+    cut_watch: float = 10.0,
 ) -> dict:
-    """One run; its row (times in seconds after the fault), ``ok`` False with a ``note`` if no world formed."""
+    """One run; its row (times in seconds after the fault), ``ok`` False with a ``note`` if no world formed.
+
+    ``fault``: one of :data:`FAULTS` (ValueError otherwise); ``cut`` needs root (network
+    namespaces) and adds ``cut`` to the row (:func:`benchmarks.recovery.netcut.watch`, after
+    ``cut_watch`` seconds with the link up again)."""
     work = Path(tempfile.mkdtemp(prefix=f"rec-{path}-{n}-{fault}-"))
-    r = Run(path, n, fault, work, stale_after, pg_timeout)
+    work.chmod(0o755)
+    r = None
     try:
+        r = Run(path, n, fault, work, stale_after, pg_timeout, cut_watch)
         return r.run(train_s=train_s, recover_s=recover_s)
     except TimeoutError as e:
         return dict(path=path, n=n, fault=fault, ok=False, note=f"{e}\n{r._why()}")
     finally:
-        r.close()
+        if r is not None:
+            r.close()
         if keep:
             shutil.copytree(work, Path(keep) / work.name, dirs_exist_ok=True, ignore=shutil.ignore_patterns("rdzv"))
         shutil.rmtree(work, ignore_errors=True)
@@ -284,9 +344,12 @@ def _tree(pid: int) -> list[psutil.Process]:
         return []
 
 
-def _port_open(port: int) -> bool:
-    with socket.socket() as s:
-        return s.connect_ex(("127.0.0.1", port)) == 0
+def _etcd_up(out: Path) -> bool:
+    """etcd serves its clients (its log says so; a port probe from here cannot reach a host's IP)."""
+    try:
+        return "ready to serve client requests" in out.read_text(errors="replace")
+    except FileNotFoundError:
+        return False
 
 
 def _wait(pred, timeout: float, what: str) -> None:

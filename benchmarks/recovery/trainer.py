@@ -116,7 +116,7 @@ def main_inproc(d: str, job: str, nnodes: int, spare: bool) -> int:
     import fsmingle
 
     _time_teardown()
-    kw = dict(nnodes=nnodes, addr="127.0.0.1", stale_after=PG_TIMEOUT, timeout=300)
+    kw = dict(nnodes=nnodes, addr=os.environ.get("BENCH_ADDR", "127.0.0.1"), stale_after=PG_TIMEOUT, timeout=300)
     if spare:
         kw["spare_timeout"] = math.inf
     m, step = net(), 0
