@@ -151,6 +151,9 @@ class FakeHub:
         pipe = self.conns.get(conn)
         return float("inf") if pipe is None else self.net.now() - pipe.hub_last_rx
 
+    def silent_among(self, conns: dict, seconds: float) -> list:
+        return [(k, c) for k, c in conns.items() if self.silent_for(c) >= seconds]
+
     def drop(self, conn: int) -> None:
         pipe = self.conns.pop(conn, None)
         if pipe is not None:

@@ -37,7 +37,8 @@ class OpCounter:
 
     def bind(self, p: int) -> None:
         self._local.p = p
-        self.counts.setdefault(p, dict.fromkeys(KINDS, 0))
+        if p not in self.counts:
+            self.counts[p] = dict.fromkeys(KINDS, 0)
 
     def add(self, kind: str, k: int = 1) -> None:
         p = getattr(self._local, "p", None)
@@ -78,12 +79,14 @@ class _CountingOs:
         real = getattr(self._real, name)
         kind = _ONE_OP.get(name)
         if kind is None:
+            setattr(self, name, real)  # found in the instance from now on: __getattr__ is not called again
             return real
 
         def counted(*a, **k):
             self._c.add(kind)
             return real(*a, **k)
 
+        setattr(self, name, counted)
         return counted
 
     def open(self, path, flags, *a, **k):

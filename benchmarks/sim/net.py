@@ -53,6 +53,9 @@ class SimHub:
         link = self.links.get(conn)
         return float("inf") if link is None or link.lost else 0.0
 
+    def silent_among(self, conns: dict, seconds: float) -> list:
+        return [(k, c) for k, c in conns.items() if self.silent_for(c) >= seconds]
+
     def drop(self, conn: int) -> None:
         link = self.links.pop(conn, None)
         if link is not None:

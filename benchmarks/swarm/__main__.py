@@ -78,6 +78,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--nice", type=int, default=0, help="nice value of the member processes (rank 0's stays 0)")
     ap.add_argument("--root", default=None, help="where the job directory goes (default: the temp dir)")
     ap.add_argument("--profile-rank0", default=None, help="cProfile rank 0's process into this file (pstats)")
+    ap.add_argument(
+        "--sample-rank0",
+        default=None,
+        help="sample rank 0's stacks by CPU time into this file (JSON; python -m benchmarks.swarm.sampler FILE)",
+    )
     ap.add_argument("--out", default=None, help="directory for results.json and results.md")
     a = ap.parse_args(argv)
 
@@ -101,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
                         nice=a.nice,
                         root=a.root,
                         profile=a.profile_rank0,
+                        sample=a.sample_rank0,
                         log=log,
                     )
                 )

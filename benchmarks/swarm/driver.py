@@ -82,8 +82,10 @@ class Swarm:
         import fsmingle.protocol.member
         import fsmingle.protocol.rank0.coordinator  # noqa: F401
         from fsmingle.protocol.rank0 import door
+        from fsmingle.protocol.rank0.coordinator import Coordinator
 
         self.cfg, self.group = cfg, group
+        self.coordinator_cls = Coordinator
         self.n = cfg["nnodes"]
         self.counter = OpCounter()
         self.patched = install_counting_os(self.counter)
@@ -123,6 +125,7 @@ class Swarm:
         self.world_ready = False
         self.cpu0 = time.process_time()
         self.go_cpu: float | None = None
+        self.sys0, self.go_sys = os.times().system, None
 
     # ---------------------------------------------------------------- participants
     def make(self, p: int):
@@ -160,19 +163,23 @@ class Swarm:
             present = getattr(pr, "present", None)
             if pr.rank == 0 and present is not None and len(present) >= self.n - 1 and not self.world_ready:
                 self.world_ready = True
-                emit(ev="world_ready", p=p, t=time.monotonic(), present=len(present), cpu=self._cpu())
+                emit(ev="world_ready", p=p, t=time.monotonic(), present=len(present), cpu=self._cpu(), sys=self._sys())
 
         return on_progress
 
     def _cpu(self) -> float:
         return time.process_time() - (self.go_cpu if self.go_cpu is not None else self.cpu0)
 
+    def _sys(self) -> float:
+        """The kernel's part of :meth:`_cpu` (system calls: sockets, files, epoll) since the same start."""
+        return os.times().system - (self.go_sys if self.go_sys is not None else self.sys0)
+
     def start(self, p: int) -> None:
         """Let ``p`` arrive now: it is built at its first turn of the scheduler (thousands started
         by one ``go`` must not be built in one burst while nobody is stepped), and its arrival is
         stamped then, as the thread harness stamps it in the participant's own thread."""
         if self.go_cpu is None:
-            self.go_cpu = time.process_time()
+            self.go_cpu, self.go_sys = time.process_time(), os.times().system
         self.unborn.add(p)
         self.wake(p, time.monotonic())
 
@@ -244,6 +251,15 @@ class Swarm:
         self.watch[p] = (sel, fd)
         self.owner[fd] = p
 
+    def _pings_only(self, p: int) -> bool:
+        """True if rank 0's connections brought it nothing but pings (read now, as its own
+        ``Coordinator.wait`` reads them: ``Hub.poll`` waits on past pings); its timer stays."""
+        role = getattr(self.parts.get(p), "role", None)
+        if not isinstance(role, self.coordinator_cls):
+            return False
+        role.wait(0)
+        return not role.inbox
+
     def step(self, p: int) -> None:
         if p in self.unborn:
             self._arrive(p)
@@ -282,6 +298,7 @@ class Swarm:
                 generation=placement.generation,
                 ops=dict(self.counter.counts.get(p, {})),
                 cpu=self._cpu(),
+                sys=self._sys(),
             )
             return
         self._sync_watch(p, part)
@@ -303,6 +320,7 @@ class Swarm:
                 tag=cmd[1],
                 t=time.monotonic(),
                 cpu=self._cpu(),
+                sys=self._sys(),
                 counts={str(p): c for p, c in self.counter.snapshot().items()},
             )
         elif cmd[0] == "stats":
@@ -350,6 +368,8 @@ class Swarm:
             while self.ready and ran < 1024:
                 p = self.ready.popleft()
                 self.in_ready.discard(p)
+                if self._pings_only(p):
+                    continue  # as Participant.run: rank 0's wait() ends on an event, not on a ping
                 self.step(p)
                 ran += 1
             now = time.monotonic()
@@ -391,6 +411,12 @@ def main(cfg_path: str, group: int) -> None:
 
         prof = cProfile.Profile(time.process_time)  # CPU, not the waits in epoll
         prof.enable()
+    sampler = None
+    if cfg.get("sample") and group == 0:  # rank 0's process, by CPU time at its own speed
+        from .sampler import Sampler
+
+        sampler = Sampler()
+        sampler.start()
     try:
         sw.loop()
     except Exception:
@@ -398,6 +424,8 @@ def main(cfg_path: str, group: int) -> None:
     if prof is not None:
         prof.disable()
         prof.dump_stats(cfg["profile"] + ("" if group == 0 else f".{group}"))
+    if sampler is not None:
+        sampler.dump(cfg["sample"])
     sw.report()
     sys.stdout.flush()
     os._exit(0)

@@ -61,6 +61,7 @@ def run_once(
     root: str | None = None,
     timing: dict | None = None,
     profile: str | None = None,
+    sample: str | None = None,
     log=print,
 ) -> dict:
     """One repetition; returns its measurements (keys as :func:`benchmarks.rdzv.harness.run_once`'s,
@@ -83,6 +84,7 @@ def run_once(
         "unauth_cap": unauth_cap,
         "timing": timing or {},
         "profile": profile and os.path.abspath(profile),
+        "sample": sample and os.path.abspath(sample),
     }
     cfg_path = f"{base}.json"
     with open(cfg_path, "w") as fh:
@@ -123,6 +125,7 @@ def run_once(
             elif k == "counts":
                 if i == 0:
                     st.setdefault("cpu0", {})[ev["tag"]] = (ev["t"], ev["cpu"])
+                    st.setdefault("sys0", {})[ev["tag"]] = ev.get("sys")
                 st["counts"].setdefault(ev["tag"], {}).update(ev["counts"])
                 st["counts"].setdefault(ev["tag"] + "@t", []).append(ev["t"])
             elif k == "stats":
@@ -275,6 +278,10 @@ def _results(n, scenario, st, res, t_go, t_spawn, t_end, groups, sources, unauth
         out["rank0_cpu_release_s"] = cpu_rel - c0["pre"][1]
         out["rank0_cpu_us_per_member"] = 1e6 * (cpu_ready + out["rank0_cpu_release_s"]) / n
         out["rank0_cpu_waiting_per_s"] = (cb - ca) / (tb - ta) if tb > ta else None
+        sys_ready, sys_pre = st["world_ready"].get("sys"), st.get("sys0", {}).get("pre")
+        if sys_ready is not None and sys_pre is not None and rel[0].get("sys") is not None:
+            # The kernel's part (system calls: accept, send, recv, epoll, file reads) of the same figure.
+            out["rank0_sys_us_per_member"] = 1e6 * (sys_ready + rel[0]["sys"] - sys_pre) / n
     out["swarm"] = {str(i): {k: v for k, v in s.items() if k not in ("ev",)} for i, s in st["stats"].items()}
     lags = [s.get("lag_p99") or 0 for i, s in st["stats"].items() if 0 < int(i) < len(groups) - 1]
     o = out["ops"]
@@ -282,6 +289,7 @@ def _results(n, scenario, st, res, t_go, t_spawn, t_end, groups, sources, unauth
         f"  swarm N={n} {scenario}: last->all {out['last_all_s']:.3f}s"
         + (f"  kill->all {out['kill_to_all_s']:.3f}s" if scenario == "storm" else "")
         + f"  gens {out['generations']}  rank0 cpu {out['rank0_cpu_us_per_member']:.0f} us/member"
+        + (f" ({out['rank0_sys_us_per_member']:.0f} system)" if "rank0_sys_us_per_member" in out else "")
         + f"  fs ops/participant {o['fs_ops_mean']:.1f} (rank 0 {o['fs_ops_rank0']})"
         + f"  member-proc lag p99 {max(lags) if lags else 0:.3f}s  wall {out['wall_s']:.0f}s"
         + ("" if not problems else f"  INVALID: {problems}")

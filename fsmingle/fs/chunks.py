@@ -22,6 +22,7 @@ from .records import (
     _req,
     encode,
     load_object,
+    member_dict,
 )
 
 
@@ -43,7 +44,7 @@ def encode_release(rel: Release) -> tuple[bytes, list[bytes]]:
             "generation": rel.generation,
             "writer": rel.writer,
             "first": k,
-            "members": [dataclasses.asdict(m) for m in rel.members[k : k + MEMBERS_PER_CHUNK]],
+            "members": [member_dict(m) for m in rel.members[k : k + MEMBERS_PER_CHUNK]],
         }
         chunks.append((json.dumps(body, sort_keys=True, separators=(",", ":")) + "\n").encode())
     digests = tuple(hashlib.sha256(c).hexdigest() for c in chunks)

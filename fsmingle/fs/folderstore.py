@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable, Iterable
 
 from ..errors import CorruptStateError, StorageError
+from .folderstore_add import add, full
 from .folderstore_keys import live_keys
 from .folderstore_log import (
     _UNREADABLE,
@@ -83,6 +84,7 @@ class FolderKV:
         # key dir -> (epoch number, epoch, version) newest this process saw or wrote: never go back
         self._seen: dict[str, tuple[int, str, int]] = {}
         self._seal: dict[str, tuple[str, Version]] = {}  # key dir -> (epoch, the seal that named it), newest
+        self._vals: dict[tuple[str, int], Version] = {}  # (epoch dir, n) -> value of a delta (folderstore_add)
         self._posix = store.root if isinstance(store, PosixStore) else None
 
     # ------------------------------------------------------------------ primitives
@@ -224,9 +226,9 @@ class FolderKV:
             if n == 0:
                 e0_empty = ep == EPOCH0
                 continue  # empty: an orphan of a lost seal, or just sealed into (reached by its seal below)
-            v = self._read(d, n, key)
+            v, bad = self._full(d, n, key)
             if v is None:
-                return None, f"{d}/{version_name(n)}"
+                return None, bad
             while v.next is not None:  # a seal: the log goes on in the epoch it names
                 ep, d = v.next, f"{kd}/{v.next}"
                 if fresh and not self._probe(d):
@@ -236,9 +238,9 @@ class FolderKV:
                 if m == 0:
                     self._saw(kd, ep, 0)
                     return State(ep, 0, v), ""
-                w = self._read(d, m, key)
+                w, bad = self._full(d, m, key)
                 if w is None:
-                    return None, f"{d}/{version_name(m)}"
+                    return None, bad
                 n, v = m, w
             self._saw(kd, ep, n)
             return State(ep, n, v), ""
@@ -247,6 +249,10 @@ class FolderKV:
         if fresh and not e0_empty:
             return None, kd  # every epoch listed is gone and epoch 0 was not seen empty: list the key afresh
         return State(EPOCH0, 0, None), ""  # never written (fresh: epoch 0, never retired, is empty)
+
+    def _full(self, d: str, n: int, key: str | None) -> tuple[Version | None, str]:
+        v = self._read(d, n, key)  # a delta's value is computed from the versions below it (cached)
+        return full(self, d, n, v, key) if v is not None else (None, f"{d}/{version_name(n)}")
 
     def _unreadable(self, op: Op, what: str, since: float, pause: float) -> None:
         if self.clock.monotonic() - since > LIE_LIMIT:
@@ -324,10 +330,9 @@ class FolderKV:
             self._made.add(kd)
 
     # ------------------------------------------------------------------ read-modify-write
-    def _update(
-        self, key: str, change: Callable[[bytes | None], tuple[str, bytes] | None], what: str
-    ) -> Version | None:
-        """Apply ``change`` to the value of ``key`` atomically; returns the version written (None: nothing written).
+    def _update(self, key: str, change: Callable[[bytes | None], tuple[str, bytes] | None], what: str, jump=None):
+        """Apply ``change`` to the value of ``key`` atomically; returns the version written (None: nothing written),
+        or what ``jump(kd, state, op)`` returned that is not None nor a newer state (an add's delta: .folderstore_add).
 
         ``change(value)`` (None: missing) returns ``(op, value)`` to write, or None to write nothing
         (then answered from a fresh read: a failed ``compare_set`` is linearizable too).  The ``link()``
@@ -340,6 +345,10 @@ class FolderKV:
         lost = 0.001  # backoff after a lost race (see below)
         gone = 0.0
         while True:
+            while jump is not None and (done := jump(kd, st, op)) is not None:
+                if not isinstance(done, State):
+                    return done
+                st, fresh = done, False  # the epoch filled up: on from where it stands now (its seal next)
             want = change(st.value)
             if want is None:
                 if fresh:
@@ -448,24 +457,12 @@ class FolderKV:
         self._update(key, lambda cur: ("set", value), "setting")
 
     def add(self, key: str, amount: int) -> int:
-        """Add ``amount`` to the integer in ``key`` (missing: 0); returns the new value.  ``amount == 0`` on a
-        key that exists writes nothing: a fresh read answers it (torch's barrier reads its counter with
-        ``add(k, 0)`` from every rank: N contended writes fewer); on a missing key it writes ``0``, as torch's do."""
-        amount = int(amount)
-        out = []
+        """Add ``amount`` to the integer in ``key`` (missing: 0); returns the new value (:func:`.folderstore_add.add`).
 
-        def change(cur):
-            base = 0
-            if cur is not None:
-                try:
-                    base = int(cur)
-                except ValueError:
-                    raise ValueError(f"add: the value of {key!r} is not an integer: {cur[:40]!r}") from None
-            out[:] = [base + amount]
-            return None if amount == 0 and cur is not None else ("set", str(base + amount).encode())
-
-        self._update(key, change, "adding to")
-        return out[0]
+        Raises:
+            ValueError: the value is not an integer (read freshly, or the one our delta landed on): no effect.
+        """
+        return add(self, key, amount)
 
     def compare_set(self, key: str, expected, desired) -> bytes:
         """torch's semantics: missing key -> set ``desired`` if ``expected`` is empty and return it, else

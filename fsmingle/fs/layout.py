@@ -71,7 +71,8 @@ def master_name(g: int, instance: str) -> str:
 
 def claimed_ranks(names: list[str]) -> list[int]:
     """Ranks whose claim files appear in a listing of a generation directory, sorted."""
-    return sorted(int(m.group(1)) for m in map(CLAIM_RE.match, names) if m)
+    # The prefix first: half a big generation's names are beacons, and a regex match costs 4x that.
+    return sorted(int(m.group(1)) for m in map(CLAIM_RE.match, [n for n in names if n[:5] == "rank-"]) if m)
 
 
 def ranges(nums: list[int]) -> str:

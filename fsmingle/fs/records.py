@@ -246,9 +246,19 @@ class Release:
     kind: str = field(default="release", init=False)
 
 
+def member_dict(m: Member) -> dict:
+    """``dataclasses.asdict(m)`` built directly: its fields hold only strings and numbers (asdict
+    deep-copies field by field: 0.7 s of rank 0's CPU for 2,048 members, issue 31)."""
+    return {**m.__dict__, "host": dict(m.host.__dict__)}
+
+
 def encode(record: Beacon | Claim | Release) -> bytes:
     """Serialise a record to UTF-8 JSON bytes with the schema version."""
-    d = dataclasses.asdict(record)
+    if isinstance(record, Release):  # flat fields as they are (str, numbers, tuples of str); members directly
+        d = {f.name: getattr(record, f.name) for f in dataclasses.fields(record)}
+        d["members"] = [member_dict(m) for m in record.members]
+    else:
+        d = dataclasses.asdict(record)
     if isinstance(record, Beacon):
         if not record.secret:
             del d["secret"]  # only rank 0's endpoint record carries one
@@ -295,7 +305,12 @@ def _req(d: dict, key: str, typ: type | tuple, *, optional: bool = False) -> Any
     return v
 
 
-def _hostid(d: Any) -> HostId:
+def hostid_from_dict(d: Any) -> HostId:
+    """Validate a host identity as a beacon, a release or a hello carries it.
+
+    Raises:
+        RecordError: not an object, or a field is missing or of the wrong type.
+    """
     if not isinstance(d, dict):
         raise RecordError("field 'host' is not an object")
     return HostId(
@@ -307,28 +322,15 @@ def _hostid(d: Any) -> HostId:
     )
 
 
-def _instance(v: Any) -> str:
-    if not isinstance(v, str) or not _INSTANCE_RE.match(v):
-        raise RecordError(f"instance id {v!r} is not 8-64 lowercase hex digits")
-    return v
-
-
-def hostid_from_dict(d: Any) -> HostId:
-    """Validate a host identity received over the channel (same rules as in a beacon).
-
-    Raises:
-        RecordError: not an object, or a field is missing or of the wrong type.
-    """
-    return _hostid(d)
-
-
 def instance_id(v: Any) -> str:
     """Validate an instance id (8-64 lowercase hex digits).
 
     Raises:
         RecordError: otherwise.
     """
-    return _instance(v)
+    if not isinstance(v, str) or not _INSTANCE_RE.match(v):
+        raise RecordError(f"instance id {v!r} is not 8-64 lowercase hex digits")
+    return v
 
 
 _SCHED_KEY_RE = re.compile(r"^[a-z_]{1,32}$")
@@ -405,7 +407,7 @@ def decode(data: bytes, expect: type) -> Any:
         raise RecordError(f"record is {len(data)} bytes, larger than {_MAX_RECORD_BYTES}")
     d = load_object(data, {Beacon: "beacon", Claim: "claim", Release: "release"}[expect])
     if expect is Claim:
-        return Claim(rank=_nonneg(_req(d, "rank", int), "rank"), instance=_instance(d.get("instance")))
+        return Claim(rank=_nonneg(_req(d, "rank", int), "rank"), instance=instance_id(d.get("instance")))
     mode = _req(d, "mode", str)
     if mode not in MODES:
         raise RecordError(f"mode {mode!r} is not one of {MODES}")
@@ -425,13 +427,13 @@ def decode(data: bytes, expect: type) -> Any:
             raise RecordError(f"rank {rank} outside 0..{size - 1}")
         mp = _req(d, "master_port", int, optional=True)
         return Beacon(
-            instance=_instance(d.get("instance")),
+            instance=instance_id(d.get("instance")),
             rank=rank,
             addr=validate_addr(_req(d, "addr", str)),
             master_port=None if mp is None else validate_port(mp),
             heartbeat=_nonneg(_req(d, "heartbeat", int), "heartbeat"),
             restart_count=_nonneg(_req(d, "restart_count", int), "restart_count"),
-            host=_hostid(d.get("host")),
+            host=hostid_from_dict(d.get("host")),
             version=str(d.get("version", ""))[:64],
             slurm_job_id=str(d.get("slurm_job_id", ""))[:64],
             vouch=_vouch(d.get("vouch", ""), size),
@@ -470,7 +472,7 @@ def decode(data: bytes, expect: type) -> Any:
         master_addr=master_addr,
         master_port=master_port,
         members=tuple(members),
-        writer=_instance(d.get("writer")),
+        writer=instance_id(d.get("writer")),
         reason=str(d.get("reason", ""))[:1000],
         member_chunks=chunks,
         jobs=job_ids(d.get("jobs")),
@@ -489,9 +491,9 @@ def _members(raw: list, first: int) -> list[Member]:
         out.append(
             Member(
                 rank=i,
-                instance=_instance(m.get("instance")),
+                instance=instance_id(m.get("instance")),
                 addr=validate_addr(_req(m, "addr", str)),
-                host=_hostid(m.get("host")),
+                host=hostid_from_dict(m.get("host")),
                 arrival=_seconds(arrival, f"member {i}'s arrival"),
             )
         )

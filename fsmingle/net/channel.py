@@ -1,11 +1,10 @@
 """The direct channel: rank 0 and every member prove to each other, over TCP, that they are alive and reachable.
 
-Protocol v2 keeps the shared filesystem for what only it can do -- discovery
-without a known endpoint, exclusive rank claims and the durable decision record
--- and moves liveness and the release itself onto a TCP connection from each
-member to rank 0, on the master address and port that NCCL/gloo use a second
-later.  A connection that exists proves both ends are reachable on exactly that
-path; a silent connection proves nothing, so silence is judged as failure.
+Protocol v2 keeps the shared filesystem for what only it can do -- discovery without a known
+endpoint, exclusive rank claims and the durable decision record -- and moves liveness and the
+release itself onto a TCP connection from each member to rank 0, on the master address and port
+that NCCL/gloo use a second later.  A connection that exists proves both ends are reachable on
+exactly that path; a silent connection proves nothing, so silence is judged as failure.
 
 Wire format: newline-terminated UTF-8 JSON objects, each at most
 :data:`MAX_LINE` bytes, with a type field ``t``.  ``ping`` messages are sent
@@ -13,12 +12,11 @@ by the I/O layer whenever a connection has been quiet for ``ping_interval``
 seconds and are consumed there: the policy only sees :meth:`silent_for`, the
 seconds since the peer last sent anything.
 
-Both ends are event-driven (:mod:`selectors`, non-blocking sockets), never a
-thread per connection, so rank 0 can hold thousands of members; the open-file
-soft limit is raised towards the hard limit when rank 0 starts listening, and the
-hub never holds more connections than that limit less what the filesystem needs
-(:mod:`fsmingle.net.fdlimit`; rank 0 sheds unanswered ones first,
-:mod:`fsmingle.protocol.rank0.door`).
+Both ends are event-driven (:mod:`selectors`, non-blocking sockets), never a thread per
+connection, so rank 0 can hold thousands of members; the open-file soft limit is raised towards
+the hard limit when rank 0 starts listening, and the hub never holds more connections than that
+limit less what the filesystem needs (:mod:`fsmingle.net.fdlimit`; rank 0 sheds unanswered ones
+first, :mod:`fsmingle.protocol.rank0.door`).
 
 The classes here are the real implementation of :class:`Transport`; the model
 tests swap in an in-memory network with the same interface.
@@ -40,7 +38,7 @@ from dataclasses import dataclass
 from ..errors import ConfigError, StorageError
 from . import ports
 from .fdlimit import connection_room, ensure_fd_capacity
-from .wire import MAX_LINE, decode_msg, encode_msg, peer_host
+from .wire import MAX_LINE, SealedMsg, decode_msg, encode_msg, peer_host
 
 log = logging.getLogger("fsmingle.channel")
 
@@ -70,8 +68,7 @@ class HubEvent:
     peer: str = ""  # ACCEPTED: the source address (an IPv4-mapped IPv6 address as IPv4)
 
 
-# Authentication (a secret per generation in rank 0's endpoint record, a challenge per
-# connection, HMAC on the member's first message, seals on rank 0's) lives above this layer:
+# Authentication (per-generation secret, challenge, HMAC, seals) lives above this layer:
 # fsmingle/protocol/rank0/door.py and sealing.py, docs/protocol.md ("Threat model").
 # A ping is the same bytes every time: encoded once, recognised before any JSON parsing.
 _PING = encode_msg({"t": "ping"})
@@ -83,16 +80,16 @@ def _family(addr: str) -> int:
 
 
 class _Conn:
-    __slots__ = ("sock", "rbuf", "wbuf", "last_rx", "last_tx", "lost", "why")
+    __slots__ = ("sock", "rbuf", "wbuf", "last_rx", "last_tx", "lost", "why", "wwait", "cid")
 
-    def __init__(self, sock: socket.socket, now: float):
-        self.sock = sock
-        self.rbuf = b""
-        self.wbuf = b""
+    def __init__(self, sock: socket.socket, now: float, cid: int = 0):
+        self.sock, self.cid = sock, cid  # cid: the hub's id of the connection
+        self.rbuf = self.wbuf = b""
         self.last_rx = now
         self.last_tx = now
         self.lost = False
         self.why = ""
+        self.wwait = False  # registered for EVENT_WRITE (a partial send left bytes in wbuf)
 
 
 class _Endpoint:
@@ -134,7 +131,8 @@ class _Endpoint:
     def _queue(self, c: _Conn, msg: dict | bytes) -> None:
         if c.lost:
             return
-        c.wbuf += msg if type(msg) is bytes else encode_msg(msg)
+        kind = type(msg)  # a sealed message carries its wire line (wire.Sealer): not encoded twice
+        c.wbuf += msg if kind is bytes else msg.wire if kind is SealedMsg else encode_msg(msg)
         c.last_tx = self.clock()
         self._flush(c)
 
@@ -148,9 +146,11 @@ class _Endpoint:
                 self._lose(c, f"connection error: {e.strerror or e}")
                 return
             c.wbuf = c.wbuf[n:]
-        if not c.lost:
+        if not c.lost and c.wwait != bool(c.wbuf):
+            # Only on a change: a message almost always leaves in one send(), so no epoll_ctl per send.
+            c.wwait = bool(c.wbuf)
             try:
-                self.sel.modify(c.sock, selectors.EVENT_READ | (selectors.EVENT_WRITE if c.wbuf else 0), c)
+                self.sel.modify(c.sock, selectors.EVENT_READ | (selectors.EVENT_WRITE if c.wwait else 0), c)
             except (KeyError, ValueError):
                 pass
 
@@ -228,7 +228,6 @@ class Hub(_Endpoint):
         self.port: int = self._lsock.getsockname()[1]
         self.sel.register(self._lsock, selectors.EVENT_READ, None)
         self._conns: dict[int, _Conn] = {}
-        self._ids: dict[int, int] = {}  # id(_Conn) -> conn id
         self._next = 1
         self._closed = False
         # Connections held at most: the open-file limit less what the process holds now and
@@ -256,7 +255,10 @@ class Hub(_Endpoint):
         self._lsock.bind((host, 0))  # no port outside the ephemeral range is free: any one
 
     def poll(self, timeout: float = 0.0) -> list[HubEvent]:
-        """Accept, read and write whatever is ready, waiting up to ``timeout`` seconds for something.
+        """Accept, read and write whatever is ready, waiting up to ``timeout`` seconds for an event.
+
+        Pings are consumed here and do not end the wait: rank 0 of N members gets N per ping
+        interval, and a whole coordinator step for each, with nothing to do, was waste (issue 31).
 
         Returns:
             list[HubEvent]: new connections (``ACCEPTED``, with the peer's address), messages from
@@ -268,39 +270,34 @@ class Hub(_Endpoint):
         if not self._listening and len(self._conns) < self.limit and self.clock() >= self._pause_until:
             self._listening = True
             self.sel.register(self._lsock, selectors.EVENT_READ, None)
-        for key, mask in self.sel.select(max(0.0, timeout)):
-            if key.data is None:
-                events.extend(self._accept())
-                continue
-            c: _Conn = key.data
-            cid = self._ids[id(c)]
-            if mask & selectors.EVENT_WRITE:
-                self._flush(c)
-            if mask & selectors.EVENT_READ and not c.lost:
-                for m in self._read(c):
-                    events.append(HubEvent(EventKind.MESSAGE, cid, m))
-            if c.lost:
-                events.append(HubEvent(EventKind.LOST, cid, why=c.why))
-                self._forget(cid)
-        now = self.clock()
-        if now >= self._next_ping_scan:
-            # O(N) over every connection: at most four times a ping interval, not at every poll.
-            # Rank 0 polls once per step, and steps at every message while members join: a scan
-            # per poll made gathering N members O(N^2) (issue 31: 1 ms of rank 0's CPU per member
-            # at N = 2,048, the scan the largest part).  A ping now leaves after 1 to 1.25 ping
-            # intervals of quiet; silence is judged at stale_after / 2 and more (10x that).
-            self._next_ping_scan = now + self.ping_interval / 4
-            self._ping_quiet(self._conns.values())
-            for cid, c in list(self._conns.items()):
-                if c.lost:  # lost while writing a ping
-                    events.append(HubEvent(EventKind.LOST, cid, why=c.why))
-                    self._forget(cid)
-        return events
-
-    def _forget(self, cid: int) -> None:
-        c = self._conns.pop(cid, None)
-        if c is not None:
-            self._ids.pop(id(c), None)  # a flood of short connections must not grow this map
+        end = time.monotonic() + timeout  # real time, as select() waits, whatever self.clock is
+        while True:
+            ready = self.sel.select(max(0.0, timeout))
+            for key, mask in ready:
+                if key.data is None:
+                    events.extend(self._accept())
+                    continue
+                c: _Conn = key.data
+                if mask & selectors.EVENT_WRITE:
+                    self._flush(c)
+                if mask & selectors.EVENT_READ and not c.lost:
+                    events.extend([HubEvent(EventKind.MESSAGE, c.cid, m) for m in self._read(c)])
+                if c.lost:
+                    events.append(HubEvent(EventKind.LOST, c.cid, why=c.why))
+                    self._conns.pop(c.cid, None)
+            now = self.clock()
+            if now >= self._next_ping_scan:
+                # O(N): a few times a ping interval, not at every poll (issue 31: a scan per poll made
+                # gathering N members O(N^2)); a ping leaves after 1 to 1.25 intervals of quiet.
+                self._next_ping_scan = now + self.ping_interval / 4
+                self._ping_quiet(self._conns.values())
+                for cid, c in list(self._conns.items()):
+                    if c.lost:  # lost while writing a ping
+                        events.append(HubEvent(EventKind.LOST, cid, why=c.why))
+                        self._conns.pop(cid, None)
+            timeout = end - time.monotonic()
+            if events or not ready or timeout <= 0:
+                return events
 
     def _accept(self) -> list[HubEvent]:
         out: list[HubEvent] = []
@@ -330,10 +327,9 @@ class Hub(_Endpoint):
                 return out
             s.setblocking(False)
             s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            c = _Conn(s, self.clock())
             cid, self._next = self._next, self._next + 1
+            c = _Conn(s, self.clock(), cid)
             self._conns[cid] = c
-            self._ids[id(c)] = cid
             self.sel.register(s, selectors.EVENT_READ, c)
             out.append(HubEvent(EventKind.ACCEPTED, cid, peer=peer_host(addr[0] if addr else "")))
 
@@ -364,11 +360,16 @@ class Hub(_Endpoint):
         c = self._conns.get(conn)
         return float("inf") if c is None else self.clock() - c.last_rx
 
+    def silent_among(self, conns: dict, seconds: float) -> list:
+        """The ``(key, conn)`` pairs of ``conns`` (key -> connection) with ``silent_for(conn) >= seconds``,
+        in one pass without a call per connection (rank 0 looks over all N twice a second)."""
+        get, cutoff = self._conns.get, self.clock() - seconds
+        return [(k, cid) for k, cid in conns.items() if (c := get(cid)) is None or c.last_rx <= cutoff]
+
     def drop(self, conn: int) -> None:
         """Close one member connection (after a reject)."""
         c = self._conns.pop(conn, None)
         if c is not None:
-            self._ids.pop(id(c), None)
             self._flush(c)
             self._lose(c, "dropped")
 

@@ -75,7 +75,12 @@ class Coordinator(Door, Offers, Hellos, Membership, Scanning, Releasing, Queuein
             p.publish_record(master_name(p.gen, p.instance), encode(p.beacon(endpoint=True)))  # read back on an error
             self.published, self.next_endpoint = True, now + p.timing.heartbeat_period
         p.heartbeat_if_due(now)
-        events, self.inbox = self.inbox + self.hub.poll(0), []
+        if self.inbox:
+            # What wait() read when it woke us: the channel was polled a moment ago (a poll is
+            # an epoll_wait per step for nothing); what came since wakes the next step at once.
+            events, self.inbox = self.inbox, []
+        else:
+            events = self.hub.poll(0)
         for ev in events:
             if p.role is not self:
                 break  # the generation ended while handling an earlier event
@@ -114,8 +119,7 @@ class Coordinator(Door, Offers, Hellos, Membership, Scanning, Releasing, Queuein
             # Who is silent matters at the scale of stale_after: look twice a second, and hand
             # the decision only the suspects (O(N) twice a second, not at every message).
             self.next_silence_check = now + min(0.5, p.timing.stale_after / 8)
-            half, silent_for = p.timing.stale_after / 2, self.hub.silent_for  # bound once: N calls
-            self.suspects = [(r, c) for r, c in self.rank_conn.items() if silent_for(c) >= half]
+            self.suspects = self.hub.silent_among(self.rank_conn, p.timing.stale_after / 2)
         view = CoordinatorView(
             size=p.size,
             connected=self.rank_conn.keys(),

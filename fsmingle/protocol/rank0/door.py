@@ -114,6 +114,8 @@ class Door:
         """Shed unanswered connections, oldest first: of a crowded source or prefix, and beyond the
         total, those that had :meth:`_answer_time` to answer; and as many as it takes, whatever
         their age, to keep the hub room to accept (``Hub.room``: descriptors kept for the store)."""
+        if not self.unauth:
+            return  # every step runs this: nothing unanswered, nothing to shed
         answered_by = now - self._answer_time()
         for key in list(self.crowded):
             conns = self.unauth_of.get(key, {})

@@ -66,9 +66,11 @@ class Hellos:
         self.scan_gap = p.timing.poll_min
 
     def _verify_pending(self, now: float) -> None:
+        self.backlog = False
+        if not self.pending:
+            return  # most steps: nothing to verify (runs twice a step)
         p = self.p
         reads = 0
-        self.backlog = False
         # The oldest hellos first, a bounded batch (a join storm holds thousands); one that must
         # wait for a listing goes to the back, so it cannot hold the fresh ones up.
         for conn, (m, since) in list(itertools.islice(self.pending.items(), 4 * VERIFY_READS_PER_STEP)):

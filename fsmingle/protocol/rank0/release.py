@@ -13,7 +13,6 @@ release may exist, so rank 0 never says void unless it created or read a restart
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 
 from ...errors import FsmingleError
@@ -105,12 +104,11 @@ class Releasing:
         p = self.p
         first = min(self.arrived.values())
         slots = {0: Member(rank=0, instance=p.instance, addr=p.addr, host=p.me, arrival=self.arrived[0] - first)}
-        slots.update(
-            {
-                r: dataclasses.replace(self.members[r], arrival=round(self.arrived[r] - first, 3))
-                for r in range(1, p.size)
-            }
-        )
+        for r in range(1, p.size):
+            m = self.members[r]  # a new Member, not dataclasses.replace: O(N), and replace is 2x slower
+            slots[r] = Member(
+                rank=r, instance=m.instance, addr=m.addr, host=m.host, arrival=round(self.arrived[r] - first, 3)
+            )
         explicit = {r for r in range(1, p.size) if self.explicit.get(r)} | ({0} if p.want_rank is not None else set())
         keys = {**self.keys, 0: p.topology_key}
         # Final ranks: explicit ones stay, first-come ones follow --rank-order.
@@ -124,13 +122,16 @@ class Releasing:
             failure = mesh_probe(p, ring.get(p.instance, []))
             if failure:
                 self.refused[0] = failure
+        common = {"t": "prepare", "gen": p.gen}  # one dict for all: its JSON is made once (SealedHub)
         for r, conn in self.rank_conn.items():
-            msg = {"t": "prepare", "gen": p.gen}
-            if p.check_mesh:
-                msg["mesh"] = ring.get(self.members[r].instance, [])
-            if r == self.master_slot:
-                # This member becomes rank 0 of the world: it must hold the master port torch binds.
-                msg["hold_port"] = p.master_port_wanted or 0
+            msg = common
+            if p.check_mesh or r == self.master_slot:
+                msg = dict(common)
+                if p.check_mesh:
+                    msg["mesh"] = ring.get(self.members[r].instance, [])
+                if r == self.master_slot:
+                    # This member becomes rank 0 of the world: it must hold the master port torch binds.
+                    msg["hold_port"] = p.master_port_wanted or 0
             self.hub.send(conn, msg)
 
     def _ring(self) -> dict[str, list]:

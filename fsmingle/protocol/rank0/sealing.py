@@ -14,22 +14,23 @@ answer to a peer of an older wire version, leave as they are.
 
 from __future__ import annotations
 
-from ...net.wire import canonical, seal
+from ...net.wire import SealedMsg, Sealer, canonical
 
 
 class Session:
-    """One authenticated connection: the two nonces and the counter of what rank 0 sent on it."""
+    """One authenticated connection: its :class:`~fsmingle.net.wire.Sealer` (both nonces, the HMAC
+    prefix made once) and the counter of what rank 0 sent on it."""
 
-    __slots__ = ("secret", "nonce", "mnonce", "n")
+    __slots__ = ("mnonce", "sealer", "n")
 
     def __init__(self, secret: str, nonce: str, mnonce: str):
-        self.secret, self.nonce, self.mnonce, self.n = secret, nonce, mnonce, 0
+        self.mnonce, self.sealer, self.n = mnonce, Sealer(secret, nonce, mnonce), 0
 
-    def seal(self, msg: dict, body: bytes) -> dict:
+    def seal(self, msg: dict, body: bytes) -> SealedMsg:
         # The counter moves before the send: a send interrupted before it left leaves a gap,
         # which the member accepts (a message it never got), never a reused counter.
         n, self.n = self.n, self.n + 1
-        return seal(self.secret, self.nonce, self.mnonce, n, msg, body)
+        return self.sealer.seal(n, msg, body)
 
 
 class SealedHub:
@@ -60,4 +61,9 @@ class SealedHub:
         self._hub.send(conn, s.seal(msg, body))
 
     def __getattr__(self, name: str):
-        return getattr(self._hub, name)
+        value = getattr(self._hub, name)
+        if callable(value):
+            # A method of the hub (poll, drop, silent_for...): kept here, so later calls skip this
+            # lookup (rank 0 polls at every step); data (port, limit) is read through each time.
+            setattr(self, name, value)
+        return value
