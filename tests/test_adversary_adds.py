@@ -1,0 +1,127 @@
+"""The adversary's attacks on FolderStore's delta ``add`` (fsmingle/fs/folderstore_add.py, branch "adds").
+
+Each test is one precise sequence on a real directory (``PosixStore``): the delta add's ``link()`` loop on a
+real filesystem (``_link_slots``) is a code path of its own that the fakefs model never runs (fakefs is not a
+``PosixStore``: it goes through ``FolderKV._link``, a read-back per slot), so the faults are injected into the
+system calls the real path makes.  Two FolderKVs in one process stand for two hosts.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from fsmingle.fs import folderstore_add as fa
+from fsmingle.fs.folderstore import FolderKV
+from fsmingle.fs.store import PosixStore
+
+
+def _kv(root, seal_at, **kw) -> FolderKV:
+    kv = FolderKV(PosixStore(str(root)), **kw)
+    kv.seal_at = seal_at
+    return kv
+
+
+@pytest.fixture
+def root(tmp_path):
+    d = tmp_path / "store"
+    d.mkdir(mode=0o700)
+    return d
+
+
+def test_an_add_whose_epoch_is_sealed_and_retired_before_its_walk_back_answers_its_value(root, monkeypatch):
+    """A's delta lands in epoch 1 above B's delta; before A walks back to B's version (to learn the value its
+    delta was linearized on), B's next add seals epoch 1 and retires it (renamed into the trash).  A's add took
+    effect (the final value counts it) -- so it must answer, not time out: a caller that retries a timed-out add
+    counts it twice.  Before a fix: FolderStoreTimeout ("v-000000000002 is listed but unreadable")."""
+    a = _kv(root, 4, timeout=3.0)
+    b = _kv(root, 4)
+    for _ in range(3):  # epoch 0's two versions, then version 1 of epoch 1 (full): deltas go from version 2
+        a.add("k", 1)
+    real_slots, real_full, done = fa._link_slots, fa.full, set()
+
+    def slots(kv, *args):
+        if kv is a and "slots" not in done:
+            done.add("slots")
+            assert b.add("k", 1) == 4  # B's delta: version 2 of epoch 1; A's goes to version 3
+        return real_slots(kv, *args)
+
+    def full(kv, d, m, v, key, *rest):
+        if kv is a and "full" not in done:
+            done.add("full")
+            assert b.add("k", 10) == 114  # the seal (version 4): epoch 2 made, epoch 1 retired
+        return real_full(kv, d, m, v, key, *rest)
+
+    monkeypatch.setattr(fa, "_link_slots", slots)
+    monkeypatch.setattr(fa, "full", full)
+    got = a.add("k", 100)
+    monkeypatch.undo()
+    assert done == {"slots", "full"}
+    assert got == 104  # 3 + B's 1 + ours: what version 2 held, plus 100
+    assert _kv(root, 4).add("k", 0) == 114
+
+
+class _LostReply:
+    """``os`` for folderstore_add whose first ``link()`` takes effect and then answers EEXIST (a retransmitted NFS
+    LINK whose first reply was lost: the server's duplicate-request cache missed it)."""
+
+    def __init__(self):
+        self.armed = True
+
+    def __getattr__(self, name):
+        return getattr(os, name)
+
+    def link(self, src, dst):
+        os.link(src, dst)
+        if self.armed:
+            self.armed = False
+            raise FileExistsError(17, "File exists (a retransmitted LINK)", dst)
+
+
+def test_an_add_whose_lost_reply_is_followed_by_a_failed_stat_counts_once(root, monkeypatch):
+    """The delta's link() into version 2 takes effect and answers EEXIST; the stat of its own temporary (the link
+    count that says "ours") then fails once (EIO on a soft mount, ESTALE): ``_nlink`` answers 0, which
+    ``_link_slots`` takes for "lost to another writer", and links the same temporary again as version 3.  The add of
+    100 is counted twice (3 -> 203, and it returns 203).  ``PosixStore.create`` reads the token back whenever the
+    link count does not say 2; the delta's loop must not trust a stat that failed."""
+    a = _kv(root, 32)
+    for _ in range(3):
+        a.add("k", 1)
+    real_nlink, fails = fa._nlink, [1]
+
+    def nlink(path):
+        if fails[0]:
+            fails[0] = 0
+            return 0  # store._nlink's answer when os.stat raises
+        return real_nlink(path)
+
+    monkeypatch.setattr(fa, "os", _LostReply())
+    monkeypatch.setattr(fa, "_nlink", nlink)
+    got = a.add("k", 100)
+    monkeypatch.undo()
+    assert fails == [0]
+    assert _kv(root, 32).add("k", 0) == 103, "the add of 100 was counted twice"
+    assert got == 103
+
+
+def test_a_delta_past_pythons_digit_limit_does_not_poison_the_key(root):
+    """A value of 4,300 digits is an integer to ``int()`` (Python's default ``int_max_str_digits``); a delta of 1
+    onto it makes 4,301 digits, and ``str()`` of that raises ValueError -- in every reader's walk back.  Before a
+    fix: the add raises ValueError *after* linking its delta, and from then on every ``get``, ``set``, ``add`` and
+    ``compare_set`` of the key raises ValueError (each resolves the newest version first): the key is dead for
+    good.  (Before the delta add, the read-modify-write raised before writing anything.)  Whatever the add
+    answers, the key must stay readable and writable."""
+    a = _kv(root, 8)
+    for _ in range(3):
+        a.add("k", 1)
+    big = b"9" * 4300
+    a.set("k", big)
+    try:
+        a.add("k", 1)
+    except ValueError:
+        pass  # refusing an add that overflows the decimal form is fine: it must then change nothing
+    b = _kv(root, 8)
+    assert b.try_get("k") in (big, b"1" + b"0" * 4300)
+    b.set("k", b"5")
+    assert b.add("k", 1) == 6
