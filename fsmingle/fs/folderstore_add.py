@@ -23,21 +23,27 @@ import os
 import secrets
 
 from ..errors import CorruptStateError
-from .folderstore_log import EPOCH0, Op, State, Version, version_name
+from .folderstore_log import _UNREADABLE, EPOCH0, Op, State, Version, version_name
 from .store import _nlink, _tmp_name, _unlink_quiet, storage_error
 
 _RETRY = (errno.EIO, errno.ETIMEDOUT, errno.EAGAIN)  # effect unknown: link again, EEXIST tells (nlink)
 CACHE = 4096  # computed values of delta versions kept per process (dropped whole when full)
+# An integer add sees has fewer digits than this: under Python's default int_max_str_digits (4300), so str() of a
+# sum never raises in a reader's walk back, and the same bound in every process whatever its own limit.
+_BOUND = 10**4000
 
 
 def as_int(value: bytes | None) -> int | None:
     """The integer ``add`` sees in ``value`` (missing: 0); None if it is not one."""
     if value is None:
         return 0
+    if len(value) > 4100:  # past the bound for certain (int() itself may refuse it: the process's digit limit)
+        return None
     try:
-        return int(value)
+        x = int(value)
     except ValueError:
         return None
+    return x if abs(x) < _BOUND else None
 
 
 def full(kv, d: str, n: int, v: Version, key: str | None) -> tuple[Version | None, str]:
@@ -71,7 +77,7 @@ def full(kv, d: str, n: int, v: Version, key: str | None) -> tuple[Version | Non
     for dv in reversed(chain):
         k += 1
         b = as_int(base.value if base.live else None)
-        if b is not None:  # a delta onto a non-integer changes nothing (its add raised ValueError)
+        if b is not None and abs(b + int(dv.value)) < _BOUND:  # else it changes nothing (its add raised ValueError)
             base = Version(dv.key, "set", dv.token, str(b + int(dv.value)).encode())
         kv._vals[(d, k)] = base
     return base, ""
@@ -107,8 +113,17 @@ def _link_slots(kv, d: str, first: int, last: int, new: Version, key: str, op: O
                 os.link(tmp, os.path.join(root, d, version_name(m)))
                 return m
             except FileExistsError:
-                if _nlink(tmp) >= 2:  # a retransmitted LINK answered EEXIST after it succeeded
+                links = _nlink(tmp)
+                if links >= 2:  # a retransmitted LINK answered EEXIST after it succeeded
                     return m
+                if links == 0:  # the stat failed (EIO, ESTALE): only the token tells whose version m is
+                    w = kv._read(d, m, key)
+                    if w is not None and w.token == new.token:
+                        return m
+                    if w is None:
+                        kv._nap(op, pause, f"{kv.store.path(d)}/{version_name(m)} is {_UNREADABLE}")
+                        pause = min(pause * 2, kv.poll_max)
+                        continue  # link() again: EEXIST, and the stat or the read tells
                 m += 1  # lost to another version: the next name, no listing, no read
             except FileNotFoundError:
                 return None  # the epoch was retired (sealed long ago): the caller resolves afresh
@@ -154,7 +169,7 @@ def delta_add(kv, key: str, kd: str, amount: int, st: State, op: Op) -> int | St
         pause = min(pause * 2, kv.poll_max)
     below = kv._vals[(d, m - 1)]  # cached by the walk: the value our delta was linearized on
     base = as_int(below.value if below.live else None)
-    if base is None:  # linearized at our link(): an add onto a non-integer, which changes nothing
+    if base is None or abs(base + amount) >= _BOUND:  # linearized at our link(): an add that changes nothing
         raise ValueError(f"add: the value of {key!r} is not an integer: {below.value[:40]!r}")
     return base + amount
 
@@ -173,6 +188,8 @@ def add(kv, key: str, amount: int) -> int:
         if as_int(cur) is None:
             raise _NotInt  # perhaps a lagging listing's: a fresh read decides (below)
         out[:] = [as_int(cur) + amount]
+        if abs(out[0]) >= _BOUND:  # its decimal form would not read back as an integer (as_int)
+            raise ValueError(f"add: {key!r} would hold an integer of over 4000 digits")
         return None if amount == 0 and cur is not None else ("set", str(out[0]).encode())
 
     def jump(kd, st, op):
