@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Iterable
 
 from ..errors import CorruptStateError, StorageError
-from .folderstore_add import add, full
+from .folderstore_add import add, full, read_retired
 from .folderstore_keys import live_keys
 from .folderstore_log import (
     _UNREADABLE,
@@ -221,6 +221,8 @@ class FolderKV:
                     return None, d
                 continue
             n = max(self._listed(d), seen[2] if ep == seen[1] else 0)
+            if n == 0 and fresh and not self._probe(d):
+                return None, d  # retired after our probe: a gone directory lists empty, not "just sealed into"
             if n == 0 and self._seal.get(kd, (None,))[0] == ep:
                 return State(ep, 0, self._seal[kd][1]), ""  # just sealed into: the seal's value is current
             if n == 0:
@@ -234,6 +236,8 @@ class FolderKV:
                 if fresh and not self._probe(d):
                     return None, d  # sealed into and already retired: the key moved on further
                 m = self._listed(d)
+                if m == 0 and fresh and not self._probe(d):
+                    return None, d  # as above: retired between the probe and the listing
                 self._seal[kd] = (ep, v)  # immutable: what an empty epoch's value is, once its seal is read
                 if m == 0:
                     self._saw(kd, ep, 0)
@@ -250,9 +254,8 @@ class FolderKV:
             return None, kd  # every epoch listed is gone and epoch 0 was not seen empty: list the key afresh
         return State(EPOCH0, 0, None), ""  # never written (fresh: epoch 0, never retired, is empty)
 
-    def _full(self, d: str, n: int, key: str | None) -> tuple[Version | None, str]:
-        v = self._read(d, n, key)  # a delta's value is computed from the versions below it (cached)
-        return full(self, d, n, v, key) if v is not None else (None, f"{d}/{version_name(n)}")
+    def _full(self, d: str, n: int, key: str | None) -> tuple[Version | None, str]:  # a delta's value: computed
+        return full(self, d, n, v, key) if (v := self._read(d, n, key)) else (None, f"{d}/{version_name(n)}")
 
     def _unreadable(self, op: Op, what: str, since: float, pause: float) -> None:
         if self.clock.monotonic() - since > LIE_LIMIT:
@@ -318,8 +321,7 @@ class FolderKV:
         """
         return live_keys(self, self._op("listing keys"))
 
-    # what folderstore_keys uses: a fresh listing (probe), a key's newest version (resolve), a pause (nap)
-    probe, resolve, nap = _probe, _resolve, _nap
+    probe, resolve, nap = _probe, _resolve, _nap  # what folderstore_keys uses
 
     def adopt(self, kd: str) -> None:
         """Before the first listing of key directory ``kd`` (listed by the store's): mkdir its epoch 0, as
@@ -417,8 +419,9 @@ class FolderKV:
             # again after a pause) -- or the epoch was retired since (then the probe says so).
             self._unreadable(op, name, since, pause)
             pause = min(pause * 2, self.poll_max)
-            if not self._probe(d):
-                return None
+            if not self._probe(d):  # retired since: its files wait in the trash (retire_grace) -- ours among them?
+                won = read_retired(self, d, n, key)
+                return None if won is None else new if won.token == new.token else won
 
     def _new_epoch(self, kd: str, cur: str) -> str:
         """mkdir the epoch the seal about to be linked will name: numbered above every epoch listed,

@@ -23,14 +23,19 @@ import os
 import secrets
 
 from ..errors import CorruptStateError
+from . import trash
 from .folderstore_log import _UNREADABLE, EPOCH0, Op, State, Version, version_name
-from .store import _nlink, _tmp_name, _unlink_quiet, storage_error
+from .store import UNTRUSTED, _nlink, _tmp_name, _unlink_quiet, storage_error
 
 _RETRY = (errno.EIO, errno.ETIMEDOUT, errno.EAGAIN)  # effect unknown: link again, EEXIST tells (nlink)
 CACHE = 4096  # computed values of delta versions kept per process (dropped whole when full)
 # An integer add sees has fewer digits than this: under Python's default int_max_str_digits (4300), so str() of a
 # sum never raises in a reader's walk back, and the same bound in every process whatever its own limit.
 _BOUND = 10**4000
+
+
+def _plain_read(kv, d, n, key):
+    return kv._read(d, n, key)
 
 
 def as_int(value: bytes | None) -> int | None:
@@ -46,10 +51,32 @@ def as_int(value: bytes | None) -> int | None:
     return x if abs(x) < _BOUND else None
 
 
-def full(kv, d: str, n: int, v: Version, key: str | None) -> tuple[Version | None, str]:
+def read_retired(kv, d: str, n: int, key: str | None) -> Version | None:
+    """Version ``n`` of epoch ``d`` after ``d`` was retired: from the store's trash, where its files are kept
+    ``retire_grace`` seconds (``Store.retire``); None if not there (deleted, or never written).  For a writer
+    that must know a version of an epoch that moved on under it: its own lost reply, the base of its delta."""
+    name = f"{d}/{version_name(n)}"
+    if kv._posix is None:
+        data = getattr(kv.store, "read_retired", lambda _: None)(name)  # the tests' fakefs keeps them so
+    else:
+        aside = trash.find(kv._posix, d)
+        data = kv.store.read(f"{aside}/{version_name(n)}") if aside else None
+    if data is None or data == UNTRUSTED:
+        return None
+    v = Version.decode(data, kv.store.path(name))
+    return v if key is None or v.key == key else None
+
+
+def _read_kept(kv, d: str, n: int, key: str | None) -> Version | None:
+    v = kv._read(d, n, key)
+    return v if v is not None or kv._probe(d) else read_retired(kv, d, n, key)
+
+
+def full(kv, d: str, n: int, v: Version, key: str | None, read=None) -> tuple[Version | None, str]:
     """Version ``n`` of epoch directory ``d`` as a full version: ``v`` itself, or for a delta its value
     computed from the versions below it (a ``set`` carrying the delta's token).  ``(None, name)``: the
     version ``name`` below could not be read (a lying lookup; the caller pauses and looks again).
+    ``read(kv, d, k, key)``: how a version below is read (``kv._read``; an adder's own: from the trash too).
 
     Raises:
         CorruptStateError: a delta at version 1 (never written: version 1 of an epoch is full).
@@ -63,7 +90,7 @@ def full(kv, d: str, n: int, v: Version, key: str | None) -> tuple[Version | Non
             break
         if k == 0:
             raise CorruptStateError(f"{kv.store.path(d)}/{version_name(1)} is a delta; remove the store")
-        w = kv._read(d, k, key)
+        w = (read or _plain_read)(kv, d, k, key)
         if w is None:
             return None, f"{d}/{version_name(k)}"
         if w.op != "add":
@@ -162,7 +189,7 @@ def delta_add(kv, key: str, kd: str, amount: int, st: State, op: Op) -> int | St
     kv._vals[(d, st.n)] = st.ver  # the walk back from ours stops at where we started
     pause, since = kv.poll_min, kv.clock.monotonic()
     while True:
-        v, missing = full(kv, d, m, new, key)
+        v, missing = full(kv, d, m, new, key, _read_kept)  # the epoch may be sealed and retired meanwhile
         if v is not None:
             break
         kv._unreadable(op, missing, since, pause)  # listed below ours, so it exists: a lookup that lies
