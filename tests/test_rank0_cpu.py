@@ -13,6 +13,8 @@ Performance itself is measured by ``python -m benchmarks.swarm`` (``benchmarks/R
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import hmac
 import json
 import socket
 import threading
@@ -22,7 +24,17 @@ from fsmingle.fs import records
 from fsmingle.fs.chunks import encode_release
 from fsmingle.fs.records import HostId, Member, Release
 from fsmingle.net.channel import EventKind, Hub, TcpTransport
-from fsmingle.net.wire import Sealer, Unsealer, canonical, decode_msg, encode_msg, new_nonce, new_secret, seal
+from fsmingle.net.wire import (
+    WIRE_VERSION,
+    Sealer,
+    Unsealer,
+    canonical,
+    decode_msg,
+    encode_msg,
+    new_nonce,
+    new_secret,
+    seal,
+)
 
 SECRET, NONCE, MNONCE = new_secret(), new_nonce(), new_nonce()
 
@@ -45,6 +57,13 @@ def test_a_sealed_line_is_what_a_member_checks_and_nothing_else():
         assert got == dict(sealed) and u.check(got) is None
         assert json.loads(encode_msg(dict(sealed))) == json.loads(line)
         assert line.startswith(canonical(m)[:-1])  # the signed body itself, not a re-encoding
+    # The MAC is the one a member of the previous build computes (wire 4, before the Sealer):
+    # HMAC-SHA256 over json.dumps([4, "rank0", nonce, mnonce, n]) + "\n" + the canonical body.
+    for n in (0, 7, 10**12):
+        head = json.dumps([WIRE_VERSION, "rank0", NONCE, MNONCE, n], separators=(",", ":")).encode()
+        body = canonical(msgs[0])
+        want = hmac.new(SECRET.encode(), head + b"\n" + body, hashlib.sha256).hexdigest()
+        assert s.mac(n, body) == want
     forged = s.seal(9, {"t": "go", "placement": {}})
     assert Unsealer(SECRET, NONCE, new_nonce()).check(decode_msg(forged.wire[:-1])) is not None
 

@@ -296,7 +296,7 @@ class Hub(_Endpoint):
                         events.append(HubEvent(EventKind.LOST, cid, why=c.why))
                         self._conns.pop(cid, None)
             timeout = end - time.monotonic()
-            if events or not ready or timeout <= 0:
+            if events or not ready or timeout <= 0 or not self._listening:  # paused: rank 0 sheds now
                 return events
 
     def _accept(self) -> list[HubEvent]:
