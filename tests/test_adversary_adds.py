@@ -143,3 +143,16 @@ def test_every_preemption_point_and_fault_of_an_add_over_fakefs_is_linearizable(
     runs, fails = enumerate_all(seal_ats=(3, 4), lags=(0.0,), out=lines.append)
     assert runs > 10_000
     assert not fails, "\n".join(lines)
+
+
+def test_an_eio_after_the_effect_then_the_epoch_retired_counts_the_add_once():
+    """The enumeration's first case left on adds@ec89309 (tests/adversary_enum.py, seal_at 3): B adds 1; A's add
+    (epoch 1 named by epoch 0's seal) creates version 1 of epoch 1 -- it takes effect, the create answers EIO (a soft
+    mount's timeout); A pauses to create it again with the same token, and meanwhile C adds 10 and B's four adds
+    seal epoch 1 and retire it.  A's retry meets ENOENT, which ``FolderKV._link`` took for "the epoch is gone,
+    nothing of ours in it": A wrote its add again on top (answered 417, counted twice; 14 is right: its first write
+    came after C's 11).  ec89309 reads a retired epoch's version back from the trash after EEXIST, not after EIO."""
+    from adversary_enum import one
+
+    bad, _ = one(3, 1, 1, "add-seal4", "eio-after", 0)
+    assert bad is None, bad
