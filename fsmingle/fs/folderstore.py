@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Iterable
 
 from ..errors import CorruptStateError, StorageError
-from .folderstore_add import add, full, read_retired
+from .folderstore_add import add, full, read_retired, settled_in_trash
 from .folderstore_keys import live_keys
 from .folderstore_log import (
     _UNREADABLE,
@@ -396,19 +396,19 @@ class FolderKV:
         another's, None if the epoch directory is gone.  Whose is told by the token: a lost reply
         (EEXIST after success) and an I/O error after the effect are read back, never failed."""
         name, data = f"{d}/{version_name(n)}", new.encode()
-        pause, since = self.poll_min, self.clock.monotonic()
+        pause, since, unknown = self.poll_min, self.clock.monotonic(), False
         while True:
             try:
                 made = self._create(name, data)
-            except FileNotFoundError:
-                return None
+            except FileNotFoundError:  # gone: after an EIO ours may be in it, retired since (the trash tells)
+                return settled_in_trash(self, d, n, new, key) if unknown else None
             except StorageError as e:
                 if e.errno not in (errno.EIO, errno.ETIMEDOUT, errno.EAGAIN):
                     raise
                 # The effect is unknown (a soft mount's timeout, a reply lost for good): create it
                 # again with the same token -- EEXIST then reads back whose it is.
                 self._nap(op, pause, f"creating {self.store.path(name)} keeps failing: {e}")
-                pause = min(pause * 2, self.poll_max)
+                pause, unknown = min(pause * 2, self.poll_max), True
                 continue
             if made:
                 return new

@@ -67,6 +67,14 @@ def read_retired(kv, d: str, n: int, key: str | None) -> Version | None:
     return v if key is None or v.key == key else None
 
 
+def settled_in_trash(kv, d: str, n: int, new: Version, key: str | None) -> Version | None:
+    """What ``FolderKV._link`` answers when epoch ``d`` is gone after a ``link()`` of ``new`` as version ``n`` whose
+    effect was unknown (EIO): ``new`` if the retired epoch's version ``n`` is ours, the winner's if another's,
+    None if not there (the link never took effect, or the trash expired)."""
+    won = read_retired(kv, d, n, key)
+    return None if won is None else new if won.token == new.token else won
+
+
 def _read_kept(kv, d: str, n: int, key: str | None) -> Version | None:
     v = kv._read(d, n, key)
     return v if v is not None or kv._probe(d) else read_retired(kv, d, n, key)
@@ -152,8 +160,8 @@ def _link_slots(kv, d: str, first: int, last: int, new: Version, key: str, op: O
                         pause = min(pause * 2, kv.poll_max)
                         continue  # link() again: EEXIST, and the stat or the read tells
                 m += 1  # lost to another version: the next name, no listing, no read
-            except FileNotFoundError:
-                return None  # the epoch was retired (sealed long ago): the caller resolves afresh
+            except FileNotFoundError:  # the epoch was retired: the caller resolves afresh -- unless an earlier
+                return m if _nlink(tmp) >= 2 else None  # try of ours (EIO) linked it (read back from the trash)
             except OSError as e:
                 if e.errno not in _RETRY:
                     raise storage_error(e, "create", os.path.join(root, d, version_name(m))) from None
