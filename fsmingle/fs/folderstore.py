@@ -436,17 +436,16 @@ class FolderKV:
         if old == EPOCH0:
             return  # epoch 0 stays (a seal's value stays readable there): nothing to retire
         copy = Version(seal.key, seal.op, secrets.token_hex(8), seal.value)
-        try:
+        try:  # a failure here must not fail the write (it took effect): a later seal retires these epochs
             self._create(f"{kd}/{new_ep}/{version_name(1)}", copy.encode())  # EEXIST: a writer's successor
+            old_eps = [ep for num, ep in self._epochs(kd) if num < epoch_number(new_ep) and ep != EPOCH0]
         except (FileNotFoundError, StorageError):
-            return  # not proven there: a later seal retires these epochs
+            return  # not proven there (the copy), or the epochs not listed (EIO)
         # Every epoch below the new one is sealed (or an orphan nobody names) and the new one holds
         # the value: retiring them loses nothing, and a stale writer's link() into one now fails
         # (ENOENT) instead of succeeding: the directory, not its files, goes, and no name comes back.
-        mine = epoch_number(new_ep)
-        for num, ep in self._epochs(kd):
-            if num < mine and ep != EPOCH0:
-                self._retire(f"{kd}/{ep}")
+        for ep in old_eps:
+            self._retire(f"{kd}/{ep}")
 
     def _retire(self, d: str) -> None:
         with contextlib.suppress(FileNotFoundError, StorageError):  # a later seal tries again
