@@ -186,3 +186,29 @@ def test_a_seal_whose_retirement_listing_fails_still_answers_the_write(root, mon
     monkeypatch.undo()
     assert got == 14
     assert b.add("k", 0) == 14
+
+
+def test_an_add_survives_another_threads_walk_clearing_the_cache(root, monkeypatch):
+    """Two threads share one FolderStore (NCCL's monitor thread and the training loop: ``FolderKV._saw`` says
+    so).  A's delta lands above B's; A's walk back fills ``_vals`` with the value below its delta -- and another
+    thread's walk, finding the cache over ``CACHE`` entries, clears it whole before A reads ``_vals[(d, m - 1)]``.
+    Before a fix: KeyError out of an add that took effect (a retry counts it twice)."""
+    a, b = _kv(root, 32), _kv(root, 32)
+    for _ in range(3):
+        a.add("k", 1)
+    a.try_get("k")  # A's view stands at version 1 of epoch 1
+    b.add("k", 1)  # version 2: A's delta goes to version 3
+    real_full, cleared = fa.full, []
+
+    def full(kv, *args, **kw):
+        out = real_full(kv, *args, **kw)
+        if kv is a and not cleared:
+            cleared.append(1)
+            kv._vals.clear()  # what the other thread's full() does when len(_vals) > CACHE
+        return out
+
+    monkeypatch.setattr(fa, "full", full)
+    got = a.add("k", 100)
+    monkeypatch.undo()
+    assert cleared and got == 105
+    assert b.add("k", 0) == 105
