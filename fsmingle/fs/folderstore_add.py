@@ -198,11 +198,12 @@ def delta_add(kv, key: str, kd: str, amount: int, st: State, op: Op) -> int | St
     pause, since = kv.poll_min, kv.clock.monotonic()
     while True:
         v, missing = full(kv, d, m, new, key, _read_kept)  # the epoch may be sealed and retired meanwhile
-        if v is not None:
+        # cached by the walk: the value our delta was linearized on (another thread may clear it: walk again)
+        if v is not None and (below := kv._vals.get((d, m - 1))) is not None:
             break
-        kv._unreadable(op, missing, since, pause)  # listed below ours, so it exists: a lookup that lies
-        pause = min(pause * 2, kv.poll_max)
-    below = kv._vals[(d, m - 1)]  # cached by the walk: the value our delta was linearized on
+        if v is None:
+            kv._unreadable(op, missing, since, pause)  # listed below ours, so it exists: a lookup that lies
+            pause = min(pause * 2, kv.poll_max)
     base = as_int(below.value if below.live else None)
     if base is None or abs(base + amount) >= _BOUND:  # linearized at our link(): an add that changes nothing
         raise ValueError(f"add: the value of {key!r} is not an integer: {below.value[:40]!r}")
