@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Iterable
 
 from ..errors import CorruptStateError, StorageError
-from .folderstore_add import add, full, read_retired
+from .folderstore_add import add, full, read_retired, settled_in_trash
 from .folderstore_keys import live_keys
 from .folderstore_log import (
     _UNREADABLE,
@@ -396,19 +396,19 @@ class FolderKV:
         another's, None if the epoch directory is gone.  Whose is told by the token: a lost reply
         (EEXIST after success) and an I/O error after the effect are read back, never failed."""
         name, data = f"{d}/{version_name(n)}", new.encode()
-        pause, since = self.poll_min, self.clock.monotonic()
+        pause, since, unknown = self.poll_min, self.clock.monotonic(), False
         while True:
             try:
                 made = self._create(name, data)
-            except FileNotFoundError:
-                return None
+            except FileNotFoundError:  # gone: after an EIO ours may be in it, retired since (the trash tells)
+                return settled_in_trash(self, d, n, new, key) if unknown else None
             except StorageError as e:
                 if e.errno not in (errno.EIO, errno.ETIMEDOUT, errno.EAGAIN):
                     raise
                 # The effect is unknown (a soft mount's timeout, a reply lost for good): create it
                 # again with the same token -- EEXIST then reads back whose it is.
                 self._nap(op, pause, f"creating {self.store.path(name)} keeps failing: {e}")
-                pause = min(pause * 2, self.poll_max)
+                pause, unknown = min(pause * 2, self.poll_max), True
                 continue
             if made:
                 return new
@@ -436,17 +436,16 @@ class FolderKV:
         if old == EPOCH0:
             return  # epoch 0 stays (a seal's value stays readable there): nothing to retire
         copy = Version(seal.key, seal.op, secrets.token_hex(8), seal.value)
-        try:
+        try:  # a failure here must not fail the write (it took effect): a later seal retires these epochs
             self._create(f"{kd}/{new_ep}/{version_name(1)}", copy.encode())  # EEXIST: a writer's successor
+            old_eps = [ep for num, ep in self._epochs(kd) if num < epoch_number(new_ep) and ep != EPOCH0]
         except (FileNotFoundError, StorageError):
-            return  # not proven there: a later seal retires these epochs
+            return  # not proven there (the copy), or the epochs not listed (EIO)
         # Every epoch below the new one is sealed (or an orphan nobody names) and the new one holds
         # the value: retiring them loses nothing, and a stale writer's link() into one now fails
         # (ENOENT) instead of succeeding: the directory, not its files, goes, and no name comes back.
-        mine = epoch_number(new_ep)
-        for num, ep in self._epochs(kd):
-            if num < mine and ep != EPOCH0:
-                self._retire(f"{kd}/{ep}")
+        for ep in old_eps:
+            self._retire(f"{kd}/{ep}")
 
     def _retire(self, d: str) -> None:
         with contextlib.suppress(FileNotFoundError, StorageError):  # a later seal tries again

@@ -25,12 +25,15 @@ import secrets
 
 from ..errors import CorruptStateError
 from . import trash
-from .folderstore_log import EPOCH0, Op, State, Version, version_name
+from .folderstore_log import _UNREADABLE, EPOCH0, Op, State, Version, version_name
 from .refusal import unsupported
 from .store import UNTRUSTED, _nlink, _tmp_name, _unlink_quiet, storage_error
 
 _RETRY = (errno.EIO, errno.ETIMEDOUT, errno.EAGAIN)  # effect unknown: link again, EEXIST tells (nlink)
 CACHE = 4096  # computed values of delta versions kept per process (dropped whole when full)
+# An integer add sees has fewer digits than this: under Python's default int_max_str_digits (4300), so str() of a
+# sum never raises in a reader's walk back, and the same bound in every process whatever its own limit.
+_BOUND = 10**4000
 
 
 def _plain_read(kv, d, n, key):
@@ -41,10 +44,13 @@ def as_int(value: bytes | None) -> int | None:
     """The integer ``add`` sees in ``value`` (missing: 0); None if it is not one."""
     if value is None:
         return 0
+    if len(value) > 4100:  # past the bound for certain (int() itself may refuse it: the process's digit limit)
+        return None
     try:
-        return int(value)
+        x = int(value)
     except ValueError:
         return None
+    return x if abs(x) < _BOUND else None
 
 
 def read_retired(kv, d: str, n: int, key: str | None) -> Version | None:
@@ -61,6 +67,14 @@ def read_retired(kv, d: str, n: int, key: str | None) -> Version | None:
         return None
     v = Version.decode(data, kv.store.path(name))
     return v if key is None or v.key == key else None
+
+
+def settled_in_trash(kv, d: str, n: int, new: Version, key: str | None) -> Version | None:
+    """What ``FolderKV._link`` answers when epoch ``d`` is gone after a ``link()`` of ``new`` as version ``n`` whose
+    effect was unknown (EIO): ``new`` if the retired epoch's version ``n`` is ours, the winner's if another's,
+    None if not there (the link never took effect, or the trash expired)."""
+    won = read_retired(kv, d, n, key)
+    return None if won is None else new if won.token == new.token else won
 
 
 def _read_kept(kv, d: str, n: int, key: str | None) -> Version | None:
@@ -100,7 +114,7 @@ def full(kv, d: str, n: int, v: Version, key: str | None, read=None) -> tuple[Ve
     for dv in reversed(chain):
         k += 1
         b = as_int(base.value if base.live else None)
-        if b is not None:  # a delta onto a non-integer changes nothing (its add raised ValueError)
+        if b is not None and abs(b + int(dv.value)) < _BOUND:  # else it changes nothing (its add raised ValueError)
             base = Version(dv.key, "set", dv.token, str(b + int(dv.value)).encode())
         kv._vals[(d, k)] = base
     return base, ""
@@ -140,16 +154,25 @@ def _link_slots(kv, d: str, first: int, last: int, new: Version, key: str, op: O
             try:
                 os.link(tmp, target)
             except FileExistsError:
-                if _nlink(tmp) >= 2:  # a retransmitted LINK answered EEXIST after it succeeded
+                links = _nlink(tmp)
+                if links >= 2:  # a retransmitted LINK answered EEXIST after it succeeded
                     return m
+                if links == 0:  # the stat failed (EIO, ESTALE): only the token tells whose version m is
+                    w = kv._read(d, m, key)
+                    if w is not None and w.token == new.token:
+                        return m
+                    if w is None:
+                        kv._nap(op, pause, f"{kv.store.path(d)}/{version_name(m)} is {_UNREADABLE}")
+                        pause = min(pause * 2, kv.poll_max)
+                        continue  # link() again: EEXIST, and the stat or the read tells
                 # Lost to another version: on to the next free name.  N adders at once would each lose O(N)
                 # races one name at a time: a listing (a lower bound of the top, stale or not) after the 1st, 2nd,
                 # 4th, 8th... loss in a row jumps them (log2 listings where a stale one does not help).
                 lost += 1
                 m = max(m + 1, kv._listed(d) + 1) if lost & (lost - 1) == 0 else m + 1
                 continue
-            except FileNotFoundError:
-                return None  # the epoch was retired (sealed long ago): the caller resolves afresh
+            except FileNotFoundError:  # the epoch was retired: the caller resolves afresh -- unless an earlier
+                return m if _nlink(tmp) >= 2 else None  # try of ours (EIO) linked it (read back from the trash)
             except OSError as e:
                 if e.errno not in _RETRY:
                     raise storage_error(e, "create", target) from None
@@ -201,13 +224,14 @@ def delta_add(kv, key: str, kd: str, amount: int, st: State, op: Op) -> int | St
     pause, since = kv.poll_min, kv.clock.monotonic()
     while True:
         v, missing = full(kv, d, m, new, key, _read_kept)  # the epoch may be sealed and retired meanwhile
-        if v is not None:
+        # cached by the walk: the value our delta was linearized on (another thread may clear it: walk again)
+        if v is not None and (below := kv._vals.get((d, m - 1))) is not None:
             break
-        kv._unreadable(op, missing, since, pause)  # listed below ours, so it exists: a lookup that lies
-        pause = min(pause * 2, kv.poll_max)
-    below = kv._vals[(d, m - 1)]  # cached by the walk: the value our delta was linearized on
+        if v is None:
+            kv._unreadable(op, missing, since, pause)  # listed below ours, so it exists: a lookup that lies
+            pause = min(pause * 2, kv.poll_max)
     base = as_int(below.value if below.live else None)
-    if base is None:  # linearized at our link(): an add onto a non-integer, which changes nothing
+    if base is None or abs(base + amount) >= _BOUND:  # linearized at our link(): an add that changes nothing
         raise ValueError(f"add: the value of {key!r} is not an integer: {below.value[:40]!r}")
     return base + amount
 
@@ -226,6 +250,8 @@ def add(kv, key: str, amount: int) -> int:
         if as_int(cur) is None:
             raise _NotInt  # perhaps a lagging listing's: a fresh read decides (below)
         out[:] = [as_int(cur) + amount]
+        if abs(out[0]) >= _BOUND:  # its decimal form would not read back as an integer (as_int)
+            raise ValueError(f"add: {key!r} would hold an integer of over 4000 digits")
         return None if amount == 0 and cur is not None else ("set", str(out[0]).encode())
 
     def jump(kd, st, op):
