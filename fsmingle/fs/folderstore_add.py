@@ -4,8 +4,9 @@ A contended ``add`` (torch's store-based barrier: N ranks add 1 to one counter) 
 k, link version k+1, and on a lost race list and read the winner's version before trying again: about
 16 lost races and 159 metadata calls per add at 256 ranks on cached mounts (issue 30).  Here an
 ``add`` writes its version once, as ``("add", amount)``, and links it under version names n+1, n+2,
-... of the current epoch until one ``link()`` succeeds: a loss (EEXIST) costs the ``link()`` and one
-``stat`` of our own file (a retransmitted ``LINK`` that succeeded), no listing, no read.
+... of the current epoch until one ``link()`` succeeds: a loss (EEXIST) costs the ``link()``, one
+``stat`` of our own file (a retransmitted ``LINK`` that succeeded), and after the 1st, 2nd, 4th, ...
+loss a listing of the epoch (to jump past the versions made meanwhile); no read.
 
 The value of a delta at version m is the value at m-1 plus its amount (missing or a tombstone: 0); a
 delta onto a value that is not an integer leaves it unchanged (every reader agrees: the versions
@@ -25,6 +26,7 @@ import secrets
 from ..errors import CorruptStateError
 from . import trash
 from .folderstore_log import _UNREADABLE, EPOCH0, Op, State, Version, version_name
+from .refusal import unsupported
 from .store import UNTRUSTED, _nlink, _tmp_name, _unlink_quiet, storage_error
 
 _RETRY = (errno.EIO, errno.ETIMEDOUT, errno.EAGAIN)  # effect unknown: link again, EEXIST tells (nlink)
@@ -120,11 +122,15 @@ def full(kv, d: str, n: int, v: Version, key: str | None, read=None) -> tuple[Ve
 
 def _link_slots(kv, d: str, first: int, last: int, new: Version, key: str, op: Op) -> int | None:
     """Link ``new`` as the first free version of ``first``..``last`` in epoch ``d``: its number, 0 if all
-    were taken, None if the epoch directory is gone.  Whose a taken name is: the token (fakefs, or a
-    filesystem whose link count is not proven yet: a read per loss), else the link count of our one
-    temporary (a lost reply of a ``link()`` that succeeded leaves it at 2: never linked twice)."""
+    were taken, None if the epoch directory is gone.  Whose a taken name is: the token (fakefs: a read per
+    loss), else the link count of our one temporary (a lost reply of a ``link()`` that succeeded leaves it
+    at 2: never linked twice).
+
+    Raises:
+        UnsupportedFilesystemError: the first ``link()`` of this store left no link count of 2 (a copy).
+        StorageError: the ``link()`` failed otherwise (not EEXIST, ENOENT, or EIO/ETIMEDOUT/EAGAIN retried)."""
     root = kv._posix
-    if root is None or not kv.store._link_proven:
+    if root is None:
         for m in range(first, last + 1):
             got = kv._link(d, m, new, key, op)  # the token's read-back (fakefs's lost replies, EIO)
             if got is None or got is new:
@@ -142,11 +148,11 @@ def _link_slots(kv, d: str, first: int, last: int, new: Version, key: str, op: O
             os.write(fd, new.encode())  # < 1 KiB: one write; no fsync (docs/folderstore.md, fsync)
         finally:
             os.close(fd)  # hands the data to an NFS server before the link() makes it visible
-        m, pause = first, kv.poll_min
+        m, pause, lost, tries = first, kv.poll_min, 0, 0
         while m <= last:
+            target, tries = os.path.join(root, d, version_name(m)), tries + 1
             try:
-                os.link(tmp, os.path.join(root, d, version_name(m)))
-                return m
+                os.link(tmp, target)
             except FileExistsError:
                 links = _nlink(tmp)
                 if links >= 2:  # a retransmitted LINK answered EEXIST after it succeeded
@@ -159,19 +165,39 @@ def _link_slots(kv, d: str, first: int, last: int, new: Version, key: str, op: O
                         kv._nap(op, pause, f"{kv.store.path(d)}/{version_name(m)} is {_UNREADABLE}")
                         pause = min(pause * 2, kv.poll_max)
                         continue  # link() again: EEXIST, and the stat or the read tells
-                m += 1  # lost to another version: the next name, no listing, no read
+                # Lost to another version: on to the next free name.  N adders at once would each lose O(N)
+                # races one name at a time: a listing (a lower bound of the top, stale or not) after the 1st, 2nd,
+                # 4th, 8th... loss in a row jumps them (log2 listings where a stale one does not help).
+                lost += 1
+                m = max(m + 1, kv._listed(d) + 1) if lost & (lost - 1) == 0 else m + 1
+                continue
             except FileNotFoundError:  # the epoch was retired: the caller resolves afresh -- unless an earlier
                 return m if _nlink(tmp) >= 2 else None  # try of ours (EIO) linked it (read back from the trash)
             except OSError as e:
                 if e.errno not in _RETRY:
-                    raise storage_error(e, "create", os.path.join(root, d, version_name(m))) from None
+                    raise storage_error(e, "create", target) from None
                 if _nlink(tmp) >= 2:
                     return m
                 kv._nap(op, pause, f"linking {kv.store.path(d)}/{version_name(m)} keeps failing: {e}")
                 pause = min(pause * 2, kv.poll_max)
+                continue
+            if tries == 1 and not kv.store._link_proven:
+                # Only a first link(): after a failed one FUSE keeps the attributes it read (nlink 1, bindfs).
+                _prove(kv.store, tmp, target)
+            return m
         return 0
     finally:
         _unlink_quiet(tmp)
+
+
+def _prove(store, tmp: str, target: str) -> None:
+    # As PosixStore.create's first link(): a filesystem that "links" by copying proves nothing (0: the stat
+    # failed, the epoch retired meanwhile -- proven by a later link()).
+    n = _nlink(tmp)
+    if n not in (0, 2):
+        _unlink_quiet(target)  # our own copy: it must not stand as a version
+        raise unsupported(store.root, f"link() succeeded but the link count is {n}, not 2")
+    store._link_proven = n == 2
 
 
 def delta_add(kv, key: str, kd: str, amount: int, st: State, op: Op) -> int | State | None:
