@@ -108,6 +108,7 @@ class FakeFS:
         self.now = float(start)
         self.max_staleness = float(max_staleness)
         self.files: dict[str, list[Version]] = {}
+        self.kept: dict[str, bytes] = {}  # a retired file's last content by its old name (Store.retire keep_for)
         self.dirs: dict[str, list[Version]] = {"": [Version(NEVER, b"")]}
         self.children: dict[str, set[str]] = {"": set()}
         self.events: list[Event] = []
@@ -188,6 +189,7 @@ class FakeFS:
                 if self.dir_exists(child):
                     self.retire_truth(child, node)
             elif self.current(child) is not None:
+                self.kept[child] = self.current(child)
                 self.hist(child).append(Version(self.now, None, node))
         self.dirs[name].append(Version(self.now, None, node))
         self._emit(Event(self.now, node, "retire", name, None, True))
@@ -558,6 +560,10 @@ class FakeStore(Store):
             self._wrote(name)
         if crash:
             raise self._death(f"{self.node} died after removing {name}")
+
+    def read_retired(self, name: str) -> bytes | None:
+        # What PosixStore finds in the store's trash (files kept ``keep_for``): here kept for the whole run.
+        return self.fs.kept.get(name)
 
     def retire(self, name: str, keep_for: float = 0.0) -> bool:
         # keep_for changes nothing here: the model's lookups go by path (as bindfs and CephFS), so a

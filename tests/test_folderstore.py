@@ -529,7 +529,9 @@ def test_model_read_modify_write_over_fakefs(lags, ops):
 def _register_step(state, op):
     """The sequential spec of one torch store key (None: missing), for :func:`lincheck.check`."""
     r = op.result
-    if op.name == "add":
+    if op.name == "add":  # onto a value that is not an integer: ValueError, no effect
+        if state is not None and not state.isdigit():
+            return r == "ValueError", state
         new = (int(state) if state is not None else 0) + op.args[0]
         return r == new, str(new).encode()
     if op.name == "set":
@@ -551,7 +553,8 @@ LIN_OPS = st.tuples(
     st.sampled_from(["add", "set", "cas", "cas-guess", "del", "get", "check"]),
     st.integers(0, 4),  # amount / value
     st.one_of(
-        st.none(), st.tuples(st.integers(0, 8), st.integers(0, 2), st.sampled_from(["add", "cas", "del", "get"]))
+        st.none(),
+        st.tuples(st.integers(0, 8), st.integers(0, 2), st.sampled_from(["add", "add", "set", "cas", "del", "get"])),
     ),
     st.sampled_from([None, None, "lost", "blind-version", "eio-after", "eio-before", "lag-burst"]),
 )
@@ -560,14 +563,16 @@ LIN_OPS = st.tuples(
 @settings(max_examples=int(os.environ.get("FSMINGLE_MODEL_EXAMPLES", "150")), deadline=None,
           suppress_health_check=[HealthCheck.too_slow])  # fmt: skip
 @given(lags=st.lists(st.floats(0, 3), min_size=3, max_size=3), ops=st.lists(LIN_OPS, min_size=1, max_size=12),
-       seal_at=st.sampled_from([2, 3, 32]))  # fmt: skip
+       seal_at=st.sampled_from([2, 3, 6, 32]))  # fmt: skip
 def test_model_every_answer_is_linearizable(lags, ops, seal_at):
     """Issue 30 item 2: every operation's call and return is recorded and the history of the key is checked by a
     Wing-Gong linearizability checker (tests/lincheck.py) -- failed compare_sets, deletes that find nothing, get and
     check included -- from three nodes whose listings lag up to 3 s, with operations run inside others' filesystem
     operations, lost link() replies, versions that read absent for a while, I/O errors of a version's create before
     or after it took effect (issue 29 item 6: read back, never failed), and compaction every ``seal_at`` versions
-    (epochs sealed and retired under stale writers).  Before the fix a compare_set answered b'old' where only b'y'
+    (epochs sealed and retired under stale writers).  Adds are delta versions wherever one may go (folderstore_add),
+    contended (run inside others' operations) and interleaved with sets of values that are not integers (an add
+    then raises ValueError and has no effect, in the sequential spec too).  Before the fix a compare_set answered b'old' where only b'y'
     was linearizable, and a delete_key False where only True was."""
     from lincheck import History, check
 
@@ -581,10 +586,14 @@ def test_model_every_answer_is_linearizable(lags, ops, seal_at):
             c = h.call("cas", cur, str(x).encode(), who=f"n{node}")
             h.ret(c, kv.compare_set("k", cur, str(x).encode()))
             return
-        args = {"add": (x,), "set": (str(x).encode(),), "cas": (str(x % 3).encode() if x else b"", str(x + 1).encode())}
+        val = b"x%d" % x if x in (4, 5) else str(x).encode()  # not an integer: adds onto it fail, no effect
+        args = {"add": (x,), "set": (val,), "cas": (str(x % 3).encode() if x else b"", str(x + 1).encode())}
         c = h.call(op, *args.get(op, ()), who=f"n{node}")
         if op == "add":
-            r = kv.add("k", x)
+            try:
+                r = kv.add("k", x)
+            except ValueError:
+                r = "ValueError"
         elif op == "set":
             r = kv.set("k", args["set"][0])
         elif op == "cas":
@@ -737,8 +746,9 @@ def test_a_key_rewritten_all_day_costs_the_same_and_keeps_few_files(tmp_path):
         kv.set("alive", str(i))
     assert other.wait(timeout=600) == 0
     late = costs()
-    for (c1, n1), (c2, n2) in zip(early, late):
-        assert c2 <= 2 * c1 + 4 and n2 <= 2 * n1 + 2 * SEAL_AT, (early, late)
+    # The counter's read may walk back over deltas it has not seen (folderstore_add): at most one epoch's worth.
+    for (c1, n1), (c2, n2), walk in zip(early, late, (0, 0, 0, SEAL_AT)):
+        assert c2 <= 2 * c1 + 4 + walk and n2 <= 2 * n1 + 2 * SEAL_AT, (early, late)
     for k in ("alive", "ctr"):
         files = [f for _, _, fs in os.walk(tmp_path / "s" / key_dir(k)) for f in fs]
         assert len(files) <= 2 + 2 * SEAL_AT, f"{k}: {len(files)} files"

@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable, Iterable
 
 from ..errors import CorruptStateError, StorageError
+from .folderstore_add import add, full, read_retired, settled_in_trash
 from .folderstore_keys import live_keys
 from .folderstore_log import (
     _UNREADABLE,
@@ -83,6 +84,7 @@ class FolderKV:
         # key dir -> (epoch number, epoch, version) newest this process saw or wrote: never go back
         self._seen: dict[str, tuple[int, str, int]] = {}
         self._seal: dict[str, tuple[str, Version]] = {}  # key dir -> (epoch, the seal that named it), newest
+        self._vals: dict[tuple[str, int], Version] = {}  # (epoch dir, n) -> value of a delta (folderstore_add)
         self._posix = store.root if isinstance(store, PosixStore) else None
 
     # ------------------------------------------------------------------ primitives
@@ -219,26 +221,30 @@ class FolderKV:
                     return None, d
                 continue
             n = max(self._listed(d), seen[2] if ep == seen[1] else 0)
+            if n == 0 and fresh and not self._probe(d):
+                return None, d  # retired after our probe: a gone directory lists empty, not "just sealed into"
             if n == 0 and self._seal.get(kd, (None,))[0] == ep:
                 return State(ep, 0, self._seal[kd][1]), ""  # just sealed into: the seal's value is current
             if n == 0:
                 e0_empty = ep == EPOCH0
                 continue  # empty: an orphan of a lost seal, or just sealed into (reached by its seal below)
-            v = self._read(d, n, key)
+            v, bad = self._full(d, n, key)
             if v is None:
-                return None, f"{d}/{version_name(n)}"
+                return None, bad
             while v.next is not None:  # a seal: the log goes on in the epoch it names
                 ep, d = v.next, f"{kd}/{v.next}"
                 if fresh and not self._probe(d):
                     return None, d  # sealed into and already retired: the key moved on further
                 m = self._listed(d)
+                if m == 0 and fresh and not self._probe(d):
+                    return None, d  # as above: retired between the probe and the listing
                 self._seal[kd] = (ep, v)  # immutable: what an empty epoch's value is, once its seal is read
                 if m == 0:
                     self._saw(kd, ep, 0)
                     return State(ep, 0, v), ""
-                w = self._read(d, m, key)
+                w, bad = self._full(d, m, key)
                 if w is None:
-                    return None, f"{d}/{version_name(m)}"
+                    return None, bad
                 n, v = m, w
             self._saw(kd, ep, n)
             return State(ep, n, v), ""
@@ -247,6 +253,9 @@ class FolderKV:
         if fresh and not e0_empty:
             return None, kd  # every epoch listed is gone and epoch 0 was not seen empty: list the key afresh
         return State(EPOCH0, 0, None), ""  # never written (fresh: epoch 0, never retired, is empty)
+
+    def _full(self, d: str, n: int, key: str | None) -> tuple[Version | None, str]:  # a delta's value: computed
+        return full(self, d, n, v, key) if (v := self._read(d, n, key)) else (None, f"{d}/{version_name(n)}")
 
     def _unreadable(self, op: Op, what: str, since: float, pause: float) -> None:
         if self.clock.monotonic() - since > LIE_LIMIT:
@@ -312,8 +321,7 @@ class FolderKV:
         """
         return live_keys(self, self._op("listing keys"))
 
-    # what folderstore_keys uses: a fresh listing (probe), a key's newest version (resolve), a pause (nap)
-    probe, resolve, nap = _probe, _resolve, _nap
+    probe, resolve, nap = _probe, _resolve, _nap  # what folderstore_keys uses
 
     def adopt(self, kd: str) -> None:
         """Before the first listing of key directory ``kd`` (listed by the store's): mkdir its epoch 0, as
@@ -324,10 +332,9 @@ class FolderKV:
             self._made.add(kd)
 
     # ------------------------------------------------------------------ read-modify-write
-    def _update(
-        self, key: str, change: Callable[[bytes | None], tuple[str, bytes] | None], what: str
-    ) -> Version | None:
-        """Apply ``change`` to the value of ``key`` atomically; returns the version written (None: nothing written).
+    def _update(self, key: str, change: Callable[[bytes | None], tuple[str, bytes] | None], what: str, jump=None):
+        """Apply ``change`` to the value of ``key`` atomically; returns the version written (None: nothing written),
+        or what ``jump(kd, state, op)`` returned that is not None nor a newer state (an add's delta: .folderstore_add).
 
         ``change(value)`` (None: missing) returns ``(op, value)`` to write, or None to write nothing
         (then answered from a fresh read: a failed ``compare_set`` is linearizable too).  The ``link()``
@@ -340,6 +347,10 @@ class FolderKV:
         lost = 0.001  # backoff after a lost race (see below)
         gone = 0.0
         while True:
+            while jump is not None and (done := jump(kd, st, op)) is not None:
+                if not isinstance(done, State):
+                    return done
+                st, fresh = done, False  # the epoch filled up: on from where it stands now (its seal next)
             want = change(st.value)
             if want is None:
                 if fresh:
@@ -385,19 +396,19 @@ class FolderKV:
         another's, None if the epoch directory is gone.  Whose is told by the token: a lost reply
         (EEXIST after success) and an I/O error after the effect are read back, never failed."""
         name, data = f"{d}/{version_name(n)}", new.encode()
-        pause, since = self.poll_min, self.clock.monotonic()
+        pause, since, unknown = self.poll_min, self.clock.monotonic(), False
         while True:
             try:
                 made = self._create(name, data)
-            except FileNotFoundError:
-                return None
+            except FileNotFoundError:  # gone: after an EIO ours may be in it, retired since (the trash tells)
+                return settled_in_trash(self, d, n, new, key) if unknown else None
             except StorageError as e:
                 if e.errno not in (errno.EIO, errno.ETIMEDOUT, errno.EAGAIN):
                     raise
                 # The effect is unknown (a soft mount's timeout, a reply lost for good): create it
                 # again with the same token -- EEXIST then reads back whose it is.
                 self._nap(op, pause, f"creating {self.store.path(name)} keeps failing: {e}")
-                pause = min(pause * 2, self.poll_max)
+                pause, unknown = min(pause * 2, self.poll_max), True
                 continue
             if made:
                 return new
@@ -408,8 +419,9 @@ class FolderKV:
             # again after a pause) -- or the epoch was retired since (then the probe says so).
             self._unreadable(op, name, since, pause)
             pause = min(pause * 2, self.poll_max)
-            if not self._probe(d):
-                return None
+            if not self._probe(d):  # retired since: its files wait in the trash (retire_grace) -- ours among them?
+                won = read_retired(self, d, n, key)
+                return None if won is None else new if won.token == new.token else won
 
     def _new_epoch(self, kd: str, cur: str) -> str:
         """mkdir the epoch the seal about to be linked will name: numbered above every epoch listed,
@@ -424,17 +436,16 @@ class FolderKV:
         if old == EPOCH0:
             return  # epoch 0 stays (a seal's value stays readable there): nothing to retire
         copy = Version(seal.key, seal.op, secrets.token_hex(8), seal.value)
-        try:
+        try:  # a failure here must not fail the write (it took effect): a later seal retires these epochs
             self._create(f"{kd}/{new_ep}/{version_name(1)}", copy.encode())  # EEXIST: a writer's successor
+            old_eps = [ep for num, ep in self._epochs(kd) if num < epoch_number(new_ep) and ep != EPOCH0]
         except (FileNotFoundError, StorageError):
-            return  # not proven there: a later seal retires these epochs
+            return  # not proven there (the copy), or the epochs not listed (EIO)
         # Every epoch below the new one is sealed (or an orphan nobody names) and the new one holds
         # the value: retiring them loses nothing, and a stale writer's link() into one now fails
         # (ENOENT) instead of succeeding: the directory, not its files, goes, and no name comes back.
-        mine = epoch_number(new_ep)
-        for num, ep in self._epochs(kd):
-            if num < mine and ep != EPOCH0:
-                self._retire(f"{kd}/{ep}")
+        for ep in old_eps:
+            self._retire(f"{kd}/{ep}")
 
     def _retire(self, d: str) -> None:
         with contextlib.suppress(FileNotFoundError, StorageError):  # a later seal tries again
@@ -448,24 +459,12 @@ class FolderKV:
         self._update(key, lambda cur: ("set", value), "setting")
 
     def add(self, key: str, amount: int) -> int:
-        """Add ``amount`` to the integer in ``key`` (missing: 0); returns the new value.  ``amount == 0`` on a
-        key that exists writes nothing: a fresh read answers it (torch's barrier reads its counter with
-        ``add(k, 0)`` from every rank: N contended writes fewer); on a missing key it writes ``0``, as torch's do."""
-        amount = int(amount)
-        out = []
+        """Add ``amount`` to the integer in ``key`` (missing: 0); returns the new value (:func:`.folderstore_add.add`).
 
-        def change(cur):
-            base = 0
-            if cur is not None:
-                try:
-                    base = int(cur)
-                except ValueError:
-                    raise ValueError(f"add: the value of {key!r} is not an integer: {cur[:40]!r}") from None
-            out[:] = [base + amount]
-            return None if amount == 0 and cur is not None else ("set", str(base + amount).encode())
-
-        self._update(key, change, "adding to")
-        return out[0]
+        Raises:
+            ValueError: the value is not an integer (read freshly, or the one our delta landed on): no effect.
+        """
+        return add(self, key, amount)
 
     def compare_set(self, key: str, expected, desired) -> bytes:
         """torch's semantics: missing key -> set ``desired`` if ``expected`` is empty and return it, else

@@ -111,7 +111,8 @@ def as_bytes(v) -> bytes:
 
 
 class Version:
-    """One immutable version of a key: ``op`` is ``set`` or ``del`` (a tombstone); ``next``, on a
+    """One immutable version of a key: ``op`` is ``set``, ``del`` (a tombstone) or ``add`` (a delta: its value an
+    integer to add to the version below, :mod:`.folderstore_add`); ``next``, on a
     seal, names the epoch that continues the key's log (the seal's own value is current until then)."""
 
     __slots__ = ("key", "next", "op", "token", "value")
@@ -142,7 +143,7 @@ class Version:
                 isinstance(h, dict)
                 and h.get("schema") == SCHEMA
                 and h.get("kind") == "kv"
-                and h.get("op") in ("set", "del")
+                and h.get("op") in ("set", "del", "add")
                 and isinstance(h.get("key"), str)
                 and isinstance(h.get("token"), str)
                 and h.get("len") == len(value)

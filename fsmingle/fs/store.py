@@ -347,11 +347,11 @@ class PosixStore(Store):
                 # A filesystem that "links" by copying answers success without a second name:
                 # such a claim proves nothing.  The LINK reply carries the file's attributes
                 # (RFC 1813, LINK3resok), so the client's nlink is fresh here on NFS too.
-                n = _nlink(tmp)
-                if n != 2:
+                n = _nlink(tmp)  # 0: the stat failed (a FolderStore epoch retired meanwhile): proven at the next
+                if n not in (0, 2):
                     _unlink_quiet(target)  # our own copy: it must not stand as a claim
                     raise unsupported(self.root, f"link() succeeded but the link count is {n}, not 2")
-                self._link_proven = True
+                self._link_proven = n == 2
             return True
         finally:
             _unlink_quiet(tmp)

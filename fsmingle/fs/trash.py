@@ -52,6 +52,18 @@ def move_aside(root: str, name: str, keep_for: float = 0.0) -> bool:
     return True
 
 
+def find(root: str, name: str) -> str | None:
+    """The trash entry (a name in ``root``) under which retired directory ``name`` is kept, or None (deleted
+    already, or never retired).  A FolderStore writer whose version may have landed in an epoch retired since
+    reads it back there (``fsmingle.fs.folderstore_add.read_retired``): one listing of ``root``."""
+    tail = "-" + name.replace("/", "_")
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return None
+    return next((n for n in names if n.startswith(PREFIX) and n.endswith(tail)), None)
+
+
 def sweep(root: str) -> None:
     """Delete every trash entry of ``root`` whose expiry has passed (and an older fsmingle's, which
     carry no time: their writer deleted them at once, so one still there is a leftover)."""
