@@ -19,18 +19,24 @@ pytest.importorskip("torch")
 pytestmark = pytest.mark.torch
 
 
-def test_recovery_benchmark_smoke_in_process_path_after_a_sigkill(tmp_path):
+def _smoke(tmp_path, fault: str, *extra: str, timeout: float = 150) -> tuple[dict, str]:
+    """Run the benchmark once for the in-process path at N = 2 with ``fault``; its one row and table."""
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "benchmarks.recovery", "--n", "2", "--paths", "inproc", "--faults", "kill"]
-    cmd += ["--reps", "1", "--train-s", "0.5", "--out", str(out)]
-    p = subprocess.run(cmd, cwd=REPO, env=torch_env(tmp_path), capture_output=True, text=True, timeout=150)
+    cmd = [sys.executable, "-m", "benchmarks.recovery", "--n", "2", "--paths", "inproc", "--faults", fault]
+    cmd += ["--reps", "1", "--train-s", "0.5", *extra, "--out", str(out)]
+    p = subprocess.run(cmd, cwd=REPO, env=torch_env(tmp_path), capture_output=True, text=True, timeout=timeout)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     (row,) = json.loads((out / "results.json").read_text())["rows"]
     assert row["ok"], row.get("note")
+    return row, (out / "results.md").read_text()
+
+
+def test_recovery_benchmark_smoke_in_process_path_after_a_sigkill(tmp_path):
+    row, table = _smoke(tmp_path, "kill")
     # The spare took the dead node's place; the survivor saw the failure before the new world stepped.
     assert row["spare_in"] is True
     assert 0 <= row["detect"] <= row["release"] <= row["first_step"]
-    assert "| kill | 2 | inproc | 1/1 |" in (out / "results.md").read_text()
+    assert "| kill | 2 | inproc | 1/1 |" in table
 
 
 @pytest.mark.root
@@ -40,14 +46,8 @@ def test_recovery_benchmark_smoke_in_process_path_after_a_network_cut(tmp_path):
     at its process-group timeout; the spare takes the cut node's place, the cut node stays out
     of the new world once its link is up again, and the new world goes on training."""
     cl.require_capabilities()
-    out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "benchmarks.recovery", "--n", "2", "--paths", "inproc", "--faults", "cut"]
-    cmd += ["--reps", "1", "--train-s", "0.5", "--pg-timeout", "5", "--stale-after", "5", "--cut-watch", "3"]
-    cmd += ["--out", str(out)]
-    p = subprocess.run(cmd, cwd=REPO, env=torch_env(tmp_path), capture_output=True, text=True, timeout=200)
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    (row,) = json.loads((out / "results.json").read_text())["rows"]
-    assert row["ok"], row.get("note")
+    extra = ("--pg-timeout", "5", "--stale-after", "5", "--cut-watch", "3")
+    row, table = _smoke(tmp_path, "cut", *extra, timeout=200)
     assert row["spare_in"] is True
     # A cut sends no RST: the survivor's collective raises at its timeout (5 s), not at once.
     assert 2.5 <= row["detect"] <= row["release"] <= row["first_step"]
@@ -56,7 +56,7 @@ def test_recovery_benchmark_smoke_in_process_path_after_a_network_cut(tmp_path):
     # The cut node's own collective timed out too: it left its world (and waits in the next generation).
     assert "raised" in cut["victim_cut"] and "lost" in cut["victim_cut"]
     assert cut["new_world_steps_up"] > 0 and cut["worlds_after_up"] == 0
-    assert "| cut | 2 | inproc | 1/1 |" in (out / "results.md").read_text()
+    assert "| cut | 2 | inproc | 1/1 |" in table
 
 
 def test_example_train_worlds_trains_to_the_end_and_stops(tmp_path, d):
