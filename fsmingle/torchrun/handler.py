@@ -190,8 +190,14 @@ class FsRendezvousHandler(DynamicRendezvousHandler):
             RendezvousGracefulExitError: this node was redundant (``max``
                 reached) and the run closed.
             RendezvousStateError: the state on disk is corrupt.
-            RendezvousConnectionError: the directory cannot be read or written,
-                or rank 0's TCPStore cannot be reached.
+            RendezvousConnectionError: the directory cannot be read or written.
+
+        A member that cannot reach the round's store (rank 0's TCPStore) within
+        ``keep_alive_interval * keep_alive_max_attempt`` seconds, or whose
+        confirmation rank 0 does not get within that time, loses the round
+        (``fsmingle/torchrun/reach.py``): a node that then reaches no other
+        member leaves the round and waits until one answers (a network cut);
+        the others join the next round.  No error is raised for it.
         """
         if self._fs_backend.pinned_epoch is None:
             self._wait_for_previous_run()
@@ -227,7 +233,7 @@ class FsRendezvousHandler(DynamicRendezvousHandler):
         st = self._state_holder.state
         others = (set(st.participants) | st.wait_list | st.redundancy_list) - {self._this_node}
         targets = sorted({(n.addr, port) for n in others} | ({(addr, port)} if addr != self._this_node.addr else set()))
-        if reaches_any(targets):
+        if not targets or reaches_any(targets):  # alone in the state: nobody to tell us apart from
             log.warning("round %d of lineage %d is lost (%s); joining the next round", rnd, epoch, why)
             return
         self._op_executor.run(LeaveOp(), self._get_deadline(self._settings.timeout.close))
