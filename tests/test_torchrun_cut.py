@@ -22,9 +22,10 @@ import pytest
 from helpers import REPO, torch_env
 
 pytest.importorskip("torch")
-pytestmark = [pytest.mark.torch, pytest.mark.root]
+pytestmark = pytest.mark.torch
 
 
+@pytest.mark.root
 def test_torchrun_fsmingle_recovers_from_a_network_cut_with_the_spare(tmp_path):
     cl.require_capabilities()
     out = tmp_path / "out"
@@ -46,3 +47,52 @@ def test_torchrun_fsmingle_recovers_from_a_network_cut_with_the_spare(tmp_path):
     assert "| cut | 2 | torchrun-fsmingle | 1/1 |" in (out / "results.md").read_text()
     logs = "".join(f.read_text(errors="replace") for f in (tmp_path / "logs").rglob("node*.out"))
     assert "reaches no other member" in logs  # the cut agent sat the round out (reach.py)
+
+
+def test_round_confirmation_over_a_real_store():
+    """rank 0 says ``ok`` once every member confirmed, ``redo`` when one never does; a refusal is an answer."""
+    import threading
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from fsmingle.torchrun.reach import confirm_round, reachable
+
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30))
+    try:
+        for world, members, want in ((3, (1, 2), "ok"), (3, (1,), "redo")):
+            store = dist.PrefixStore(f"r{world}{len(members)}", server)
+            got: dict[int, str] = {}
+            # One client per member, as each agent has its own connection to rank 0's store.
+            prefix = f"r{world}{len(members)}"
+            ts = [threading.Thread(target=_confirm, args=(server.port, prefix, r, world, got)) for r in members]
+            for t in ts:
+                t.start()
+            assert confirm_round(store, 0, world, 2.0) == want
+            for t in ts:
+                t.join(30)
+            assert got == {r: want for r in members}
+        assert confirm_round(server, 0, 1, 0.1) == "ok"  # alone: nothing to confirm
+        # A closed port answers with a refusal: the host is reachable.
+        assert reachable("127.0.0.1", _closed_port())
+    finally:
+        del server
+
+
+def _confirm(port: int, prefix: str, rank: int, world: int, got: dict) -> None:
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from fsmingle.torchrun.reach import confirm_round
+
+    client = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=30))
+    got[rank] = confirm_round(dist.PrefixStore(prefix, client), rank, world, 2.0)
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
