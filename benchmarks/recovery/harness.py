@@ -221,12 +221,13 @@ class Run:
                 except psutil.Error:
                     pass
         try:
-            # A run whose every node process exited cannot recover: end it now, not at recover_s.
-            _wait(lambda: self._next_world(before) is not None or self._all_exited(), recover_s, "the next world")
+            # A run whose every node but the victim exited cannot recover (a world needs N nodes and
+            # the victim is stopped, cut or dead): end it now, not at recover_s.
+            _wait(lambda: self._next_world(before) is not None or self._all_exited(victim), recover_s, "the next world")
         except TimeoutError:
             return dict(path=self.path, n=self.n, fault=self.fault, ok=False, note=self._why())
         if self._next_world(before) is None:
-            note = f"every node exited {time.time() - t_fault:.1f} s after the fault\n{self._why()}"
+            note = f"every node but the victim exited {time.time() - t_fault:.1f} s after the fault\n{self._why()}"
             return dict(path=self.path, n=self.n, fault=self.fault, ok=False, note=note)
         wid = self._next_world(before)
         evs = [(i, e) for i, e in self.events() if e["t"] >= t_fault]
@@ -264,8 +265,8 @@ class Run:
             row["cut"] = watch(self, victim, wid, before, t_fault, self.cut_watch)
         return row
 
-    def _all_exited(self) -> bool:
-        return all(p.poll() is not None for p in self.procs)
+    def _all_exited(self, victim: int) -> bool:
+        return all(p.poll() is not None for i, p in enumerate(self.procs) if i != victim)
 
     def _next_world(self, before: set) -> str | None:
         for w, r in self.world_ranks().items():
