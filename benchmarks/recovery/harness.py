@@ -91,12 +91,18 @@ class Run:
         tr += ["--max-restarts", "5", "--rdzv-id", self.job]
         if self.path == "torchrun-c10d":
             tr += ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"{self.ip(0)}:{self.c10d_port}"]
-            tr += ["--rdzv-conf", f"is_host={1 if i == 0 else 0}"]
+            conf = [f"is_host={1 if i == 0 else 0}"]
         elif self.path == "torchrun-etcd":
             tr += ["--rdzv-backend", "etcd-v2", "--rdzv-endpoint", f"{self.ip('etcd')}:{self.etcd_port}"]
+            conf = []
         else:
             tr += ["--rdzv-backend", "fsmingle", "--rdzv-endpoint", str(self.dir)]
-            tr += ["--rdzv-conf", f"addr={self.ip(i)},stale_after={self.stale_after}"]
+            conf = [f"addr={self.ip(i)}"]
+        # The same settings on every path: torch's keep-alive bound and its store timeout (what a
+        # failed round waits out: role_info in the agent's store, torch's default 60 s) are
+        # fsmingle's --stale-after.  One --rdzv-conf: torchrun keeps only the last one given.
+        conf += [f"{k}={v}" for k, v in torch_timeouts(self.stale_after).items()]
+        tr += ["--rdzv-conf", ",".join(conf)]
         if self.cluster is not None:
             tr += ["--local-addr", self.ip(i)]  # the agent's address in the rendezvous: MASTER_ADDR
         return tr + ["-m", "benchmarks.recovery.trainer", "env"]
@@ -215,9 +221,14 @@ class Run:
                 except psutil.Error:
                     pass
         try:
-            _wait(lambda: self._next_world(before) is not None, recover_s, "the next world")
+            # A run whose every node but the victim exited cannot recover (a world needs N nodes and
+            # the victim is stopped, cut or dead): end it now, not at recover_s.
+            _wait(lambda: self._next_world(before) is not None or self._all_exited(victim), recover_s, "the next world")
         except TimeoutError:
             return dict(path=self.path, n=self.n, fault=self.fault, ok=False, note=self._why())
+        if self._next_world(before) is None:
+            note = f"every node but the victim exited {time.time() - t_fault:.1f} s after the fault\n{self._why()}"
+            return dict(path=self.path, n=self.n, fault=self.fault, ok=False, note=note)
         wid = self._next_world(before)
         evs = [(i, e) for i, e in self.events() if e["t"] >= t_fault]
         lost = [e["t"] for i, e in evs if e.get("ev") in ("raised", "lost") and i != victim]
@@ -253,6 +264,9 @@ class Run:
 
             row["cut"] = watch(self, victim, wid, before, t_fault, self.cut_watch)
         return row
+
+    def _all_exited(self, victim: int) -> bool:
+        return all(p.poll() is not None for i, p in enumerate(self.procs) if i != victim)
 
     def _next_world(self, before: set) -> str | None:
         for w, r in self.world_ranks().items():
@@ -302,6 +316,18 @@ class Run:
                 pass
         if self.cluster is not None:
             self.cluster.close()
+
+
+def torch_timeouts(stale_after: float) -> dict[str, int]:
+    """torchrun's ``--rdzv-conf`` timeouts equal to fsmingle's ``--stale-after`` (whole seconds).
+
+    ``keep_alive_interval * keep_alive_max_attempt`` (torch's dead-node rule, ``_sanitize`` in
+    ``dynamic_rendezvous.py``) and ``read_timeout`` (the agents' store timeout: c10d's TCPStore,
+    etcd-v2's reads, fsmingle's store) -- keys all three backends read (``create_handler`` and each
+    backend's ``create_backend`` in ``torch/distributed/elastic/rendezvous/``)."""
+    s = max(1, round(stale_after))
+    interval = next(i for i in (5, 4, 3, 2, 1) if s % i == 0 and s // i >= 2) if s >= 2 else 1
+    return {"keep_alive_interval": interval, "keep_alive_max_attempt": max(1, s // interval), "read_timeout": s}
 
 
 def one(

@@ -12,7 +12,7 @@ import logging
 import os
 import socket
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import timedelta
 from typing import Any
 
 import psutil
@@ -36,11 +36,12 @@ from ..fs.layout import validate_job_id
 from ..net.netaddr import interface_of, socket_ifname_env
 from ..net.ports import listener
 from . import conf
-from ._torch_private import Action, RendezvousContext
 from .backend import FsRendezvousBackend, sleep_jitter
 from .codec import StoreAddress
 from .heartbeat import HeartbeatWriter
+from .ops import GuardedCloseOp, LeaveOp
 from .queuehold import HoldingExecutor, queue_watch
+from .reach import RoundUnreachableError, confirm_round, reaches_any, sit_out
 from .storeaddr import StoreAddressBoard
 
 __all__ = ["FsRendezvousHandler", "create_rdzv_handler", "handler"]
@@ -66,45 +67,6 @@ def handler():
 
 def _create(params):
     return create_rdzv_handler(params)
-
-
-class _GuardedCloseOp:
-    """torch's close operation, limited to the lineage this node was a member of."""
-
-    def __init__(self, backend: FsRendezvousBackend) -> None:
-        self._backend = backend
-
-    def __call__(self, ctx: RendezvousContext, deadline: float) -> Action:
-        if ctx.state.closed:
-            return Action.FINISH
-        member = self._backend.member_epoch
-        if member is None or self._backend.epoch != member:
-            # We never joined this lineage (or a newer run took over): not ours to close.
-            return Action.FINISH
-        if time.monotonic() > deadline:
-            return Action.ERROR_TIMEOUT
-        return Action.MARK_RENDEZVOUS_CLOSED
-
-
-class _LeaveOp:
-    """Remove this node from the state: its agent is exiting."""
-
-    def __call__(self, ctx: RendezvousContext, deadline: float) -> Action:
-        s, n = ctx.state, ctx.node
-        if n in s.participants:
-            action = Action.REMOVE_FROM_PARTICIPANTS
-        elif n in s.wait_list:
-            action = Action.REMOVE_FROM_WAIT_LIST
-        elif n in s.redundancy_list:
-            action = Action.REMOVE_FROM_REDUNDANCY_LIST
-        else:
-            return Action.FINISH
-        if n not in s.last_heartbeats:
-            # torch's removal actions delete the heartbeat entry too.
-            s.last_heartbeats[n] = datetime.now(timezone.utc)
-        if time.monotonic() > deadline:
-            return Action.ERROR_TIMEOUT
-        return action
 
 
 def _server_connect_host(addr: str) -> str:
@@ -182,6 +144,7 @@ class FsRendezvousHandler(DynamicRendezvousHandler):
         self._read_timeout = float(read_timeout)
         self._server = None
         self._client = None
+        self._round: tuple[int, int, str, int] = (0, 0, "", 0)  # lineage, round, store host, port
         interval = self._settings.keep_alive_interval.total_seconds()
         self._beats = HeartbeatWriter(backend.store, self._settings.run_id, self._this_node, interval, backend.view)
         backend.set_node(self._this_node, self._beats)
@@ -227,8 +190,14 @@ class FsRendezvousHandler(DynamicRendezvousHandler):
             RendezvousGracefulExitError: this node was redundant (``max``
                 reached) and the run closed.
             RendezvousStateError: the state on disk is corrupt.
-            RendezvousConnectionError: the directory cannot be read or written,
-                or rank 0's TCPStore cannot be reached.
+            RendezvousConnectionError: the directory cannot be read or written.
+
+        A member that cannot reach the round's store (rank 0's TCPStore) within
+        ``keep_alive_interval * keep_alive_max_attempt`` seconds, or whose
+        confirmation rank 0 does not get within that time, loses the round
+        (``fsmingle/torchrun/reach.py``): a node that then reaches no other
+        member leaves the round and waits until one answers (a network cut);
+        the others join the next round.  No error is raised for it.
         """
         if self._fs_backend.pinned_epoch is None:
             self._wait_for_previous_run()
@@ -237,12 +206,43 @@ class FsRendezvousHandler(DynamicRendezvousHandler):
         # cached MASTER_ADDR/PORT of the first round must not be reused: let
         # it exchange them again through this round's store.  (Rank 0 may
         # also change between rounds: ranks follow the sorted node list.)
-        self._bootstrap_store_info = None
-        self._shared_tcp_store_server = None
-        self._server = self._client = None
-        info = super().next_rendezvous()
-        self._export_socket_ifname()
-        return info
+        while True:
+            self._bootstrap_store_info = None
+            self._shared_tcp_store_server = None
+            self._server = self._client = None
+            try:
+                info = super().next_rendezvous()
+            except RoundUnreachableError as e:
+                self._leave_round(str(e))
+                continue
+            # A member that cannot reach this round's store must not be in it (reach.py's doc).
+            bound = self._fs_backend.view.liveness
+            tcp = self._store_kind == "tcp"
+            verdict = confirm_round(info.store, info.rank, info.world_size, bound) if tcp else "ok"
+            if verdict == "ok":
+                self._export_socket_ifname()
+                return info
+            self._leave_round(f"round {self._round[1]}: {verdict}")
+
+    def _leave_round(self, why: str) -> None:
+        # The round is lost.  A node that reaches no other member is the one cut off: it leaves the
+        # round through the state (the filesystem still works), so that the members who reach each
+        # other complete the next round without it, and joins again once it reaches one of them.
+        # The others join the next round at once (torch's exit op leaves the round first).
+        epoch, rnd, addr, port = self._round
+        st = self._state_holder.state
+        others = (set(st.participants) | st.wait_list | st.redundancy_list) - {self._this_node}
+        targets = sorted({(n.addr, port) for n in others} | ({(addr, port)} if addr != self._this_node.addr else set()))
+        if not targets or reaches_any(targets):  # alone in the state: nobody to tell us apart from
+            log.warning("round %d of lineage %d is lost (%s); joining the next round", rnd, epoch, why)
+            return
+        self._op_executor.run(LeaveOp(), self._get_deadline(self._settings.timeout.close))
+
+        def closed() -> bool:
+            rec = self._fs_backend.peek()
+            return rec is not None and rec.state.closed
+
+        sit_out(targets, closed, f"node {self._this_node} reaches no other member of round {rnd} ({why})")
 
     def _export_socket_ifname(self) -> None:
         """Hand the workers the interface of the address this agent announced.
@@ -312,12 +312,21 @@ class FsRendezvousHandler(DynamicRendezvousHandler):
             server = self._new_server()
             self._board.publish(StoreAddress(epoch, rnd, self._this_node, self._this_node.addr, server.port))
             base = server
+            self._round = (epoch, rnd, self._this_node.addr, server.port)
         else:
             a = self._board.wait(epoch, rnd, leader, self._read_timeout)
+            self._round = (epoch, rnd, a.addr, a.port)
+            # Connecting gets the keep-alive bound (a member silent that long is dead to torch),
+            # not read_timeout: a member that cannot reach the store must leave the round before
+            # rank 0 gives up on it (reach.py).  Later operations get read_timeout.
+            bound = min(self._read_timeout, self._fs_backend.view.liveness)
             try:
-                base = dist.TCPStore(a.addr, a.port, is_master=False, multi_tenant=True, timeout=timeout)
+                base = dist.TCPStore(
+                    a.addr, a.port, is_master=False, multi_tenant=True, timeout=timedelta(seconds=bound)
+                )
+                base.set_timeout(timeout)
             except (RuntimeError, ValueError, TimeoutError) as e:
-                raise RendezvousConnectionError(
+                raise RoundUnreachableError(
                     f"cannot connect to rank 0's store at {a.addr}:{a.port} ({e}); is that address "
                     "reachable from this node? choose it with --rdzv-conf iface=... or addr=..."
                 ) from e
@@ -358,7 +367,7 @@ class FsRendezvousHandler(DynamicRendezvousHandler):
 
     def _close(self) -> None:
         deadline = self._get_deadline(self._settings.timeout.close)
-        self._op_executor.run(_GuardedCloseOp(self._fs_backend), deadline)
+        self._op_executor.run(GuardedCloseOp(self._fs_backend), deadline)
 
     def set_closed(self) -> None:
         """Mark the run closed: agents still joining or re-joining get ``RendezvousClosedError``.
@@ -383,7 +392,7 @@ class FsRendezvousHandler(DynamicRendezvousHandler):
         try:
             with self._heartbeat_lock:
                 self._close()
-                self._op_executor.run(_LeaveOp(), self._get_deadline(self._settings.timeout.close))
+                self._op_executor.run(LeaveOp(), self._get_deadline(self._settings.timeout.close))
             return True
         except (RendezvousError, KeyError) as ex:
             log.warning(
