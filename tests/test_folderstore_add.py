@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import bindfs_missing
 
 HERE = Path(__file__).resolve().parent
 WORKER = HERE / "folderstore_worker.py"
@@ -68,17 +69,9 @@ def test_a_contended_add_costs_a_link_per_lost_race_not_a_reread(tmp_path):
     assert r["calls"] <= 2 * lost + 15, f"{r['calls']} filesystem calls for an add that lost {lost} races"
 
 
-def _bindfs_missing() -> list[str]:
-    from helpers import have
-
-    missing = [] if os.geteuid() == 0 else ["root (to mount)"]
-    missing += [] if os.path.exists("/dev/fuse") else ["/dev/fuse"]
-    return missing + [f"`{t}`" for t in have("bindfs")]
-
-
 @pytest.mark.root
 @pytest.mark.torch
-@pytest.mark.skipif(bool(_bindfs_missing()), reason="NFS-like FUSE views need: " + ", ".join(_bindfs_missing()))
+@pytest.mark.skipif(bool(bindfs_missing()), reason="NFS-like FUSE views need: " + ", ".join(bindfs_missing()))
 def test_contended_adds_across_two_cached_views_are_exact_and_unique(tmp_path):
     """8 processes x 40 adds to one counter, half through each of two bindfs mounts of one directory that cache
     attributes, names and absences for 2 s (two NFS clients): the 320 returned values are exactly 1..320 (none
