@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Iterable
 
 from ..errors import CorruptStateError, StorageError
-from .folderstore_add import add, full, read_retired, settled_in_trash
+from .folderstore_add import add, fresh_lookup, full, read_retired, settled_in_trash
 from .folderstore_keys import live_keys
 from .folderstore_log import (
     _UNREADABLE,
@@ -258,11 +258,12 @@ class FolderKV:
         return full(self, d, n, v, key) if (v := self._read(d, n, key)) else (None, f"{d}/{version_name(n)}")
 
     def _unreadable(self, op: Op, what: str, since: float, pause: float) -> None:
+        if fresh_lookup(self, what):
+            return  # a negative dentry of a version made fresh: read again now, no pause (fs/lookup.py)
+        p = self.store.path(what)
         if self.clock.monotonic() - since > LIE_LIMIT:
-            raise CorruptStateError(
-                f"{self.store.path(what)} has been {_UNREADABLE} for {LIE_LIMIT:g} s; was the store removed?"
-            )
-        self._nap(op, pause, f"{self.store.path(what)} is {_UNREADABLE}")
+            raise CorruptStateError(f"{p} has been {_UNREADABLE} for {LIE_LIMIT:g} s; was the store removed?")
+        self._nap(op, pause, f"{p} is {_UNREADABLE}")
 
     # ------------------------------------------------------------------ reading
     def try_get(self, key: str, fresh: bool = True, op: Op | None = None) -> bytes | None:

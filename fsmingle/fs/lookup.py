@@ -1,7 +1,7 @@
 """Lookups that lie: a client's cache says a name is missing that the server has (a create race lost).
 
-The cure for a name the caller knows exists: :func:`stat_existing` (GlusterFS's nl-cache: a listing of the
-parent).
+Two cures, both for a name the caller knows exists: :func:`stat_existing` (GlusterFS's nl-cache: a listing
+of the parent) and :func:`refresh` (a kernel negative dentry: an exclusive create, which revalidates it).
 """
 
 from __future__ import annotations
@@ -63,3 +63,49 @@ def stat_existing(path: str, *, follow: bool = False) -> os.stat_result:
         time.sleep(pause)
         pause *= 2
     return look(path)
+
+
+_refreshed: set[str] = set()  # paths refresh()ed by this process (refresh)
+
+
+def refresh(path: str) -> bool:
+    """Make this client's next lookup of ``path`` -- a name the caller knows exists (it lies below a version
+    of its own in a log without gaps, or a ``link()`` there answered EEXIST) -- ask the server, without
+    waiting out a negative dentry of it.
+
+    Why: a FUSE mount keeps a lookup's ENOENT as a negative dentry for ``negative_timeout`` (bindfs, the
+    benchmark's 2 s): our ``link()`` into a slot another mount filled between the kernel's lookup and the
+    ``LINK`` leaves one (EEXIST, the dentry stays negative) and a read of that name then says ENOENT for up to
+    2 s.  A listing does not cure it here: bindfs 1.14 is built on libfuse 2, whose high-level API has no
+    READDIRPLUS (with it, ``fuse_direntplus_link`` in Linux ``fs/fuse/dir.c`` would replace the negative dentry
+    it meets); measured, the name stayed missing 2.0 s after a listing.  An exclusive create does:
+    ``fuse_dentry_revalidate`` (same file) does a fresh lookup for a lookup flagged ``LOOKUP_EXCL`` ("For
+    negative dentries, always do a fresh lookup"), which ``mkdir`` is -- the dentry turns positive and
+    ``mkdir`` answers EEXIST without a ``MKDIR``: one ``LOOKUP`` (measured: visible at once).  NFS: with
+    ``lookupcache=positive`` or ``none`` no negative entry is kept; with ``all`` a negative entry is dropped
+    when the directory's change attribute moves (``nfs_neg_need_reval``, ``fs/nfs/dir.c``), so this costs one
+    ``MKDIR`` answered EEXIST.  Lustre revalidates a dentry under the directory's LDLM lock, which another
+    client's create cancels: nothing to cure, one RPC.
+
+    A ``mkdir`` that succeeds (the name was not there after all: only in a directory retired meanwhile that
+    this client still reaches by a cached handle) is undone at once.  Errors are ignored: the caller's next
+    read says what is wrong.
+
+    Returns:
+        bool: True if refreshed now; False if ``path`` was refreshed before in this process (a name that exists is
+        never looked up missing again: what still hides it is another cache, for the caller to wait out).
+    """
+    if path in _refreshed:
+        return False
+    if len(_refreshed) > 4096:
+        _refreshed.clear()
+    _refreshed.add(path)
+    try:
+        os.mkdir(path, 0o700)
+    except OSError:
+        return True  # EEXIST: the lookup was fresh (the point); ENOENT, ESTALE: the directory went
+    try:
+        os.rmdir(path)
+    except OSError:
+        pass
+    return True
