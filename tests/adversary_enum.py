@@ -20,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from fakefs import FakeFS
 from lincheck import History, check
+from lincheck import key_step as step
 
 from fsmingle.fs.folderstore import FolderKV
 
@@ -36,28 +37,6 @@ class _Clock:
 
     def sleep(self, s):
         self.fs.advance(max(s, 1e-4))
-
-
-def step(state, op):
-    """torch's sequential key (None: missing); an add onto a non-integer raises ValueError, no effect."""
-    r = op.result
-    if op.name == "add":
-        if state is not None and not state.lstrip(b"-").isdigit():
-            return r == "ValueError", state
-        new = (int(state) if state is not None else 0) + op.args[0]
-        return r == new, str(new).encode()
-    if op.name == "set":
-        return True, op.args[0]
-    if op.name == "cas":
-        expected, desired = op.args
-        if state is None:
-            return (r == desired, desired) if expected == b"" else (r == expected, state)
-        return (r == desired, desired) if state == expected else (r == state, state)
-    if op.name == "del":
-        return r == (state is not None), None
-    if op.name == "get":
-        return r == state, state
-    raise AssertionError(op.name)
 
 
 def one(seal_at: int, prefix: int, k: int, intruder: str, fault, j: int, amount: int = 3, lag_a: float = 0.0):

@@ -19,8 +19,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from adversary_enum import step
 from lincheck import History, check
+from lincheck import key_step as step
 
 from fsmingle.fs import folderstore_add as fa
 from fsmingle.fs.folderstore import FolderKV

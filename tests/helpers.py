@@ -430,6 +430,13 @@ def have(*tools: str) -> list[str]:
     return [t for t in tools if not shutil.which(t)]
 
 
+def bindfs_missing() -> list[str]:
+    """What a test mounting NFS-like bindfs views lacks (root to mount, ``/dev/fuse``, ``bindfs``); [] if nothing."""
+    missing = [] if os.geteuid() == 0 else ["root (to mount)"]
+    missing += [] if os.path.exists("/dev/fuse") else ["/dev/fuse"]
+    return missing + [f"`{t}`" for t in have("bindfs")]
+
+
 def other_pidns_prefix() -> list[str]:
     """argv prefix running a command in a new pid namespace: its psutil identity is not checkable from here.
 

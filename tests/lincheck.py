@@ -73,3 +73,27 @@ def check(ops: list[Op], init: Hashable, step: Callable[[Hashable, Op], tuple[bo
         return False
 
     return None if search(0, init) else "not linearizable:\n" + "\n".join(map(str, ops))
+
+
+def key_step(state: bytes | None, op: Op) -> tuple[bool, bytes | None]:
+    """The sequential spec of one torch store key (None: missing), for :func:`check`: ``add`` (onto a value
+    that is not an integer: "ValueError", no effect), ``set``, ``cas`` (torch's compare_set: expected ``b""``
+    matches a missing key), ``del``, ``get`` and ``check``."""
+    r = op.result
+    if op.name == "add":
+        if state is not None and not state.lstrip(b"-").isdigit():  # "-3" is an integer: isdigit() alone says no
+            return r == "ValueError", state
+        new = (int(state) if state is not None else 0) + op.args[0]
+        return r == new, str(new).encode()
+    if op.name == "set":
+        return True, op.args[0]
+    if op.name == "cas":
+        expected, desired = op.args
+        if state is None:
+            return (r == desired, desired) if expected == b"" else (r == expected, state)
+        return (r == desired, desired) if state == expected else (r == state, state)
+    if op.name == "del":
+        return r == (state is not None), None
+    if op.name in ("get", "check"):
+        return r == (state if op.name == "get" else state is not None), state
+    raise AssertionError(op.name)

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from fakefs import FakeFS
 from folderstore_worker import check
+from helpers import bindfs_missing
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -332,17 +333,9 @@ def test_sigkill_of_a_writer_loses_nothing(tmp_path):
     assert len(leftovers) <= 1  # at most the victim's unlinked temporary (hidden: never listed)
 
 
-def _bindfs_missing() -> list[str]:
-    from helpers import have
-
-    missing = [] if os.geteuid() == 0 else ["root (to mount)"]
-    missing += [] if os.path.exists("/dev/fuse") else ["/dev/fuse"]
-    return missing + [f"`{t}`" for t in have("bindfs")]
-
-
 @pytest.mark.root
 @pytest.mark.torch
-@pytest.mark.skipif(bool(_bindfs_missing()), reason="NFS-like FUSE views need: " + ", ".join(_bindfs_missing()))
+@pytest.mark.skipif(bool(bindfs_missing()), reason="NFS-like FUSE views need: " + ", ".join(bindfs_missing()))
 def test_nfs_like_views_hammer_one_key(tmp_path):
     """Three "nodes", each through its own bindfs mount caching attributes, names and absences for 2 s."""
     _torch()
@@ -526,28 +519,6 @@ def test_model_read_modify_write_over_fakefs(lags, ops):
     assert len(cas_wins) == len(set(cas_wins)) and sorted(cas_wins) == list(range(1, len(cas_wins) + 1))
 
 
-def _register_step(state, op):
-    """The sequential spec of one torch store key (None: missing), for :func:`lincheck.check`."""
-    r = op.result
-    if op.name == "add":  # onto a value that is not an integer: ValueError, no effect
-        if state is not None and not state.isdigit():
-            return r == "ValueError", state
-        new = (int(state) if state is not None else 0) + op.args[0]
-        return r == new, str(new).encode()
-    if op.name == "set":
-        return True, op.args[0]
-    if op.name == "cas":
-        expected, desired = op.args
-        if state is None:
-            return (r == desired, desired) if expected == b"" else (r == expected, state)
-        return (r == desired, desired) if state == expected else (r == state, state)
-    if op.name == "del":
-        return r == (state is not None), None
-    if op.name in ("get", "check"):
-        return r == (state if op.name == "get" else state is not None), state
-    raise AssertionError(op.name)
-
-
 LIN_OPS = st.tuples(
     st.integers(0, 2),  # node
     st.sampled_from(["add", "set", "cas", "cas-guess", "del", "get", "check"]),
@@ -574,7 +545,7 @@ def test_model_every_answer_is_linearizable(lags, ops, seal_at):
     contended (run inside others' operations) and interleaved with sets of values that are not integers (an add
     then raises ValueError and has no effect, in the sequential spec too).  Before the fix a compare_set answered b'old' where only b'y'
     was linearizable, and a delete_key False where only True was."""
-    from lincheck import History, check
+    from lincheck import History, check, key_step
 
     fs, views, kvs = lagging_stores(lags, seal_at)
     h = History()
@@ -631,7 +602,7 @@ def test_model_every_answer_is_linearizable(lags, ops, seal_at):
         fs.advance(0.05)
     final = h.call("get", who="n2")
     h.ret(final, kvs[2].try_get("k"))
-    bad = check(h.ops, None, _register_step)
+    bad = check(h.ops, None, key_step)
     assert bad is None, bad
     # Compaction bounds the files: epoch 0 (two versions), the current epoch, at most one being retired.
     files = [n for n in fs.present_files() if "/v-" in n]

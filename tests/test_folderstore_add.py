@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import bindfs_missing
 
 HERE = Path(__file__).resolve().parent
 WORKER = HERE / "folderstore_worker.py"
@@ -68,17 +69,9 @@ def test_a_contended_add_costs_a_link_per_lost_race_not_a_reread(tmp_path):
     assert r["calls"] <= 2 * lost + 15, f"{r['calls']} filesystem calls for an add that lost {lost} races"
 
 
-def _bindfs_missing() -> list[str]:
-    from helpers import have
-
-    missing = [] if os.geteuid() == 0 else ["root (to mount)"]
-    missing += [] if os.path.exists("/dev/fuse") else ["/dev/fuse"]
-    return missing + [f"`{t}`" for t in have("bindfs")]
-
-
 @pytest.mark.root
 @pytest.mark.torch
-@pytest.mark.skipif(bool(_bindfs_missing()), reason="NFS-like FUSE views need: " + ", ".join(_bindfs_missing()))
+@pytest.mark.skipif(bool(bindfs_missing()), reason="NFS-like FUSE views need: " + ", ".join(bindfs_missing()))
 def test_contended_adds_across_two_cached_views_are_exact_and_unique(tmp_path):
     """8 processes x 40 adds to one counter, half through each of two bindfs mounts of one directory that cache
     attributes, names and absences for 2 s (two NFS clients): the 320 returned values are exactly 1..320 (none
@@ -151,3 +144,48 @@ def test_a_compaction_keeps_the_retired_epoch_for_its_grace(tmp_path):
     kept = trashed(None)
     assert len([f for f in kept if f.startswith("v-")]) >= 4, kept  # a whole sealed epoch, every name still taken
     assert trashed(0) == []
+
+
+@pytest.mark.root
+@pytest.mark.skipif(bool(bindfs_missing()), reason="NFS-like FUSE views need: " + ", ".join(bindfs_missing()))
+def test_a_negative_dentry_of_a_version_is_not_waited_out(tmp_path):
+    """Two bindfs mounts of one directory keeping absences for 60 s (``negative_timeout``, as NFS's
+    ``acdirmax`` or a FUSE client's): A looks up the next versions of a counter while they are missing (the
+    lookup the kernel makes before each ``link()`` of a contended add, which another mount then fills: EEXIST,
+    the negative dentry stays), B adds 1 twice, then A adds 1 with a 20 s timeout.  A must read B's versions
+    (its own add's base and read-back) without waiting the 60 s out: fsmingle.fs.lookup.refresh revalidates a
+    negative dentry by an exclusive create.  Before the fix: A's add raised the timeout (the versions stayed
+    ENOENT through A's mount for 60 s)."""
+    from helpers import umount
+
+    from fsmingle.fs.folderstore import FolderKV, key_dir
+    from fsmingle.fs.folderstore_log import version_name
+    from fsmingle.fs.store import PosixStore
+
+    backing = tmp_path / "backing"
+    backing.mkdir(mode=0o700)
+    mounts = []
+    try:
+        for i in range(2):
+            m = tmp_path / f"node{i}"
+            m.mkdir(mode=0o700)
+            subprocess.run(
+                ["bindfs", "-o", "attr_timeout=60,entry_timeout=60,negative_timeout=60", str(backing), str(m)],
+                check=True, capture_output=True, timeout=30,
+            )  # fmt: skip
+            mounts.append(m)
+        a, b = (FolderKV(PosixStore(str(m)), timeout=20.0) for m in mounts)
+        for _ in range(3):  # past epoch 0 (its seal) and version 1 of epoch 1: where deltas go
+            b.add("ctr", 1)
+        kd = backing / key_dir("ctr")
+        ep = max(e for e in os.listdir(kd) if e.startswith("e-"))
+        top = max(int(v[2:]) for v in os.listdir(kd / ep) if v.startswith("v-"))
+        for n in range(top + 1, top + 4):  # negative dentries in A's mount, for 60 s
+            assert not (mounts[0] / key_dir("ctr") / ep / version_name(n)).exists()
+        assert [b.add("ctr", 1) for _ in range(2)] == [4, 5]
+        assert (kd / ep / version_name(top + 2)).exists()  # B's versions went where A looked (same epoch)
+        assert a.add("ctr", 1) == 6
+        assert a.try_get("ctr") == b"6" and b.try_get("ctr") == b"6"
+    finally:
+        for m in mounts:
+            umount(m)

@@ -23,6 +23,7 @@ sys.path.insert(0, ROOT)
 from benchmarks.rdzv.fsops import KINDS, OpCounter, fs_ops
 from benchmarks.sim.engine import Config, run
 from fsmingle.fs import jobdir as jobdir_mod
+from fsmingle.fs import lookup as lookup_mod
 from fsmingle.fs import store as store_mod
 from fsmingle.fs.jobdir import open_job_dir
 from fsmingle.net.channel import TcpTransport
@@ -38,7 +39,8 @@ def _real_run(base: str) -> tuple[list[dict], list[float]]:
     real_os = store_mod.os
     from benchmarks.rdzv.fsops import _CountingOs
 
-    store_mod.os = jobdir_mod.os = _CountingOs(real_os, counter)  # the store and opening the job directory
+    # the store, its lookups (stat_existing) and opening the job directory
+    store_mod.os = lookup_mod.os = jobdir_mod.os = _CountingOs(real_os, counter)
     timing = Timing()
     parts, results, errors = [], {}, []
 
@@ -81,7 +83,7 @@ def _real_run(base: str) -> tuple[list[dict], list[float]]:
         for t in threads:
             t.join(60)
     finally:
-        store_mod.os = jobdir_mod.os = real_os
+        store_mod.os = lookup_mod.os = jobdir_mod.os = real_os
     assert not errors, errors
     assert sorted(r.rank for r, _ in results.values()) == list(range(N))
     return [counter.counts[i] for i in range(N)], [results[i][1] - t_last for i in range(N)]

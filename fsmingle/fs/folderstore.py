@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Iterable
 
 from ..errors import CorruptStateError, StorageError
-from .folderstore_add import add, full, read_retired, settled_in_trash
+from .folderstore_add import add, fresh_lookup, full, read_retired, settled_in_trash
 from .folderstore_keys import live_keys
 from .folderstore_log import (
     _UNREADABLE,
@@ -180,20 +180,20 @@ class FolderKV:
 
     # ------------------------------------------------------------------ where a key's log stands
     def _resolve(self, key: str | None, kd: str, op: Op, fresh: bool = False) -> State:
-        """The newest version of the key (``State``).  ``fresh``: linearizable -- every epoch
-        directory trusted is probed first, so that its listing shows every version made before.
-
-        Versions are immutable; a listed one that reads as absent is a lookup that lies or an epoch
-        retired meanwhile: looked for again, fresh, after a pause (at most until the deadline).
-        """
-        pause, since, missing = self.poll_min, self.clock.monotonic(), ""
+        """The newest version of the key (``State``).  ``fresh``: linearizable -- every epoch directory trusted is
+        probed first, so that its listing shows every version made before.  A listed version that reads as absent
+        (a lookup that lies, an epoch retired meanwhile) is looked for again, fresh, after a pause (until the deadline)
+        -- at once for an epoch newly gone: the key moved on (256 adders seal one in milliseconds)."""
+        pause, since, missing, gone = self.poll_min, self.clock.monotonic(), "", set()
         while True:
-            st, missing = self._try_resolve(key, kd, fresh, deep=pause > self.poll_min or missing == kd)
+            st, missing = self._try_resolve(key, kd, fresh, deep=pause > self.poll_min or missing in (kd, *gone))
             if st is not None:
                 return st
             fresh = True
-            self._unreadable(op, missing, since, pause)
-            pause = min(pause * 2, self.poll_max)
+            now = missing not in gone and EPOCH_RE.match(missing.rpartition("/")[2])  # retired under us: no pause
+            self._unreadable(op, missing, since, 0.0 if now else pause)  # the deadline is kept either way
+            pause = pause if now else min(pause * 2, self.poll_max)
+            gone.add(missing)
 
     def _try_resolve(self, key: str | None, kd: str, fresh: bool, deep: bool = False, full: bool = False):
         if deep and not self._probe(kd):  # deep: the epochs listed were gone -- a fresh listing of the key
@@ -258,11 +258,12 @@ class FolderKV:
         return full(self, d, n, v, key) if (v := self._read(d, n, key)) else (None, f"{d}/{version_name(n)}")
 
     def _unreadable(self, op: Op, what: str, since: float, pause: float) -> None:
+        if fresh_lookup(self, what):
+            return  # a negative dentry of a version made fresh: read again now, no pause (fs/lookup.py)
+        p = self.store.path(what)
         if self.clock.monotonic() - since > LIE_LIMIT:
-            raise CorruptStateError(
-                f"{self.store.path(what)} has been {_UNREADABLE} for {LIE_LIMIT:g} s; was the store removed?"
-            )
-        self._nap(op, pause, f"{self.store.path(what)} is {_UNREADABLE}")
+            raise CorruptStateError(f"{p} has been {_UNREADABLE} for {LIE_LIMIT:g} s; was the store removed?")
+        self._nap(op, pause, f"{p} is {_UNREADABLE}")
 
     # ------------------------------------------------------------------ reading
     def try_get(self, key: str, fresh: bool = True, op: Op | None = None) -> bytes | None:

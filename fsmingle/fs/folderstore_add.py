@@ -24,8 +24,8 @@ import os
 import secrets
 
 from ..errors import CorruptStateError
-from . import trash
-from .folderstore_log import _UNREADABLE, EPOCH0, Op, State, Version, version_name
+from .folderstore_log import _UNREADABLE, EPOCH0, VERSION_RE, Op, State, Version, version_name
+from .lookup import refresh
 from .refusal import unsupported
 from .store import UNTRUSTED, _nlink, _tmp_name, _unlink_quiet, storage_error
 
@@ -58,15 +58,21 @@ def read_retired(kv, d: str, n: int, key: str | None) -> Version | None:
     ``retire_grace`` seconds (``Store.retire``); None if not there (deleted, or never written).  For a writer
     that must know a version of an epoch that moved on under it: its own lost reply, the base of its delta."""
     name = f"{d}/{version_name(n)}"
-    if kv._posix is None:
-        data = getattr(kv.store, "read_retired", lambda _: None)(name)  # the tests' fakefs keeps them so
-    else:
-        aside = trash.find(kv._posix, d)
-        data = kv.store.read(f"{aside}/{version_name(n)}") if aside else None
+    data = kv.store.read_retired(name)
     if data is None or data == UNTRUSTED:
         return None
     v = Version.decode(data, kv.store.path(name))
     return v if key is None or v.key == key else None
+
+
+def fresh_lookup(kv, what: str) -> bool:
+    """For ``FolderKV._unreadable``: True if version ``what`` (listed, or a ``link()`` there said EEXIST: it exists)
+    was just looked up afresh -- a negative dentry of this mount turned positive (``fsmingle.fs.lookup.refresh``;
+    a contended adder's ``link()`` leaves one in each slot it lost): read it again now, no pause.  Versions only:
+    ``refresh`` undoes a ``mkdir`` that succeeds, but an epoch's name must never exist twice."""
+    if kv._posix is None or not VERSION_RE.match(what.rpartition("/")[2]):
+        return False
+    return refresh(kv.store.path(what))
 
 
 def settled_in_trash(kv, d: str, n: int, new: Version, key: str | None) -> Version | None:
@@ -77,9 +83,21 @@ def settled_in_trash(kv, d: str, n: int, new: Version, key: str | None) -> Versi
     return None if won is None else new if won.token == new.token else won
 
 
-def _read_kept(kv, d: str, n: int, key: str | None) -> Version | None:
-    v = kv._read(d, n, key)
-    return v if v is not None or kv._probe(d) else read_retired(kv, d, n, key)
+def _kept_reader():
+    """A ``read`` for :func:`full` that finds a version of an epoch retired under the walk in the trash: the
+    epoch's absence is probed once per walk (a retired epoch never comes back: its name is never reused), after
+    which its versions are read from the trash alone (``Store.read_retired``: one listing of the root per epoch)."""
+    gone: set[str] = set()
+
+    def read(kv, d: str, n: int, key: str | None) -> Version | None:
+        if d not in gone:
+            v = kv._read(d, n, key)
+            if v is not None or kv._probe(d):
+                return v
+            gone.add(d)
+        return read_retired(kv, d, n, key)
+
+    return read
 
 
 def full(kv, d: str, n: int, v: Version, key: str | None, read=None) -> tuple[Version | None, str]:
@@ -222,8 +240,9 @@ def delta_add(kv, key: str, kd: str, amount: int, st: State, op: Op) -> int | St
     kv._saw(kd, st.ep, m)
     kv._vals[(d, st.n)] = st.ver  # the walk back from ours stops at where we started
     pause, since = kv.poll_min, kv.clock.monotonic()
+    read = _kept_reader()
     while True:
-        v, missing = full(kv, d, m, new, key, _read_kept)  # the epoch may be sealed and retired meanwhile
+        v, missing = full(kv, d, m, new, key, read)  # the epoch may be sealed and retired meanwhile
         # cached by the walk: the value our delta was linearized on (another thread may clear it: walk again)
         if v is not None and (below := kv._vals.get((d, m - 1))) is not None:
             break

@@ -22,6 +22,7 @@ PREFIX = ".trash-"
 _MS_DIGITS = 14
 SWEEP_GAP = 10.0  # seconds between two sweeps of one root by one process
 _last_sweep: dict[str, float] = {}  # root -> monotonic time of this process's last sweep of it
+_kept: dict[tuple[str, str], str] = {}  # (root, retired directory) -> its trash entry (read_kept)
 
 
 def move_aside(root: str, name: str, keep_for: float = 0.0) -> bool:
@@ -62,6 +63,27 @@ def find(root: str, name: str) -> str | None:
     except OSError:
         return None
     return next((n for n in names if n.startswith(PREFIX) and n.endswith(tail)), None)
+
+
+def read_kept(store, name: str) -> bytes | None:
+    """``PosixStore.read_retired``: file ``name`` (``"dir/file"``) of retired directory ``dir`` from its trash
+    entry, as ``store.read`` answers; None if not there.  The entry is found by one listing of the root
+    (:func:`find`) and remembered: a FolderStore walking back through a retired epoch reads many of its files."""
+    d, f = name.rsplit("/", 1)
+    aside = _kept.get((store.root, d))
+    if aside is None:
+        aside = find(store.root, d)
+        if aside is None:
+            return None
+        if len(_kept) > 64:
+            _kept.clear()
+        # Remembered: a directory is retired once (a FolderStore's epoch names are never reused) and its trash
+        # entry is never renamed again, only deleted -- after which the read below answers None.
+        _kept[(store.root, d)] = aside
+    data = store.read(f"{aside}/{f}")
+    if data is None:
+        _kept.pop((store.root, d), None)
+    return data
 
 
 def sweep(root: str) -> None:

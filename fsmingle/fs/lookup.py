@@ -1,0 +1,111 @@
+"""Lookups that lie: a client's cache says a name is missing that the server has (a create race lost).
+
+Two cures, both for a name the caller knows exists: :func:`stat_existing` (GlusterFS's nl-cache: a listing
+of the parent) and :func:`refresh` (a kernel negative dentry: an exclusive create, which revalidates it).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import time
+
+STAT_EXISTING_TRIES = 6  # lookups (each after a listing of the parent) before stat_existing gives up
+
+
+def stat_existing(path: str, *, follow: bool = False) -> os.stat_result:
+    """``lstat`` (or ``stat``) a name the server has just said exists (a create answered EEXIST).
+
+    When this client lost a create race, the kernel looked the name up just before asking the
+    server to create it, and on GlusterFS that lookup's ENOENT stays in the client's negative
+    lookup cache (nl-cache, for ``performance.nl-cache-timeout``: 60.7 s measured on the
+    ``nfs60`` profile): the name the winner just made is "missing" by name on this client for
+    a minute, though ``mkdir`` said it exists.  So an ENOENT here is answered by one listing of
+    the parent, which the server answers and which links every listed name into the client's
+    inode table, which nl-cache consults first (``nlc_lookup`` in GlusterFS
+    ``xlators/performance/nl-cache``), then one more lookup.  Measured: the race loser's
+    ``stat`` went from ENOENT to found at once after the listing
+    (``tests/test_realfs.py::test_create_race_loser_finds_the_winners_name``).  NFS needs no
+    cure (an exclusive create skips the lookup: ``nfs_lookup`` in Linux ``fs/nfs/dir.c``).  Cost: only
+    on the losing path, one lookup (``mkdir``'s EEXIST path already made it); listings and further
+    lookups only while the lookup lies.
+
+    Args:
+        path (str): the name that exists.
+        follow (bool): follow a final symlink (``stat``) instead of ``lstat``.
+
+    Returns:
+        os.stat_result: of ``path``.
+
+    Raises:
+        FileNotFoundError: ``path`` is still missing after :data:`STAT_EXISTING_TRIES` lookups,
+            each after a listing of the parent (about 1.5 s: removed since).
+        OSError: any other error of ``stat``/``lstat`` (EIO only if every lookup answered it).
+    """
+    look = os.stat if follow else os.lstat
+    pause = 0.05
+    for _ in range(STAT_EXISTING_TRIES - 1):
+        try:
+            return look(path)
+        except OSError as e:
+            # EIO too: GlusterFS (tuned profile, upcalls on) answered EIO to the race loser's lookup
+            # of the name the winner had just made, once in a full test run -- the same moment
+            # that answers EIO to a racing mkdir (PosixStore.mkdir).  A lookup that keeps failing
+            # is reported by the last try below.
+            if e.errno not in (errno.ENOENT, errno.EIO):
+                raise
+            try:
+                os.listdir(os.path.dirname(path) or ".")
+            except OSError:
+                pass  # the last lookup reports what is wrong
+        # Usually the first listing cures it; once in a full test run on GlusterFS nfs60 it did
+        # not, so look again a few times (about 1.5 s in all) before calling the name gone.
+        time.sleep(pause)
+        pause *= 2
+    return look(path)
+
+
+_refreshed: set[str] = set()  # paths refresh()ed by this process (refresh)
+
+
+def refresh(path: str) -> bool:
+    """Make this client's next lookup of ``path`` -- a name the caller knows exists (it lies below a version
+    of its own in a log without gaps, or a ``link()`` there answered EEXIST) -- ask the server, without
+    waiting out a negative dentry of it.
+
+    Why: a FUSE mount keeps a lookup's ENOENT as a negative dentry for ``negative_timeout`` (bindfs, the
+    benchmark's 2 s): our ``link()`` into a slot another mount filled between the kernel's lookup and the
+    ``LINK`` leaves one (EEXIST, the dentry stays negative) and a read of that name then says ENOENT for up to
+    2 s.  A listing does not cure it here: bindfs 1.14 is built on libfuse 2, whose high-level API has no
+    READDIRPLUS (with it, ``fuse_direntplus_link`` in Linux ``fs/fuse/dir.c`` would replace the negative dentry
+    it meets); measured, the name stayed missing 2.0 s after a listing.  An exclusive create does:
+    ``fuse_dentry_revalidate`` (same file) does a fresh lookup for a lookup flagged ``LOOKUP_EXCL`` ("For
+    negative dentries, always do a fresh lookup"), which ``mkdir`` is -- the dentry turns positive and
+    ``mkdir`` answers EEXIST without a ``MKDIR``: one ``LOOKUP`` (measured: visible at once).  NFS: with
+    ``lookupcache=positive`` or ``none`` no negative entry is kept; with ``all`` a negative entry is dropped
+    when the directory's change attribute moves (``nfs_neg_need_reval``, ``fs/nfs/dir.c``), so this costs one
+    ``MKDIR`` answered EEXIST.  Lustre revalidates a dentry under the directory's LDLM lock, which another
+    client's create cancels: nothing to cure, one RPC.
+
+    A ``mkdir`` that succeeds (the name was not there after all: only in a directory retired meanwhile that
+    this client still reaches by a cached handle) is undone at once.  Errors are ignored: the caller's next
+    read says what is wrong.
+
+    Returns:
+        bool: True if refreshed now; False if ``path`` was refreshed before in this process (a name that exists is
+        never looked up missing again: what still hides it is another cache, for the caller to wait out).
+    """
+    if path in _refreshed:
+        return False
+    if len(_refreshed) > 4096:
+        _refreshed.clear()
+    _refreshed.add(path)
+    try:
+        os.mkdir(path, 0o700)
+    except OSError:
+        return True  # EEXIST: the lookup was fresh (the point); ENOENT, ESTALE: the directory went
+    try:
+        os.rmdir(path)
+    except OSError:
+        pass
+    return True
