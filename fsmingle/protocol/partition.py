@@ -97,7 +97,7 @@ def unreachable_master(m, now: float, b, where: str, why: str) -> None:
     if p.rank is None or m.withdrawn:
         state = "holding no rank" if p.rank is None else f"withdrawn from rank {p.rank}"
         p.set_note(
-            f"cannot reach the master {where} from this node for {waited:.0f} s: {why}; {state}, "
+            f"cannot reach the master {where} from this node: {why}; {state}, "
             f"waiting for generation {p.gen} to be decided; {advice}",
             logging.WARNING,
         )
