@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import logging
 
-from ...fs.layout import BEACON_RE, beacon_name, gen_name
+from ...fs.layout import BEACON_RE, beacon_name
 from ..liveness import Verdict
 
 log = logging.getLogger("fsmingle")
@@ -62,7 +62,7 @@ class Reach:
     def _step_down_if_unreached(self, now: float) -> bool:
         """The rule of the module doc; True if this rank 0 voided its generation.
 
-        Costs one listing of the generation and at most ``BEACONS_PER_LOOK`` beacon reads per
+        Costs no listing (the scan's last one) and at most ``BEACONS_PER_LOOK`` beacon reads per
         heartbeat period, and only while no participant has reached this rank 0 for ``stale_after``
         and no verified member holds a connection to it (a member cut off after its hello is judged
         by its silence on that connection, :func:`fsmingle.protocol.decision.decide`)."""
@@ -72,7 +72,8 @@ class Reach:
         if self.last_reached is not None and now - self.last_reached < p.timing.stale_after:
             return False
         self.next_reach_look = now + p.timing.heartbeat_period
-        names = sorted(n for n in p.store.listdir(gen_name(p.gen)) if BEACON_RE.match(n))
+        # The scan's last listing (rank0/scan.py, at its own bounded pace): no listing of our own.
+        names = sorted(n for n in self.last_names if BEACON_RE.match(n))
         looked = 0
         for n in names:
             inst = BEACON_RE.match(n).group(1)
