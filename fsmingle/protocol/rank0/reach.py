@@ -127,8 +127,8 @@ class Reach:
         not connected (alive on the filesystem, so not judged dead: likely cut off from us), so a
         rank 0 that waits on them says why (its members are told who is missing as before)."""
         p = self.p
-        if now < self.next_unconnected_note:
-            return
+        if now < self.next_unconnected_note or self.fresh_since is not None:
+            return  # (the step-down's own note says more while nobody reaches this rank 0)
         self.next_unconnected_note = now + p.timing.heartbeat_period
         late = [r for r, t in self.first_listed.items() if now - t >= p.timing.stale_after and r not in self.rank_conn]
         if any(r != 0 for r in late):
