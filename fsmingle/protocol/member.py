@@ -379,10 +379,10 @@ class Member(Ending, Sealed):
         log.debug("job %s: %s; listing generation %d to claim a rank", p.job_id, why, p.gen)
         self.close()
         p.role = None
-        # JOIN until a rank is held: should the listing meet a lying cache or a retired
-        # generation (FileNotFoundError, Participant._on_enoent), the participant joins
-        # again instead of waiting with no role.
-        p.state = State.JOIN
+        # JOIN until a rank is held (a lying cache or a retired generation: Participant._on_enoent
+        # joins again); a beacon at once, not 2 x stale_after after our connect: a watcher of a
+        # full world tells rank 0 a live peer is here without connecting (rank0/reach.py).
+        p.state, p.next_hb = State.JOIN, 0.0
         return p.claim_by_listing()
 
     def _on_message(self, m: dict) -> Placement | None:
