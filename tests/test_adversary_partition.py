@@ -1,0 +1,71 @@
+"""The adversary of the partition fix (issue 31): a node cut off the network (its filesystem
+working) before every step of every role of small worlds, on the model (``adversary_partition``
+says how and what the oracles are).  Counts are printed; each finding below has its replay.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+
+import pytest
+
+try:
+    from adversary_partition import PartScenario, cut_points, run_cut
+except ImportError:  # tests/ imported as a package
+    from tests.adversary_partition import PartScenario, cut_points, run_cut
+
+SCENARIOS = [
+    PartScenario("2 first-come", 2),
+    PartScenario("2 explicit", 2, explicit=True),
+    PartScenario("3 first-come", 3),
+    PartScenario("3 explicit", 3, explicit=True),
+    PartScenario("2 first-come + spare", 2, spares=1),
+    PartScenario("2 explicit + spare", 2, explicit=True, spares=1),
+    PartScenario("3 first-come + spare", 3, spares=1),
+    PartScenario("3 explicit + spare", 3, explicit=True, spares=1),
+]
+
+
+@pytest.fixture(autouse=True)
+def _quiet():
+    level = logging.getLogger("fsmingle").level
+    logging.getLogger("fsmingle").setLevel(logging.CRITICAL)
+    yield
+    logging.getLogger("fsmingle").setLevel(level)
+
+
+def kinds_for(sc: PartScenario, proc: int) -> list[str]:
+    """A cut of the process's host; with 3+ nodes also a pair cut and each one-way cut against each
+    other slot's first process."""
+    kinds = ["cut"]
+    if sc.size + sc.spares >= 3:
+        for k in range(sc.size + sc.spares):
+            if k != proc:
+                kinds += [f"pair:{k}", f"in:{k}", f"out:{k}"]
+    return kinds
+
+
+def enumerate_cuts(sc: PartScenario) -> tuple[Counter, list[str], int]:
+    pts = cut_points(sc)
+    roles = Counter(pt.role for pt in pts)
+    broken, runs = [], 0
+    for pt in pts:
+        first = pt.proc if pt.proc < sc.size + sc.spares else pt.proc - sc.size - sc.spares
+        for kind in kinds_for(sc, first):
+            b, _ = run_cut(sc, [(pt, kind)])
+            runs += 1
+            broken += [f"{kind} before {pt}: {x}" for x in b]
+    return roles, broken, runs
+
+
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize("sc", SCENARIOS, ids=[sc.name for sc in SCENARIOS])
+def test_a_cut_before_every_step_of_every_role(sc: PartScenario, capsys):
+    roles, broken, runs = enumerate_cuts(sc)
+    kinds = Counter(x.split(": ", 2)[1].split(":")[0].split(" ")[0] for x in broken)
+    with capsys.disabled():
+        print(
+            f"\n[cut enumeration] {sc.name}: {sum(roles.values())} steps {dict(roles)}; {runs} runs; broken {dict(kinds)}"
+        )
+    assert not broken, f"{len(broken)} oracles broken:\n" + "\n".join(broken[:12])
