@@ -250,7 +250,7 @@ def _waiting(w: CutWorld, spares: int) -> list[Proc]:
 
 def _names(w: CutWorld, q: Proc, cut_procs: list[Proc]) -> bool:
     note = q.p.note or ""
-    if "cannot reach" in note or "never connected" in note or "unreachable" in note or "reached by none" in note:
+    if "waiting for rank 0" in note or "cannot reach" in note or "never connected" in note or "unreachable" in note or "reached by none" in note:
         return True
     return any(c.host.node in note or c.host.addr in note for c in cut_procs)
 
@@ -291,6 +291,12 @@ def check_cut_run(sc: PartScenario, w: CutWorld, cut_for: float = CUT_FOR) -> li
     w.net.heal()
     w.healed = True
     w.stop_faults()
+    # As the scheduler would (and run_to_completion does): a slot whose process died or failed
+    # gets a new one.
+    for s in range(sc.size):
+        cur = w.current(s)
+        if cur is not None and cur.status in ("crashed", "exited"):
+            w.start(s)
     bound = w.bound() + 20
     w.tick(bound, stop=lambda: not _waiting(w, sc.spares))
     stuck = _waiting(w, sc.spares)
