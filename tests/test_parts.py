@@ -20,8 +20,8 @@ import ast
 from pathlib import Path
 
 ENGINE = Path(__file__).resolve().parent.parent / "fsmingle" / "protocol"
-PART_FILES = ("participant.py", "joining.py", "leaving.py", "genreader.py", "outside.py")
-PARTS = ("Participant", "Joining", "Leaving", "GenerationReader", "OutsideWorld")
+PART_FILES = ("participant.py", "joining.py", "leaving.py", "genreader.py", "outside.py", "partition.py")
+PARTS = ("Participant", "Joining", "Leaving", "GenerationReader", "OutsideWorld", "Rank0Shyness")
 STATE_MODULE = ENGINE / "parts_state.py"
 
 # Cross-part reads still to be folded into typed state (shrinking to empty is the goal): none.

@@ -253,7 +253,9 @@ class Joining:
                 int(hashlib.sha1(f"{self.ident.instance}:{i}".encode()).hexdigest(), 16) % self.ident.size
                 for i in range(BLIND_GUESSES if big else 0)
             ]
-            rank0 = [0] if created or not (big or self.view.rank0_by_creator) else []
+            # A node whose rank 0 nobody reached a moment ago leaves rank 0 to others (partition.py).
+            shy = self.shy_of_rank0()
+            rank0 = [0] if (created or not (big or self.view.rank0_by_creator)) and not shy else []
             for r in dict.fromkeys(rank0 + guesses):
                 if self.claim_one(r):
                     return self.hold(r)
@@ -276,6 +278,8 @@ class Joining:
             else 0
         )
         order = ([0] if 0 in free else []) + rest[k:] + rest[:k]
+        if 0 in free and self.shy_of_rank0():
+            order = order[1:] + [0]  # rank 0 last after a step-down (partition.py): only if nothing else is free
         for r in order:
             if self.claim_one(r):
                 return self.hold(r)

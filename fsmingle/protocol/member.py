@@ -51,6 +51,7 @@ from .decision import Placement
 from .member_auth import Sealed
 from .member_ending import Ending
 from .member_list import MemberList
+from .partition import unreachable_master
 from .states import RankSet, State
 from .testhooks import pause
 
@@ -89,6 +90,8 @@ class Member(Ending, Sealed):
         self.unsealer: Unsealer | None = None  # checks rank 0's seals on this connection
         self.heard = False  # rank 0 answered a signed message on this connection
         self.connected_at = now
+        self.unreached_since: float | None = None  # since when rank 0's endpoint gives no answer
+        self.withdrawn = False  # gave its rank up to an unreachable rank 0 (partition.unreachable_master)
 
     # -------------------------------------------------------------- loop plumbing
     def delay(self) -> float:
@@ -118,7 +121,8 @@ class Member(Ending, Sealed):
         p = self.p
         now = p.clock.monotonic()
         if self.link is None:
-            p.heartbeat_if_due(now)
+            if not self.withdrawn:
+                p.heartbeat_if_due(now)
             if now >= self.next_decision_check and self._decided_elsewhere(now):
                 return None
             if now >= self.next_look:
@@ -248,7 +252,7 @@ class Member(Ending, Sealed):
                 break
             b = None
         if b is None:
-            if self.asking and 0 not in p.claims and not self._creator_may_take_rank0(now):
+            if self.asking and 0 not in p.claims and not self._creator_may_take_rank0(now) and not p.shy_of_rank0():
                 # Nobody to ask: rank 0 itself may be the free rank.  One link() tells
                 # (not a listing of N names); if it is taken, its claim is read (and cached)
                 # and its endpoint is on its way.  Tried again at the next look while rank 0
@@ -291,7 +295,8 @@ class Member(Ending, Sealed):
         if outcome is Outcome.CONNECTED:
             # Our pings cost rank 0 a message each: as rank 0's own, fewer in a big world.
             link.ping_interval = p.timing.ping_interval_for(p.size)
-            self.link, self.master = link, b
+            self.link, self.master, self.unreached_since, self.withdrawn = link, b, None, False
+            p.contact()  # this node reaches a peer: not cut off (fsmingle.protocol.partition)
             self.nonce, self.heard, self.connected_at = None, False, now
             self.mnonce, self.unsealer = "", None
             # The ask or hello goes out once rank 0's challenge is here (_before_heard).
@@ -304,14 +309,8 @@ class Member(Ending, Sealed):
             p.void(f"the master {where} refused the connection: it is gone")
             p.rejoin()
             return
-        # No answer proves nothing: keep trying, and say exactly why nothing happens.
-        p.set_note(
-            f"cannot reach the master {where} from this node: {why}; check --iface/--addr on both "
-            "nodes, routes and firewalls (a node is never released without a connection to its master)",
-            logging.WARNING,
-        )
-        self.look_delay = max(p.timing.poll_max, 1.0)
-        self.next_look = now + self.look_delay
+        # No answer proves nothing: keep trying, say exactly why, withdraw after 2 x stale_after.
+        unreachable_master(self, now, b, where, why)
 
     def _who(self) -> dict:
         """What rank 0 checks first in a hello or an ask: the same job, generation, world and version."""

@@ -63,6 +63,7 @@ from .joining import Joining
 from .leaving import Leaving
 from .liveness import Judge
 from .outside import OutsideWorld
+from .partition import Rank0Shyness
 from .parts_state import GenView, Identity, Seat, Spares, Timers, Wiring, compat_properties
 from .states import Progress, RankSet, State
 from .testhooks import pause
@@ -78,7 +79,7 @@ __all__ = ["Participant", "Progress", "State", "SystemClock", "Timing", "Clock"]
 
 
 @compat_properties
-class Participant(Joining, Leaving, GenerationReader, OutsideWorld):
+class Participant(Joining, Leaving, GenerationReader, OutsideWorld, Rank0Shyness):
     """One participant's side of the protocol, driven by :meth:`step` (or :meth:`run`).
 
     Args:

@@ -147,6 +147,8 @@ class Seat:
         result (Placement | None): its placement once released; released_members (tuple): the
             world in rank order when asked for; in_doubt (bool): withdrew in the commit window
             without reading the decision.
+        stepdowns (int): consecutive generations whose rank 0 this node was and nobody reached
+            (:mod:`fsmingle.protocol.rank0.reach`); 0 after any network contact.
     """
 
     state: State = State.JOIN
@@ -157,6 +159,7 @@ class Seat:
     result: Placement | None = None
     released_members: tuple = ()
     in_doubt: bool = False
+    stepdowns: int = 0
 
     def drop_role(self) -> None:
         """Close the Coordinator or Member this participant holds, if any (its peers see the
@@ -185,6 +188,8 @@ class Timers:
         delay (float): the polling delay (backoff); enoent_since (float | None): since when a
             listing shows the generation a lookup calls absent.
         busy_since, busy_gen: since when, and in which generation, ``--port`` was busy.
+        shy_until (float | None): until when this node leaves rank 0 to others after a step-down
+            (:mod:`fsmingle.protocol.partition`).
     """
 
     started: float
@@ -198,6 +203,7 @@ class Timers:
     enoent_since: float | None = None
     busy_since: float | None = None
     busy_gen: int | None = None
+    shy_until: float | None = None
 
     def due(self, now: float, period: float) -> None:
         """Heartbeat and check both due one ``period`` from ``now`` (a new generation)."""

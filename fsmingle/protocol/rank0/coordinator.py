@@ -9,7 +9,8 @@ exec.  This module is the step loop; each concern is a mixin in a module of its 
 * :mod:`.membership` -- the table of verified members, and what happens when a connection drops;
 * :mod:`.scan` -- listings at a bounded pace, dead claimers, housekeeping of old generations;
 * :mod:`.release` -- prepare, commit (``release.json``), go, barrier; the commit window;
-* :mod:`.queueing` -- peer jobs pending in the scheduler's queue (``squeue``).
+* :mod:`.queueing` -- peer jobs pending in the scheduler's queue (``squeue``);
+* :mod:`.reach` -- a rank 0 that nobody reaches steps down (a partitioned node, issue 31).
 
 The decision itself is :func:`fsmingle.protocol.decision.decide` (pure); :meth:`Coordinator.step`
 gathers its inputs and carries out its action.
@@ -30,13 +31,14 @@ from .hellos import Hellos
 from .membership import Membership
 from .offers import Offers
 from .queueing import Queueing
+from .reach import Reach
 from .release import Releasing
 from .scan import Scanning
 
 log = logging.getLogger("fsmingle")
 
 
-class Coordinator(Door, Offers, Hellos, Membership, Scanning, Releasing, Queueing):
+class Coordinator(Door, Offers, Hellos, Membership, Scanning, Releasing, Queueing, Reach):
     """The rank-0 role of a :class:`~fsmingle.protocol.participant.Participant` in its current generation."""
 
     def __init__(self, p):
@@ -53,6 +55,7 @@ class Coordinator(Door, Offers, Hellos, Membership, Scanning, Releasing, Queuein
         self._init_hellos(now)
         self._init_scan(now)
         self._init_release(now)
+        self._init_reach(now)
         self._init_membership(now)  # last: it reports who is present
 
     def delay(self) -> float:
@@ -93,7 +96,7 @@ class Coordinator(Door, Offers, Hellos, Membership, Scanning, Releasing, Queuein
         if p.role is not self:
             return None  # a fatal reject ended this generation
         self._expire_unauth(now)
-        if self._housekeeping(now):
+        if self._housekeeping(now) or self._step_down_if_unreached(now):
             return None
         self._verify_pending(now)  # most hellos: one direct read of the claim, no listing
         # A hello whose first direct read found nothing is verified only by a listing that shows
@@ -149,6 +152,7 @@ class Coordinator(Door, Offers, Hellos, Membership, Scanning, Releasing, Queuein
                 return
         elif not self._signed(conn, m):
             return
+        self._on_reached()
         t = m.get("t")
         if t == "hello":
             self._on_hello(conn, m, now)

@@ -1,0 +1,110 @@
+"""Rank 0 steps down when nobody reaches it (issue 31: a partitioned node must not block recoveries).
+
+A node whose network is cut while its shared filesystem works can claim rank 0 of a generation
+through the directory.  Its peers then cannot connect ("cannot reach the master"), and a member
+never voids on an unanswered connection (a partitioned host and a loaded one look the same from
+outside: :mod:`fsmingle.protocol.member`).  Only rank 0 holds the evidence that separates "I am
+cut" from "they are cut": whether *anybody* reaches it.  So, the rule (docs/protocol.md, "Who
+cannot be reached steps down"):
+
+* Rank 0 of a generation that holds no verified member's connection and has had no
+  authenticated message (a hello, an ask) on any connection for ``stale_after`` seconds, while
+  for ``stale_after`` seconds at least one other participant of its generation shows a beacon
+  whose heartbeat counter moves (alive, by :mod:`fsmingle.protocol.liveness`), voids its
+  generation itself, naming its own address as the unreachable one.
+* In the following generations it does not race for rank 0 (:meth:`fsmingle.protocol.partition.Rank0Shyness.shy_of_rank0`)
+  for ``stale_after`` times the number of consecutive step-downs (at most 4), or until it has
+  network contact again (a connection it made, or an authenticated message it received):
+  a node the others can reach takes rank 0 first.
+
+Never a "too few connected" rule: a rank 0 that is slow, loaded or starved of the GIL in a world
+of thousands still gets *some* hellos, and one is enough to keep it.  A healthy rank 0 with one
+cut member is reached by the others and stays.  Only in a world where every other participant
+is cut off from rank 0 (two nodes, one side cut) does a healthy rank 0 step down too; the next
+generation then goes to whoever is not shy, and nobody is ever released without a connection to
+its master, so the worst case is a ping-pong of voided generations, never a wrong release.
+
+Mixed into :class:`~fsmingle.protocol.rank0.coordinator.Coordinator`.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from ...fs.layout import BEACON_RE, beacon_name, gen_name
+from ..liveness import Verdict
+
+log = logging.getLogger("fsmingle")
+
+# Beacons of unconnected participants rank 0 reads per look while nobody has reached it: one
+# live one is all the rule needs, and a bound keeps a never-reached rank 0 of a big world from
+# reading N beacons a heartbeat period (the same names each look, so counters can be compared).
+BEACONS_PER_LOOK = 16
+
+
+class Reach:
+    """Whether anybody reaches this rank 0; steps down if nobody does (see the module doc)."""
+
+    def _init_reach(self, now: float) -> None:
+        self.last_reached: float | None = None  # when an authenticated message last arrived
+        self.fresh_since: float | None = None  # since when an unconnected peer's beacon is seen alive
+        self.next_reach_look = now + self.p.timing.heartbeat_period
+        self.seen_alive: set[str] = set()  # instances whose beacon was seen beating (not since DEAD)
+        self.first_looked: dict[str, float] = {}  # instance -> when this rank 0 first read its beacon
+
+    def _on_reached(self) -> None:
+        """An authenticated message arrived: this rank 0 is reachable (and so is this node)."""
+        self.last_reached = self.p.clock.monotonic()
+        self.fresh_since = None
+        self.seen_alive.clear()
+        self.p.contact()
+
+    def _step_down_if_unreached(self, now: float) -> bool:
+        """The rule of the module doc; True if this rank 0 voided its generation.
+
+        Costs one listing of the generation and at most ``BEACONS_PER_LOOK`` beacon reads per
+        heartbeat period, and only while no participant has reached this rank 0 for ``stale_after``
+        and no verified member holds a connection to it (a member cut off after its hello is judged
+        by its silence on that connection, :func:`fsmingle.protocol.decision.decide`)."""
+        p = self.p
+        if self.rank_conn or self.preparing_since is not None or now < self.next_reach_look:
+            return False  # a verified member holds a connection (judged by its silence), or releasing
+        if self.last_reached is not None and now - self.last_reached < p.timing.stale_after:
+            return False
+        self.next_reach_look = now + p.timing.heartbeat_period
+        names = sorted(n for n in p.store.listdir(gen_name(p.gen)) if BEACON_RE.match(n))
+        looked = 0
+        for n in names:
+            inst = BEACON_RE.match(n).group(1)
+            if inst == p.instance or looked >= BEACONS_PER_LOOK:
+                continue
+            looked += 1
+            b = p.read_beacon(beacon_name(p.gen, inst), inst)
+            self.first_looked.setdefault(inst, now)
+            verdict = p.view.judge.judge(inst, b, now)
+            # One look that saw no beat (a look between two beats) is not death: a peer seen alive
+            # stays so until the judge says DEAD (its counter still for stale_after).
+            if verdict is Verdict.ALIVE:
+                self.seen_alive.add(inst)
+            elif verdict is Verdict.DEAD:
+                self.seen_alive.discard(inst)
+        listed = {BEACON_RE.match(n).group(1) for n in names}
+        self.seen_alive &= listed
+        alive = len(self.seen_alive)
+        if not alive:
+            self.fresh_since = None
+            return False
+        if self.fresh_since is None:
+            # Its counter moved since our first look at it: it was alive since then.
+            self.fresh_since = min(self.first_looked[i] for i in self.seen_alive)
+        waited = now - self.fresh_since
+        if waited < p.timing.stale_after:
+            return False
+        why = (
+            f"rank 0 at {p.addr} ({p.me.hostname}) was reached by none of the {alive} live participants of "
+            f"generation {p.gen} in {waited:.0f} s: its network, not theirs; it steps down and leaves rank 0 "
+            "to a node the others can reach"
+        )
+        p.stepped_down()
+        self._end(why, write=True)
+        return True
