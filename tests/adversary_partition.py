@@ -250,7 +250,13 @@ def _waiting(w: CutWorld, spares: int) -> list[Proc]:
 
 def _names(w: CutWorld, q: Proc, cut_procs: list[Proc]) -> bool:
     note = q.p.note or ""
-    if "waiting for rank 0" in note or "cannot reach" in note or "never connected" in note or "unreachable" in note or "reached by none" in note:
+    if (
+        "waiting for rank 0" in note
+        or "cannot reach" in note
+        or "never connected" in note
+        or "unreachable" in note
+        or "reached by none" in note
+    ):
         return True
     return any(c.host.node in note or c.host.addr in note for c in cut_procs)
 

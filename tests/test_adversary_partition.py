@@ -69,3 +69,23 @@ def test_a_cut_before_every_step_of_every_role(sc: PartScenario, capsys):
             f"\n[cut enumeration] {sc.name}: {sum(roles.values())} steps {dict(roles)}; {runs} runs; broken {dict(kinds)}"
         )
     assert not broken, f"{len(broken)} oracles broken:\n" + "\n".join(broken[:12])
+
+
+def _cut_before(sc: PartScenario, proc: int, step: int, kind: str = "cut"):
+    pt = next(p for p in cut_points(sc) if (p.proc, p.step) == (proc, step))
+    return run_cut(sc, [(pt, kind)])
+
+
+def test_a_withdrawn_explicit_member_leaves_its_rank_to_the_spare():
+    """Found by the enumeration on the partition fix (``3 explicit + spare``, the host of rank 2 cut
+    before its first step, for good): rank 2 withdraws after 2 x stale_after (its beacon removed),
+    the spare voids generation 1 to take the place -- and the cut node, back in its JOIN loop at
+    once, re-claims rank 2 of every new generation 0.05 s after the void, ahead of the spare (which
+    takes rank 0 or 1 instead, and the explicit owner voids that: "a world is never made of spares
+    alone").  Generations 1-11 are voided in 120 s, rank 0, rank 1 and the spare never form a world
+    while the cut lasts.  A member that withdrew must back off before claiming again (the design of
+    issue 31, rule 2)."""
+    sc = PartScenario("3 explicit + spare", 3, explicit=True, spares=1)
+    broken, w = _cut_before(sc, 2, 0)
+    stuck = [b for b in broken if b.startswith("stuck-while-cut")]
+    assert not stuck, stuck[0] + "\n" + "\n".join(x for x in w.log if "decision" in x)
