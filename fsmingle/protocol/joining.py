@@ -226,6 +226,8 @@ class Joining:
     def _claim(self, created: bool) -> Placement | None:
         if self.ident.want_rank is not None:
             r = self.ident.want_rank
+            if self.holding_back(r):
+                return None  # withdrew from an unreachable rank 0: a spare first (partition.py)
             if r == 0:
                 self._ensure_hub()  # fail on a busy --port before claiming anything
             if self.try_claim(r):

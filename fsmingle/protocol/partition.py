@@ -50,6 +50,25 @@ class Rank0Shyness:
         self.seat.stepdowns = 0
         self.timers.shy_until = None
 
+    def holding_back(self, r: int) -> bool:
+        """True while an explicit ``--node-rank r`` (not 0) that withdrew from a rank 0 it could not
+        reach (:func:`unreachable_master`) waits before claiming ``r`` again: it would otherwise
+        re-claim ``r`` of every new generation the moment the last one is voided, ahead of the spare
+        that voided it to take the place, and the reachable nodes never form a world while the cut
+        lasts (found by tests/test_adversary_partition.py).  Ends at ``shy_until`` or at network
+        contact (:meth:`contact`)."""
+        until = self.timers.shy_until
+        if until is None or r == 0:
+            return False
+        left = until - self.wiring.clock.monotonic()
+        if left <= 0:
+            return False
+        self.set_note(
+            f"cannot reach the master (withdrew from a rank 0 it could not reach): claims rank {r} again in "
+            f"{left:.0f} s, leaving it to a spare meanwhile (this node's network may be cut)"
+        )
+        return True
+
     def shy_of_rank0(self) -> bool:
         """True while this node, after a step-down, leaves rank 0 to others (an explicit
         ``--node-rank 0`` never is: only it may hold rank 0)."""
@@ -108,7 +127,10 @@ def unreachable_master(m, now: float, b, where: str, why: str) -> None:
     # Withdraw: no beacon, no heartbeat (Member.step skips it once withdrawn).  The claim stays
     # (claims are immutable: readers cache them); rank 0 judges it by the beacon we remove.
     m.withdrawn = True
-    p.timers.shy_until = now + 2 * stale
+    # Each withdrawal in a row (no contact between) backs off longer: the voids that let a spare
+    # in take a generation or two (a spare holding an explicit owner's rank is voided too).
+    p.seat.stepdowns += 1
+    p.timers.shy_until = now + min(MAX_SHY_FACTOR, p.seat.stepdowns) * 2 * stale
     try:
         p.store.remove(beacon_name(p.gen, p.instance))
     except (OSError, FsmingleError) as e:

@@ -148,7 +148,8 @@ class Seat:
             world in rank order when asked for; in_doubt (bool): withdrew in the commit window
             without reading the decision.
         stepdowns (int): consecutive generations whose rank 0 this node was and nobody reached
-            (:mod:`fsmingle.protocol.rank0.reach`); 0 after any network contact.
+            (:mod:`fsmingle.protocol.rank0.reach`), or whose unreachable rank 0 it withdrew from
+            (:mod:`fsmingle.protocol.partition`); 0 after any network contact.
     """
 
     state: State = State.JOIN
