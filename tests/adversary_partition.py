@@ -39,6 +39,7 @@ except ImportError:  # tests/ imported as a package
     from tests.model_oracles import LONG, TIMING
     from tests.model_world import Proc, World
 
+from fsmingle.fs.layout import GEN_RE
 from fsmingle.net.channel import Outcome, hostport
 
 CUT_FOR = 12 * TIMING.stale_after  # how long a cut lasts after the script (fake seconds)
@@ -133,10 +134,16 @@ class CutWorld(EnumWorld):
         self.healed = False
         self.released_cut: list[str] = []
         self.other_net: dict = {}
+        self.stepdowns: list[tuple[Proc, list[Proc], str]] = []  # rank 0 step-downs: (who, reachable peers, why)
+        self.stepdowns_seen: set[int] = set()
 
     def _faulted(self, q: Proc, pt: Point, kind: str):
         h = q.host.key
-        if kind == "heal":
+        if kind.startswith("stall:"):
+            # No cut: the process stops (SIGSTOP, swapping, a GIL-starved rank 0) for that many
+            # stale_after before this step while the others run; nobody may step down for it.
+            self.pause(q, float(kind.split(":")[1]) * self.timing.stale_after)
+        elif kind == "heal":
             self.net.heal()
             self.healed = True
             self.say("heal")
@@ -157,6 +164,25 @@ class CutWorld(EnumWorld):
                 self.cut_hosts = {h, other}
             self.say(f"cut {kind} of {q.host.node} ({q.instance[:4]}) before its step {pt.step}")
         return World.step(self, q)
+
+    def _check_event(self, ev) -> None:
+        super()._check_event(ev)
+        rel = self.decided.get(self._gen_of(ev)) if ev.ok and ev.op == "create" else None
+        if rel is not None and rel.state != "released" and "reached by none" in rel.reason:
+            writer = self.by_instance.get(rel.writer)
+            if writer is not None and rel.generation not in self.stepdowns_seen:
+                self.stepdowns_seen.add(rel.generation)
+                peers = [
+                    q
+                    for q in self.running()
+                    if q is not writer and q.p.gen == rel.generation and self.reachable(q, writer)
+                ]
+                self.stepdowns.append((writer, peers, rel.reason))
+
+    @staticmethod
+    def _gen_of(ev) -> int | None:
+        m = GEN_RE.match(ev.name.split("/", 1)[0])
+        return int(m.group(1)) if m and ev.name.endswith("/release.json") else None
 
     def check(self) -> None:
         # One world per generation (the base check wants one world in all: here the job restarts).
@@ -293,6 +319,15 @@ def check_cut_run(sc: PartScenario, w: CutWorld, cut_for: float = CUT_FOR) -> li
                     f"note {q.p.note[:160]!r}"
                 )
                 break
+    for who, peers, why in w.stepdowns:
+        # A rank 0 that others could reach stepped down: fine only where the cut separates it from
+        # every other participant of its generation (a 2-node world, one side cut).
+        if who.host.key not in w.cut_hosts and (not w.cut_hosts or peers):
+            broken.append(
+                f"healthy-stepdown: {who.instance[:4]} on {who.host.node} stepped down while "
+                f"{[q.instance[:4] for q in peers]} could reach it (cut: {sorted(w.cut_hosts)}): {why[:160]}"
+            )
+            break
     # Heal; everyone must be released.
     w.net.heal()
     w.healed = True

@@ -89,3 +89,18 @@ def test_a_withdrawn_explicit_member_leaves_its_rank_to_the_spare():
     broken, w = _cut_before(sc, 2, 0)
     stuck = [b for b in broken if b.startswith("stuck-while-cut")]
     assert not stuck, stuck[0] + "\n" + "\n".join(x for x in w.log if "decision" in x)
+
+
+def test_a_member_stalled_in_its_commit_window_finds_its_retired_generation_voided():
+    """Found by the stall enumeration (no cut; ``2 first-come + spare``, the member stopped for
+    0.6 x stale_after -- SIGSTOP, swapping -- inside its step after its ack): rank 0 voids
+    generation 1 (no ack within 2 s), the spare takes the place, generation 2 is released and ends,
+    and rank 0 of generation 3 retires generation 1 (``retire_decided_below``).  The member
+    resumes in DECIDING and reads ``gen-00000001/release.json`` -- gone with its retired directory --
+    as "not visible here yet", again and again until its --timeout (``Leaving._step_deciding``):
+    the next world of 2 waits for it (on main too).  A generation retired while a member reads
+    its decision was decided, and not for a world that still runs: the member must rejoin."""
+    sc = PartScenario("2 first-come + spare", 2, spares=1)
+    broken, w = _cut_before(sc, 1, 3, "stall:0.6")
+    assert 1 in w.retired, "the scenario no longer retires generation 1 under the member"
+    assert not broken, broken[0]
