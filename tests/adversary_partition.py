@@ -284,7 +284,10 @@ def _names(w: CutWorld, q: Proc, cut_procs: list[Proc]) -> bool:
         or "reached by none" in note
     ):
         return True
-    return any(c.host.node in note or c.host.addr in note for c in cut_procs)
+    ranks = {r for c in cut_procs for r in (c.p.want_rank, c.p.rank) if r is not None}
+    return any(c.host.node in note or c.host.addr in note for c in cut_procs) or any(
+        f"rank {r} " in note for r in ranks
+    )
 
 
 def check_cut_run(sc: PartScenario, w: CutWorld, cut_for: float = CUT_FOR) -> list[str]:

@@ -46,28 +46,54 @@ def kinds_for(sc: PartScenario, proc: int) -> list[str]:
     return kinds
 
 
-def enumerate_cuts(sc: PartScenario) -> tuple[Counter, list[str], int]:
+def enumerate_cuts(sc: PartScenario, kinds=None) -> tuple[Counter, list[str], int]:
+    """Every cut kind (``kinds(proc)``, default :func:`kinds_for`) before every step; (roles, broken, runs)."""
     pts = cut_points(sc)
     roles = Counter(pt.role for pt in pts)
     broken, runs = [], 0
     for pt in pts:
         first = pt.proc if pt.proc < sc.size + sc.spares else pt.proc - sc.size - sc.spares
-        for kind in kinds_for(sc, first):
+        for kind in kinds(first) if kinds is not None else kinds_for(sc, first):
             b, _ = run_cut(sc, [(pt, kind)])
             runs += 1
             broken += [f"{kind} before {pt}: {x}" for x in b]
     return roles, broken, runs
 
 
+def _oracle(line: str) -> str:
+    return line.split(": ", 2)[1].split(" ")[0].split(":")[0] if ": " in line else line
+
+
+# The honesty oracle's one open finding (test_a_healthy_rank0_names_the_live_participant_that_never_connected):
+# counted and printed, not failed, so that the enumeration guards safety and liveness.
+OPEN = {"silent"}
+
+
 @pytest.mark.timeout(1800)
 @pytest.mark.parametrize("sc", SCENARIOS, ids=[sc.name for sc in SCENARIOS])
 def test_a_cut_before_every_step_of_every_role(sc: PartScenario, capsys):
     roles, broken, runs = enumerate_cuts(sc)
-    kinds = Counter(x.split(": ", 2)[1].split(":")[0].split(" ")[0] for x in broken)
+    kinds = Counter(_oracle(x) for x in broken)
     with capsys.disabled():
         print(
             f"\n[cut enumeration] {sc.name}: {sum(roles.values())} steps {dict(roles)}; {runs} runs; broken {dict(kinds)}"
         )
+    hard = [x for x in broken if _oracle(x) not in OPEN]
+    assert not hard, f"{len(hard)} oracles broken:\n" + "\n".join(hard[:12])
+
+
+STALLS = ["stall:0.6", "stall:1.2", "stall:2.5"]
+
+
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize("sc", SCENARIOS, ids=[sc.name for sc in SCENARIOS])
+def test_a_stall_before_every_step_of_every_role_steps_nobody_down(sc: PartScenario, capsys):
+    """No cut: each process stops for 0.6, 1.2 and 2.5 x stale_after before each of its steps (a
+    loaded, swapped or GIL-starved node); nobody is partitioned, so no rank 0 may step down
+    (``healthy-stepdown``), and everyone is released."""
+    roles, broken, runs = enumerate_cuts(sc, kinds=lambda proc: STALLS)
+    with capsys.disabled():
+        print(f"\n[stall enumeration] {sc.name}: {sum(roles.values())} steps; {runs} runs; {len(broken)} broken")
     assert not broken, f"{len(broken)} oracles broken:\n" + "\n".join(broken[:12])
 
 
@@ -103,4 +129,21 @@ def test_a_member_stalled_in_its_commit_window_finds_its_retired_generation_void
     sc = PartScenario("2 first-come + spare", 2, spares=1)
     broken, w = _cut_before(sc, 1, 3, "stall:0.6")
     assert 1 in w.retired, "the scenario no longer retires generation 1 under the member"
+    assert not broken, broken[0]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="open (for part / the lead): rank 0's note says nothing of a participant whose beacon is live in "
+    "its generation but who never connected (first-come: it holds no claim, so Membership._unconnected misses it)",
+)
+def test_a_healthy_rank0_names_the_live_participant_that_never_connected():
+    """Found by the cut enumeration (``3 first-come``, the host of the second process cut before its
+    first step, or cut from rank 0 only): rank 0 (healthy, connected to the third node) waits the
+    whole cut with an empty note; the cut node's beacon beats in its generation all along, but a
+    first-come asker holds no claim, so nothing names it (on main too).  A waiting node must say
+    who is unreachable: here "a participant on h1 (10.0.0.2) publishes a live beacon in generation
+    1 but never connected to the master"."""
+    sc = PartScenario("3 first-come", 3)
+    broken, w = _cut_before(sc, 1, 0)
     assert not broken, broken[0]
