@@ -132,6 +132,7 @@ class CutWorld(EnumWorld):
         self.cut_at: float | None = None
         self.cut_hosts: set[int] = set()  # hosts some other cannot reach
         self.healed = False
+        self.heal_at: float | None = None
         self.released_cut: list[str] = []
         self.other_net: dict = {}
         self.stepdowns: list[tuple[Proc, list[Proc], str]] = []  # rank 0 step-downs: (who, reachable peers, why)
@@ -149,6 +150,9 @@ class CutWorld(EnumWorld):
             self.say("heal")
         else:
             self.cut_at = self.fs.now
+            if "+" in kind:  # "cut+D": the cut heals D seconds later (wherever everyone is then)
+                kind, d = kind.split("+")
+                self.heal_at = self.fs.now + float(d)
             if kind == "cut":
                 self.net.partition(h)
                 self.cut_hosts = {h}
@@ -175,7 +179,11 @@ class CutWorld(EnumWorld):
                 peers = [
                     q
                     for q in self.running()
-                    if q is not writer and q.p.gen == rel.generation and self.reachable(q, writer)
+                    # Claimants only: a spare watching a full world never connects (nor should it).
+                    if q is not writer
+                    and q.p.gen == rel.generation
+                    and q.p.rank is not None
+                    and self.reachable(q, writer)
                 ]
                 self.stepdowns.append((writer, peers, rel.reason))
 
@@ -183,6 +191,13 @@ class CutWorld(EnumWorld):
     def _gen_of(ev) -> int | None:
         m = GEN_RE.match(ev.name.split("/", 1)[0])
         return int(m.group(1)) if m and ev.name.endswith("/release.json") else None
+
+    def step(self, q: Proc, **kw):
+        if self.heal_at is not None and self.fs.now >= self.heal_at and not self.healed:
+            self.net.heal()
+            self.healed = True
+            self.say("heal")
+        return super().step(q, **kw)
 
     def check(self) -> None:
         # One world per generation (the base check wants one world in all: here the job restarts).
@@ -254,6 +269,10 @@ class PartScenario:
                 q.status = "ended"
                 w.say(f"{q.instance[:4]} (slot {s}) ends its training; restarts")
                 w.start(s)
+        for q in [q for q in w.procs if q.slot is None and q.status == "done"]:
+            q.status = "ended"  # a spare released into the failed world restarts as a spare
+            w.say(f"{q.instance[:4]} (spare) ends its training; restarts")
+            w.start(None, spare_timeout=math.inf)
         self._settle(w)
 
 
