@@ -64,8 +64,9 @@ class Rank0Shyness:
         if left <= 0:
             return False
         self.set_note(
-            f"cannot reach the master (withdrew from a rank 0 it could not reach): claims rank {r} again in "
-            f"{left:.0f} s, leaving it to a spare meanwhile (this node's network may be cut)"
+            f"cannot reach the master (withdrew from a rank 0 it could not reach): claims rank {r} again after "
+            f"{2 * min(MAX_SHY_FACTOR, self.seat.stepdowns):g} x --stale-after, leaving it to a spare meanwhile "
+            "(this node's network may be cut)"
         )
         return True
 

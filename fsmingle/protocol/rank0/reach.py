@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import logging
 
-from ...fs.layout import BEACON_RE, beacon_name, gen_name
+from ...fs.layout import BEACON_RE, beacon_name
 from ..liveness import Verdict
 
 log = logging.getLogger("fsmingle")
@@ -62,7 +62,7 @@ class Reach:
     def _step_down_if_unreached(self, now: float) -> bool:
         """The rule of the module doc; True if this rank 0 voided its generation.
 
-        Costs one listing of the generation and at most ``BEACONS_PER_LOOK`` beacon reads per
+        Costs no listing (the scan's last one) and at most ``BEACONS_PER_LOOK`` beacon reads per
         heartbeat period, and only while no participant has reached this rank 0 for ``stale_after``
         and no verified member holds a connection to it (a member cut off after its hello is judged
         by its silence on that connection, :func:`fsmingle.protocol.decision.decide`)."""
@@ -72,8 +72,10 @@ class Reach:
         if self.last_reached is not None and now - self.last_reached < p.timing.stale_after:
             return False
         self.next_reach_look = now + p.timing.heartbeat_period
-        names = sorted(n for n in p.store.listdir(gen_name(p.gen)) if BEACON_RE.match(n))
-        looked = 0
+        # The scan's last listing (rank0/scan.py, at its own bounded pace): no listing of our own.
+        names = sorted(n for n in self.last_names if BEACON_RE.match(n))
+        looked, watching = 0, False
+        full = len(self.listed) >= p.size  # every rank claimed (the scan's listing)
         for n in names:
             inst = BEACON_RE.match(n).group(1)
             if inst == p.instance or looked >= BEACONS_PER_LOOK:
@@ -88,10 +90,14 @@ class Reach:
                 self.seen_alive.add(inst)
             elif verdict is Verdict.DEAD:
                 self.seen_alive.discard(inst)
+            # Holding no rank while every rank is claimed: a watcher of a full world (a spare), which
+            # never connects, so it could reach us without trying: with it here, our unreached
+            # claimers are no evidence against our network (a cut claimer withdraws: partition.py).
+            watching = watching or (full and b is not None and b.rank is None and verdict is not Verdict.DEAD)
         listed = {BEACON_RE.match(n).group(1) for n in names}
         self.seen_alive &= listed
         alive = len(self.seen_alive)
-        if not alive:
+        if not alive or watching:
             self.fresh_since = None
             return False
         if self.fresh_since is None:
@@ -99,6 +105,11 @@ class Reach:
             self.fresh_since = min(self.first_looked[i] for i in self.seen_alive)
         waited = now - self.fresh_since
         if waited < p.timing.stale_after:
+            p.set_note(
+                f"no participant reached this rank 0 at {p.addr} while {alive} live one(s) wait in generation "
+                f"{p.gen} (they cannot reach it, or this node's network is cut); it steps down after "
+                f"{p.timing.stale_after:g} s of that"
+            )
             return False
         why = (
             f"rank 0 at {p.addr} ({p.me.hostname}) was reached by none of the {alive} live participants of "

@@ -42,6 +42,7 @@ class Scanning:
         self.scan_gap = p.timing.poll_min
         self.scan_quiet = p.timing.scan_interval
         self.last_listing_size = -1
+        self.last_names: list[str] = []
         self.next_judge = now + p.timing.heartbeat_period
         # Housekeeping of generations (_housekeeping): one cleaning, a periodic look for newer ones.
         self.cleaned = False
@@ -107,7 +108,7 @@ class Scanning:
         """
         p = self.p
         names = p.store.listdir(gen_name(p.gen))
-        self.last_scan = now
+        self.last_scan, self.last_names = now, names  # last_names: also for reach.py (no listing of its own)
         # Rescan every scan_interval while claims keep arriving; once a listing brings
         # nothing new, back off to 8x (the listing is O(N) entries for the metadata server).
         changed = len(names) != self.last_listing_size
