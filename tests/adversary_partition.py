@@ -185,6 +185,8 @@ class CutWorld(EnumWorld):
                     and q.p.rank is not None
                     and self.reachable(q, writer)
                 ]
+                if self.heal_at is not None and self.fs.now - self.heal_at < self.timing.stale_after:
+                    peers = []  # its evidence (stale_after unreached) was gathered while the cut lasted
                 self.stepdowns.append((writer, peers, rel.reason))
 
     @staticmethod

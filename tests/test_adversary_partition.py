@@ -82,6 +82,22 @@ def test_a_cut_before_every_step_of_every_role(sc: PartScenario, capsys):
     assert not hard, f"{len(hard)} oracles broken:\n" + "\n".join(hard[:12])
 
 
+HEALS = [1, 3, 8, 16, 30]  # seconds after the cut
+
+
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize("sc", SCENARIOS, ids=[sc.name for sc in SCENARIOS])
+def test_a_cut_that_heals_before_every_step_of_every_role(sc: PartScenario, capsys):
+    """A cut of the process's host before each step that heals 1, 3, 8, 16 or 30 s later, wherever
+    everyone is then: no wrong release after the heal (the world's oracles), no healthy step-down
+    on evidence gathered after the heal, everyone released."""
+    roles, broken, runs = enumerate_cuts(sc, kinds=lambda proc: [f"cut+{d}" for d in HEALS])
+    with capsys.disabled():
+        print(f"\n[heal enumeration] {sc.name}: {sum(roles.values())} steps; {runs} runs; {len(broken)} broken")
+    hard = [x for x in broken if _oracle(x) not in OPEN]
+    assert not hard, f"{len(hard)} oracles broken:\n" + "\n".join(hard[:12])
+
+
 STALLS = ["stall:0.6", "stall:1.2", "stall:2.5"]
 
 
