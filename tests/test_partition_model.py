@@ -45,7 +45,7 @@ except ImportError:  # tests/ imported as a package
 # member holding a rank withdraws after 2 x stale_after, and rank 0 judges its claim dead
 # stale_after later.  Eight stale_after covers either path with a generation to spare.
 BOUND = 8 * TIMING.stale_after
-REASONS = ("cannot reach the master", "reached by none", "nobody reached", "no participant reached")
+REASONS = ("cannot reach the master", "reached by none", "nobody reached", "no participant reached", "never connected")
 
 SCENARIOS = [
     Scenario("2 first-come + spare", 2, spares=1),

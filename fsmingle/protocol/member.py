@@ -474,6 +474,8 @@ class Member(Ending, Sealed):
         p.present_spares = spares if type(spares) is int and spares >= 0 else 0
         if isinstance(nmissing, int) and nmissing == len(missing):
             p.set_present(RankSet(p.size, missing))
+        if isinstance(m.get("why"), str) and m["why"]:
+            p.set_note(f"rank 0 is {m['why'][:500]}")  # who never connects to it (rank0/reach.py)
 
     def _lost(self, why: str) -> Placement | None:
         p = self.p

@@ -98,6 +98,7 @@ class Coordinator(Door, Offers, Hellos, Membership, Scanning, Releasing, Queuein
         self._expire_unauth(now)
         if self._housekeeping(now) or self._step_down_if_unreached(now):
             return None
+        self._say_who_never_connects(now)
         self._verify_pending(now)  # most hellos: one direct read of the claim, no listing
         # A hello whose first direct read found nothing is verified only by a listing that shows
         # its claim: list again scan_gap after the last listing (within the list floor), however

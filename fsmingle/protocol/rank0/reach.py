@@ -51,6 +51,8 @@ class Reach:
         self.next_reach_look = now + self.p.timing.heartbeat_period
         self.seen_alive: set[str] = set()  # instances whose beacon was seen beating (not since DEAD)
         self.first_looked: dict[str, float] = {}  # instance -> when this rank 0 first read its beacon
+        self.next_unconnected_note = now + self.p.timing.stale_after
+        self.started_at = now
 
     def _on_reached(self) -> None:
         """An authenticated message arrived: this rank 0 is reachable (and so is this node)."""
@@ -119,3 +121,31 @@ class Reach:
         p.stepped_down()
         self._end(why, write=True)
         return True
+
+    def _say_who_never_connects(self, now: float) -> None:
+        """Every heartbeat period: name the claimers listed ``stale_after`` ago or more that have
+        not connected (alive on the filesystem, so not judged dead: likely cut off from us), so a
+        rank 0 that waits on them says why (its members are told who is missing as before)."""
+        p = self.p
+        if now < self.next_unconnected_note or self.fresh_since is not None:
+            return  # (the step-down's own note says more while nobody reaches this rank 0)
+        self.next_unconnected_note = now + p.timing.heartbeat_period
+        late = [r for r, t in self.first_listed.items() if now - t >= p.timing.stale_after and r not in self.rank_conn]
+        if any(r != 0 for r in late):
+            self._waiting_note(f"waiting: {self._unconnected()}")
+            return
+        # Participants without a rank (askers) that never connect: beacons beyond those connected.
+        beacons = sum(1 for n in self.last_names if BEACON_RE.match(n))
+        unseen = beacons - 1 - len(self.rank_conn) - len(self.pending)
+        if unseen > 0 and len(self.rank_conn) < p.size - 1 and now - self.started_at >= p.timing.stale_after:
+            self._waiting_note(
+                f"waiting for {p.size - 1 - len(self.rank_conn)} more member(s): {unseen} participant(s) of "
+                f"generation {p.gen} on the filesystem never connected to the master at {p.addr} (they cannot "
+                "reach it? check their --iface/--addr, routes and firewalls)"
+            )
+
+    def _waiting_note(self, note: str) -> None:
+        """Rank 0's note on who it waits for; changed, it goes to the members with the next status."""
+        if note != self.p.note:
+            self.p.set_note(note)
+            self.status_dirty = True
