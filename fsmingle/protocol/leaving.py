@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 
 from ..errors import CorruptStateError, FsmingleError, RecordError, RendezvousTimeoutError
-from ..fs.layout import beacon_name, gen_name, ranges, release_name
+from ..fs.layout import GEN_RE, beacon_name, gen_name, ranges, release_name
 from ..fs.records import Release
 from .decision import Placement
 from .parts_state import GenView, Identity, Seat, Timers, Wiring
@@ -59,6 +59,17 @@ class Leaving:
             self._bad_release(now)
             return None
         if rel is None:
+            names = self.wiring.store.listdir("")
+            gens = [int(m.group(1)) for m in map(GEN_RE.match, names) if m]
+            if gen_name(self.view.gen) not in names and max(gens, default=0) >= self.view.gen + 2:
+                # Retired under us: only decided generations two below one being joined are
+                # (cleanup.retire_decided_below), so a world formed after this one's decision
+                # and another generation began; whatever it decided is over.  Reading on would
+                # wait for the --timeout (a member stopped in its commit window: SIGSTOP, swap).
+                # One listing (a snapshot of the directory) shows g + 2 without g only once g
+                # is gone: a listing that lags shows neither.
+                self.set_note(f"generation {self.view.gen} was decided and retired while this node read its decision")
+                self.rejoin()
             return None  # exists (our void lost the race) but not visible here yet: read again
         self.view.release_bad_since = None
         mine = self.decision_for_me(rel)
