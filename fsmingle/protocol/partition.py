@@ -36,6 +36,7 @@ class Rank0Shyness:
     def stepped_down(self) -> None:
         """This node's rank 0 was reached by nobody: stay away from rank 0 (the module doc)."""
         self.seat.stepdowns += 1
+        self.seat.rank0_held_back = False  # an explicit --node-rank 0 stays first for rank 0 (shy_of_rank0)
         factor = min(MAX_SHY_FACTOR, self.seat.stepdowns)
         self.timers.shy_until = self.wiring.clock.monotonic() + factor * self.wiring.timing.stale_after
         log.warning(
@@ -45,34 +46,56 @@ class Rank0Shyness:
             factor * self.wiring.timing.stale_after,
         )
 
+    def voided_unreached(self) -> None:
+        """This node's rank 0 voided its generation while nobody had reached it and a spare watched
+        its full world (:meth:`fsmingle.protocol.rank0.reach.Reach._hold_back_if_spared`): it holds
+        back its claim of rank 0 -- even an explicit ``--node-rank 0`` -- for ``2 x stale_after``
+        times the withdrawals and step-downs in a row (at most 4x), as a withdrawn member holds
+        back its rank (:func:`unreachable_master`), so that the spare takes rank 0 first.  Network
+        contact ends it (:meth:`contact`)."""
+        self.seat.stepdowns += 1
+        self.seat.rank0_held_back = True
+        wait = min(MAX_SHY_FACTOR, self.seat.stepdowns) * 2 * self.wiring.timing.stale_after
+        self.timers.shy_until = self.wiring.clock.monotonic() + wait
+        log.warning(
+            "job %s: nobody reached this node as rank 0 while a spare watched; it leaves rank 0 to the spare "
+            "for %g s or until it reaches a peer (a partitioned network?)",
+            self.ident.job_id,
+            wait,
+        )
+
     def contact(self) -> None:
         """Network contact (a connection made, or an authenticated message received): not shy any more."""
         self.seat.stepdowns = 0
+        self.seat.rank0_held_back = False
         self.timers.shy_until = None
 
     def holding_back(self, r: int) -> bool:
-        """True while an explicit ``--node-rank r`` (not 0) that withdrew from a rank 0 it could not
-        reach (:func:`unreachable_master`) waits before claiming ``r`` again: it would otherwise
-        re-claim ``r`` of every new generation the moment the last one is voided, ahead of the spare
-        that voided it to take the place, and the reachable nodes never form a world while the cut
-        lasts (found by tests/test_adversary_partition.py).  Ends at ``shy_until`` or at network
-        contact (:meth:`contact`)."""
+        """True while an explicit ``--node-rank r`` waits before claiming ``r`` again: ``r`` not 0
+        after it withdrew from a rank 0 it could not reach (:func:`unreachable_master`), or ``r``
+        0 after its rank 0 voided unreached while a spare watched (:meth:`voided_unreached`).  It
+        would otherwise re-claim ``r`` of every new generation the moment the last one is voided,
+        ahead of the spare that is to take the place, and the reachable nodes never form a world
+        while the cut lasts (both found by tests/test_adversary_partition.py).  Ends at
+        ``shy_until`` or at network contact (:meth:`contact`)."""
         until = self.timers.shy_until
-        if until is None or r == 0:
+        if until is None or (r == 0 and not self.seat.rank0_held_back):
             return False
         left = until - self.wiring.clock.monotonic()
         if left <= 0:
+            self.seat.rank0_held_back = False
             return False
+        why = "nobody reached it as rank 0" if r == 0 else "withdrew from a rank 0 it could not reach"
         self.set_note(
-            f"cannot reach the master (withdrew from a rank 0 it could not reach): claims rank {r} again after "
-            f"{2 * min(MAX_SHY_FACTOR, self.seat.stepdowns):g} x --stale-after, leaving it to a spare meanwhile "
-            "(this node's network may be cut)"
+            f"cannot reach the network ({why}): claims rank {r} again in {left:.0f} s or at network contact, "
+            "leaving it to a spare meanwhile (this node's network may be cut)"
         )
         return True
 
     def shy_of_rank0(self) -> bool:
         """True while this node, after a step-down, leaves rank 0 to others (an explicit
-        ``--node-rank 0`` never is: only it may hold rank 0)."""
+        ``--node-rank 0`` never is: only it may hold rank 0, or a spare in its place, which
+        :meth:`holding_back` leaves it to)."""
         until = self.timers.shy_until
         if until is None or self.ident.want_rank is not None:
             return False

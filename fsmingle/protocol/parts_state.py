@@ -150,6 +150,9 @@ class Seat:
         stepdowns (int): consecutive generations whose rank 0 this node was and nobody reached
             (:mod:`fsmingle.protocol.rank0.reach`), or whose unreachable rank 0 it withdrew from
             (:mod:`fsmingle.protocol.partition`); 0 after any network contact.
+        rank0_held_back (bool): this node, rank 0 of a full world that a spare watched, voided its
+            generation while nobody reached it: it holds back its claim of rank 0, even an explicit
+            ``--node-rank 0``, until ``Timers.shy_until`` (:mod:`fsmingle.protocol.partition`).
     """
 
     state: State = State.JOIN
@@ -161,6 +164,7 @@ class Seat:
     released_members: tuple = ()
     in_doubt: bool = False
     stepdowns: int = 0
+    rank0_held_back: bool = False
 
     def drop_role(self) -> None:
         """Close the Coordinator or Member this participant holds, if any (its peers see the

@@ -144,6 +144,7 @@ class Coordinator(Door, Offers, Hellos, Membership, Scanning, Releasing, Queuein
         elif action is Action.COMMIT:
             return self._commit()
         elif action is Action.VOID:
+            self._hold_back_if_spared()  # unreached with a spare watching: rank 0 is the spare's (reach.py)
             self._end(why, write=True)
         return None
 

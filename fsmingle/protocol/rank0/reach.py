@@ -48,6 +48,7 @@ class Reach:
     def _init_reach(self, now: float) -> None:
         self.last_reached: float | None = None  # when an authenticated message last arrived
         self.fresh_since: float | None = None  # since when an unconnected peer's beacon is seen alive
+        self.spared = False  # the step-down's evidence held, but a spare watched (_hold_back_if_spared)
         self.next_reach_look = now + self.p.timing.heartbeat_period
         self.seen_alive: set[str] = set()  # instances whose beacon was seen beating (not since DEAD)
         self.first_looked: dict[str, float] = {}  # instance -> when this rank 0 first read its beacon
@@ -58,8 +59,25 @@ class Reach:
         """An authenticated message arrived: this rank 0 is reachable (and so is this node)."""
         self.last_reached = self.p.clock.monotonic()
         self.fresh_since = None
+        self.spared = False
         self.seen_alive.clear()
         self.p.contact()
+
+    def _hold_back_if_spared(self) -> None:
+        """This rank 0 voids its generation (a claim judged dead, say): if, while nobody reached
+        it, a live participant had waited ``stale_after`` unreached and only a spare's watch kept
+        it from stepping down (``spared``), it leaves rank 0 to the spare in the next generations,
+        even as an explicit ``--node-rank 0`` (:meth:`fsmingle.protocol.partition.Rank0Shyness.voided_unreached`).
+
+        Why (docs/protocol.md rule 11; found by tests/test_adversary_partition.py): a cut rank 0 of
+        a full world outlives its members' patience (they withdraw after ``2 x stale_after``),
+        judges their claims dead and voids; as the writer of the void it is first into the next
+        generation, where an explicit rank 0 was never shy, and the reachable nodes waited 19-21
+        ``stale_after`` for the spare to win rank 0.  A live claimer that never reached us while a
+        spare watched, then withdrew, is the evidence the exemption had set aside."""
+        if self.spared:
+            self.spared = False
+            self.p.voided_unreached()
 
     def _step_down_if_unreached(self, now: float) -> bool:
         """The rule of the module doc; True if this rank 0 voided its generation.
@@ -99,13 +117,18 @@ class Reach:
         listed = {BEACON_RE.match(n).group(1) for n in names}
         self.seen_alive &= listed
         alive = len(self.seen_alive)
-        if not alive or watching:
+        if not alive:
             self.fresh_since = None
             return False
         if self.fresh_since is None:
             # Its counter moved since our first look at it: it was alive since then.
             self.fresh_since = min(self.first_looked[i] for i in self.seen_alive)
         waited = now - self.fresh_since
+        if watching:
+            # Not a step-down (a spare watches: the module doc), but remembered until someone
+            # reaches us: should this generation end in our void, we hold back rank 0 (_hold_back_if_spared).
+            self.spared = self.spared or waited >= p.timing.stale_after
+            return False
         if waited < p.timing.stale_after:
             p.set_note(
                 f"no participant reached this rank 0 at {p.addr} while {alive} live one(s) wait in generation "
