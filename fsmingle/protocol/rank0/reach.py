@@ -16,6 +16,9 @@ cannot be reached steps down"):
   for ``stale_after`` times the number of consecutive step-downs (at most 4), or until it has
   network contact again (a connection it made, or an authenticated message it received):
   a node the others can reach takes rank 0 first.
+* A rank 0 kept from stepping down only by a spare watching its full world, that then voids its
+  generation before anybody reached it, holds back rank 0 -- an explicit ``--node-rank 0`` too --
+  so that the spare takes it (:meth:`Reach._hold_back_if_spared`).
 
 Never a "too few connected" rule: a rank 0 that is slow, loaded or starved of the GIL in a world
 of thousands still gets *some* hellos, and one is enough to keep it.  A healthy rank 0 with one
