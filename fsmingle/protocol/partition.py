@@ -85,10 +85,14 @@ class Rank0Shyness:
         if left <= 0:
             self.seat.rank0_held_back = False
             return False
-        why = "nobody reached it as rank 0" if r == 0 else "withdrew from a rank 0 it could not reach"
+        why = (
+            "nobody reached this node as rank 0 while a spare watched"
+            if r == 0
+            else "cannot reach the master (withdrew from a rank 0 it could not reach)"
+        )
         self.set_note(
-            f"cannot reach the network ({why}): claims rank {r} again in {left:.0f} s or at network contact, "
-            "leaving it to a spare meanwhile (this node's network may be cut)"
+            f"{why}: claims rank {r} again in {left:.0f} s or at network contact, leaving it to a spare "
+            "meanwhile (this node's network may be cut)"
         )
         return True
 
