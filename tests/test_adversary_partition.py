@@ -10,6 +10,8 @@ from collections import Counter
 
 import pytest
 
+from fsmingle.errors import RankConflictError
+
 try:
     from adversary_partition import PartScenario, cut_points, run_cut
 except ImportError:  # tests/ imported as a package
@@ -191,3 +193,16 @@ def test_a_cut_explicit_rank0_is_replaced_by_the_spare_within_the_bound(size):
     assert took is not None and took <= 8 * w.timing.stale_after, (
         f"the reachable nodes' world formed {took} s after the cut"
     )
+
+
+def test_an_explicit_rank_taken_by_a_spare_while_its_node_was_cut_off_says_so_on_its_return():
+    """Found by the cut-and-heal enumeration (``2 explicit + spare``, the member cut before its
+    fourth step, healed 3 s later): the spare took rank 0 and was released with the other node;
+    the node that had held rank 0 came back and failed RankConflictError with "give each node a
+    distinct rank" alone -- nothing was duplicated, a spare replaced it.  Now the error says so."""
+    sc = PartScenario("2 explicit + spare", 2, explicit=True, spares=1)
+    _broken, w = _cut_before(sc, 1, 3, "cut+3")
+    conflicts = [q.error for q in w.procs if isinstance(q.error, RankConflictError)]
+    assert conflicts, "the scenario no longer ends with a rank conflict: pick another from the enumeration"
+    for e in conflicts:
+        assert "is a spare that took this node's place" in str(e), e

@@ -105,12 +105,36 @@ class OutsideWorld:
             self.seat.state = State.FAILED
             raise RankConflictError(
                 f"rank {r} of job {self.ident.job_id} is already held by a live process: {where}; "
-                "give each node a distinct rank, or omit the rank for first-come assignment"
+                "give each node a distinct rank, or omit the rank for first-come assignment" + self._conflict_hint(b)
             )
         if verdict is Verdict.DEAD:
             self.void(f"rank {r}'s holder is dead; replaced by pid {self.ident.me.pid} on {self.ident.me.hostname}")
             self.rejoin()
         return None
+
+    def _conflict_hint(self, holder: Beacon | None) -> str:
+        """What to add to a rank conflict whose cause is not "two nodes were given one rank".
+
+        A spare holding the rank (its beacon says so) replaced this node while it was away: cut
+        off, stopped, or late (:mod:`fsmingle.protocol.partition`, protocol rule 11; found by the
+        partition adversary: an explicit rank 0 cut off, then healed, failed with a message that
+        sent the user to look for a duplicated ``--node-rank``).  Without the holder's beacon, a
+        node that stepped down or withdrew and has had no network contact since was most likely
+        cut off while its rank went elsewhere."""
+        if holder is not None and holder.spare:
+            return (
+                "; but that process is a spare that took this node's place while this node was away (cut off, "
+                "stopped or late): nothing is duplicated -- the world runs without this node; restart it without "
+                "a rank to wait as a spare (--spare-timeout)"
+            )
+        n = self.seat.stepdowns
+        if not n:
+            return ""
+        return (
+            f"; but this node reached none of its peers before (it stepped down or withdrew {n} time(s) since its "
+            "last network contact): its rank most likely went to another node while this one was cut off -- "
+            "check this node's network (--iface/--addr, routes, firewalls), then restart it without a rank"
+        )
 
     def _released_while_contesting(self, r: int, rel: Release) -> None:
         """Generation ``gen``, where rank ``r`` is claimed by another, shows released.
@@ -132,7 +156,7 @@ class OutsideWorld:
         holder = rel.members[r] if r < len(rel.members) else None
         where = f"pid {holder.host.pid} on {holder.host.hostname}, {holder.addr}" if holder else "another process"
         now = self.wiring.clock.monotonic()
-        verdict, _ = self.judge_rank(r, now, holder.instance if holder else None)
+        verdict, hb = self.judge_rank(r, now, holder.instance if holder else None)
         if (
             self.view.contest_life
             or verdict is Verdict.ALIVE
@@ -142,7 +166,7 @@ class OutsideWorld:
             raise RankConflictError(
                 f"rank {r} of job {self.ident.job_id} was taken by another process ({where}), which was released "
                 f"in generation {self.view.gen}; give each node a distinct rank, or omit the rank for first-come "
-                "assignment"
+                "assignment" + self._conflict_hint(hb)
             )
         self.set_note(
             f"generation {self.view.gen} was released with rank {r} held by {where} before this participant could see "
