@@ -15,6 +15,7 @@ The cut node stays cut until the next world has stepped on every rank (the measu
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -89,8 +90,18 @@ def watch(run, victim: int, wid: str, before: set, t_fault: float, watch_s: floa
     )
 
 
+def _decision(rel: Path) -> str:
+    """``released``, ``voided`` (a ``release.json`` is also how a generation is voided) or ``open``."""
+    try:
+        return str(json.loads(rel.read_text()).get("state", "decided"))
+    except FileNotFoundError:
+        return "open"
+    except (OSError, ValueError):
+        return "decided (unreadable)"
+
+
 def _gens(job: Path) -> dict[str, str]:
-    """``{gen-N: "CLAIMS claims, released|open"}`` of the last three generations (fsmingle's directory)."""
+    """``{gen-N: "CLAIMS claims, released|voided|open"}`` of the last three generations (fsmingle's directory)."""
     out = {}
 
     def num(g: Path) -> int:
@@ -99,5 +110,5 @@ def _gens(job: Path) -> dict[str, str]:
 
     for g in sorted(job.glob("gen-*"), key=num)[-3:]:
         claims = len(list(g.glob("rank-*.claim")))
-        out[g.name] = f"{claims} claims, {'released' if (g / 'release.json').exists() else 'open'}"
+        out[g.name] = f"{claims} claims, {_decision(g / 'release.json')}"
     return out
