@@ -100,7 +100,7 @@ def wait_for(kv, keys: Iterable[str], timeout: float | None, on_timeout: Callabl
         for i, k in enumerate(keys):
             if i in found:
                 continue
-            sig = _dir_sig(kv, k)
+            sig = _dir_sig(kv, k) if pause < LIST_EVERY else None  # backed off: every poll lists anyway
             last = sigs.get(i)
             if sig is not None and last is not None and last[0] == sig and now - last[1] < LIST_EVERY:
                 continue  # nothing new in the directory since its last listing (see above): no listing now
