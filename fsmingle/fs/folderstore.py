@@ -45,12 +45,12 @@ from .folderstore_log import (
     probe_dir,
     version_name,
 )
+from .folderstore_wait import wait_for
 from .store import UNTRUSTED, PosixStore, Store
 
 __all__ = ["MAX_KEY", "MAX_VALUE", "FolderKV", "FolderStoreTimeout", "key_dir"]
 
 POLL_MIN = 0.010  # pause of a waiting get/wait: one listing per 10 ms per missing key while it is young
-FAST_FOR = 1.0  # seconds a wait polls every POLL_MIN before backing off (a barrier's wake in milliseconds)
 POLL_MAX = 0.25  # longest pause: one listing per missing key per POLL_MAX is what a long waiter costs
 SEAL_AT = 32  # versions an epoch holds (its last one a seal) before the log moves to a new epoch
 SEAL_AT0 = 2  # epoch 0 is never retired (no stale writer can re-create it): it holds two versions
@@ -279,36 +279,8 @@ class FolderKV:
         return self._resolve(key, kd, op or self._op(f"reading {key[:80]!r}"), fresh).value
 
     def wait_for(self, keys: Iterable[str], timeout: float | None, on_timeout: Callable[[list[str]], Exception]):
-        """Block until every key exists; returns their values in order (each read linearizably).
-
-        Args:
-            timeout (float | None): seconds; None or 0 waits forever (torch's kNoTimeout).
-            on_timeout: builds the exception to raise from the keys still missing.
-        """
-        keys = list(keys)
-        for k in keys:
-            key_dir(k)  # a key too long is refused, not waited for
-        found: dict[int, bytes] = {}
-        op = self._op(f"waiting for {keys[:8]}", timeout)
-        t0 = self.clock.monotonic()
-        pause = self.poll_min
-        while True:
-            for i, k in enumerate(keys):
-                # A cheap look (the cached listing) first; a value it shows is confirmed by a fresh,
-                # linearizable read (a get must not return a value deleted before it began).
-                if i not in found and self.try_get(k, fresh=False, op=op) is not None:
-                    v = self.try_get(k, fresh=True, op=op)
-                    if v is not None:
-                        found[i] = v
-            if len(found) == len(keys):
-                return [found[i] for i in range(len(keys))]
-            now = self.clock.monotonic()
-            if op.deadline is not None and now >= op.deadline:
-                raise on_timeout([k for i, k in enumerate(keys) if i not in found])
-            # Jitter (+0..25 %, never below poll_min): ranks that wait together must not poll in lockstep.
-            self._nap(op, pause * (1 + self.rng.random() / 4), "")
-            if now - t0 >= FAST_FOR:
-                pause = min(pause * 2, self.poll_max)
+        """Block until every key exists; returns their values in order (:func:`.folderstore_wait.wait_for`)."""
+        return wait_for(self, keys, timeout, on_timeout)
 
     def check(self, keys: Iterable[str]) -> bool:
         """True if every key exists (each read linearizably)."""
