@@ -25,7 +25,8 @@ try:
 except ImportError:  # tests/ imported as a package
     from tests.test_model import GLUSTER_NEG, World
 
-from fsmingle.fs.store import PosixStore
+from fsmingle.fs import readback
+from fsmingle.fs.store import PosixStore, storage_error
 
 
 def _one_world(w: World, *qs) -> int:
@@ -174,3 +175,31 @@ def test_posix_mkdir_that_takes_effect_and_reports_eio(tmp_path, monkeypatch):
     calls = _effect_then_eio(monkeypatch, "mkdir")
     assert s.mkdir("gen-00000001") is False  # there (made by us or another: unknown), not an error
     assert calls and (tmp_path / "gen-00000001").is_dir()
+
+
+def test_a_publish_whose_read_back_fails_too_publishes_once_more(tmp_path, monkeypatch):
+    """GlusterFS nfs60 (the full suite, test_realfs's create race): in a directory whose racing mkdir
+    had answered EIO, a beacon's publish and then its read-back answered EIO on that client, and the
+    read-back's error failed the node.  A publish is idempotent: a read-back that fails decides
+    nothing, one more publish does.  FAILS before: StorageError out of the read-back."""
+    s = PosixStore(str(tmp_path))
+    real_publish, real_read = s.publish, s.read
+    left = {"publish": 1, "read": 1}
+    eio = OSError(errno.EIO, os.strerror(errno.EIO))
+
+    def publish(name, data):
+        if left["publish"]:
+            left["publish"] -= 1
+            raise storage_error(eio, "publish", str(tmp_path / name))
+        real_publish(name, data)
+
+    def read(name):
+        if left["read"]:
+            left["read"] -= 1
+            raise storage_error(eio, "read", str(tmp_path / name))
+        return real_read(name)
+
+    monkeypatch.setattr(s, "publish", publish)
+    monkeypatch.setattr(s, "read", read)
+    readback.publish(s, "beacon-node1", b"node1")
+    assert left == {"publish": 0, "read": 0} and real_read("beacon-node1") == b"node1"
