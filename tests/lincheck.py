@@ -48,27 +48,30 @@ class History:
 
 
 def check(ops: list[Op], init: Hashable, step: Callable[[Hashable, Op], tuple[bool, Hashable]]) -> str | None:
-    """None if ``ops`` (all returned) is linearizable, else the history as text.
+    """None if ``ops`` is linearizable, else the history as text.
 
-    ``step(state, op)`` returns ``(op.result is what the sequential object answers, next state)``.
+    ``step(state, op)`` returns ``(op.result is what the sequential object answers, next state)``.  An op that
+    never returned (``ret == -1``: its process crashed inside it) is *pending*: it may take effect at any point
+    after its call, with whatever answer, or never (Herlihy and Wing's completion of a history).
     """
     ops = sorted(ops, key=lambda o: o.call)
     n = len(ops)
-    full = (1 << n) - 1
+    rets = [o.ret if o.ret != -1 else float("inf") for o in ops]
+    required = sum(1 << i for i in range(n) if ops[i].ret != -1)
     seen: set = set()
 
     def search(done: int, state) -> bool:
-        if done == full:
+        if done & required == required:
             return True
         if (done, state) in seen:
             return False
         seen.add((done, state))
-        first_ret = min(ops[i].ret for i in range(n) if not done >> i & 1)
+        first_ret = min(rets[i] for i in range(n) if not done >> i & 1)
         for i in range(n):
             # An operation may come next only if it was called before every pending one returned.
             if not done >> i & 1 and ops[i].call < first_ret:
                 ok, nxt = step(state, ops[i])
-                if ok and search(done | 1 << i, nxt):
+                if (ok or ops[i].ret == -1) and search(done | 1 << i, nxt):
                     return True
         return False
 

@@ -1,0 +1,254 @@
+"""The adversary's enumeration on a real directory, every role: a fault at EVERY filesystem call of a FolderStore
+operation (``PosixStore``, ``_link_slots``, ``lookup.refresh``, the trash: the code paths fakefs never runs).
+
+``tests/adversary_enum_posix.py`` faults node A's ``add`` with an EIO before any call and with a lost reply or an
+EIO after the effect on its first three ``link()`` calls of ``_link_slots``.  Here ``os`` is replaced, in every
+module of the store (``store``, ``trash``, ``lookup``, ``folderstore_log``, ``folderstore_add``), by :class:`_Os`,
+which counts A's calls and puts ONE fault of :data:`FAULTS` on the ``j``-th, for every ``j``: ``eio-before`` (any
+call), ``eio-after`` (a ``link``, ``mkdir``, ``rename``, ``unlink``, ``rmdir`` or creating ``open`` that took
+effect), ``lost`` (a ``link()`` that took effect answers EEXIST), ``crash`` (the process dies in that call: the
+operation is pending), ``neg`` (a lookup of that name -- ``open``, ``stat`` -- answers ENOENT for ``HIDE`` s: a kernel
+negative dentry, cured at once by an exclusive ``mkdir`` of the name, as ``fuse_dentry_revalidate`` does for
+``LOOKUP_EXCL``), ``stale`` (a listing answers what this process's previous listing of that directory answered);
+optionally with an intruder (node B: an add, adds that seal and retire the epoch, a set, a delete) run at that call.
+
+Oracles: Wing-Gong on every call and return (a crashed one pending, an erroring one must have had no effect);
+no ``mkdir`` of a version's name that is free (``lookup.refresh`` on a free slot: a directory would take the slot);
+no timeout.  ``python tests/adversary_enum_posix_roles.py [ci|big]`` prints the failures grouped, and the runs.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from lincheck import History, check
+from lincheck import key_step as step
+
+from fsmingle.errors import StorageError
+from fsmingle.fs import folderstore_add, folderstore_log, lookup, store, trash
+from fsmingle.fs.folderstore import FolderKV
+from fsmingle.fs.store import PosixStore
+
+MODULES = (store, trash, lookup, folderstore_log, folderstore_add)
+ROLES = ("add", "set", "cas", "del")
+INTRUDERS = (None, "add", "seal", "set", "del")
+FAULTS = (None, "eio-before", "eio-after", "lost", "crash", "neg", "stale")
+CALLS = ("link", "mkdir", "rename", "unlink", "remove", "rmdir", "listdir", "open", "stat", "lstat")
+MUTATING = ("link", "mkdir", "rename", "unlink", "remove", "rmdir")
+HIDE = 0.05  # seconds a negative dentry lasts (poll_max 0.02: a few pauses)
+TIMEOUT = 20.0
+VERSION = re.compile(r"/v-\d{12}$")
+
+
+class Crash(BaseException):
+    """The process died in a filesystem call."""
+
+
+class _Os:
+    """``os`` for the store's modules: counts A's calls while ``armed`` and acts at the ``j``-th (module docstring)."""
+
+    def __init__(self):
+        self.armed, self.n, self.j, self.fault, self.intrude = False, 0, -1, None, None
+        self.neg: dict[str, float] = {}  # path -> until when a lookup of it says ENOENT
+        self.listed: dict[str, list[str]] = {}  # directory -> this process's previous listing of it
+        self.free_slot: list[str] = []
+
+    def __getattr__(self, name):
+        return getattr(os, name)
+
+    def _at(self, call: str, path: str) -> str | None:
+        if not self.armed:
+            return None
+        n, self.n = self.n, self.n + 1
+        if n != self.j:
+            return None
+        if self.intrude is not None:
+            self.armed = False
+            try:
+                self.intrude()
+            finally:
+                self.armed = True
+        f = self.fault
+        if f == "crash":
+            raise Crash(f"died in {call} {path}")
+        if f == "eio-before":
+            raise OSError(errno.EIO, "Input/output error (injected before the effect)", path)
+        if f == "neg" and call in ("open", "stat", "lstat"):
+            self.neg[path] = time.monotonic() + HIDE
+        return f
+
+    def _hidden(self, path: str) -> None:
+        if self.neg.get(str(path), 0) > time.monotonic():
+            raise FileNotFoundError(errno.ENOENT, "No such file (a negative dentry, injected)", path)
+
+    def _effect(self, f, call, path, fn):
+        out = fn()
+        if f == "eio-after" and call in MUTATING:
+            raise OSError(errno.EIO, "Input/output error (injected after the effect)", path)
+        if f == "lost" and call == "link":
+            raise FileExistsError(errno.EEXIST, "File exists (a retransmitted LINK)", path)
+        return out
+
+    def link(self, src, dst, **kw):
+        return self._effect(self._at("link", dst), "link", dst, lambda: os.link(src, dst, **kw))
+
+    def mkdir(self, path, *a, **kw):
+        f = self._at("mkdir", path)
+        if VERSION.search(str(path)) and not os.path.lexists(path) and os.path.isdir(os.path.dirname(path)):
+            self.free_slot.append(f"mkdir of a free slot {path}")
+        self.neg.pop(str(path), None)  # an exclusive create looks the name up afresh (LOOKUP_EXCL)
+        return self._effect(f, "mkdir", path, lambda: os.mkdir(path, *a, **kw))
+
+    def rename(self, a, b, *x, **kw):
+        return self._effect(self._at("rename", a), "rename", a, lambda: os.rename(a, b, *x, **kw))
+
+    def unlink(self, path, *a, **kw):
+        return self._effect(self._at("unlink", path), "unlink", path, lambda: os.unlink(path, *a, **kw))
+
+    remove = unlink
+
+    def rmdir(self, path, *a, **kw):
+        return self._effect(self._at("rmdir", path), "rmdir", path, lambda: os.rmdir(path, *a, **kw))
+
+    def listdir(self, path="."):
+        f = self._at("listdir", path)
+        if f == "stale" and str(path) in self.listed:
+            return list(self.listed[str(path)])
+        out = os.listdir(path)
+        self.listed[str(path)] = out
+        return out
+
+    def open(self, path, flags, *a, **kw):
+        f = self._at("open", path)
+        if not flags & os.O_CREAT:
+            self._hidden(path)
+        creating = "eio-after" if f == "eio-after" and flags & os.O_CREAT else None
+        fd = os.open(path, flags, *a, **kw)
+        if creating:
+            os.close(fd)
+            raise OSError(errno.EIO, "Input/output error (injected after the effect)", path)
+        return fd
+
+    def stat(self, path, *a, **kw):
+        self._at("stat", path)
+        self._hidden(path)
+        return os.stat(path, *a, **kw)
+
+    def lstat(self, path, *a, **kw):
+        self._at("lstat", path)
+        self._hidden(path)
+        return os.lstat(path, *a, **kw)
+
+
+def one(seal_at, prefix, role, j, intruder, fault):
+    """One run: returns (failure text or None, A's counted calls)."""
+    px = _Os()
+    real = [m.os for m in MODULES]
+    for m in MODULES:
+        m.os = px
+    try:
+        return _one(px, seal_at, prefix, role, j, intruder, fault)
+    finally:
+        for m, o in zip(MODULES, real, strict=True):
+            m.os = o
+
+
+def _one(px, seal_at, prefix, role, j, intruder, fault):
+    root = tempfile.mkdtemp(prefix="advposixroles-")
+    os.chmod(root, 0o700)
+    a = FolderKV(PosixStore(root), timeout=TIMEOUT, poll_max=0.02)
+    b = FolderKV(PosixStore(root), poll_max=0.02)
+    for kv in (a, b):
+        kv.seal_at = seal_at
+    h, problems = History(), []
+
+    def run(kv, who, name, *args):
+        c, t0 = h.call(name, *args, who=who), time.monotonic()
+        try:
+            r = {"add": kv.add, "set": kv.set, "cas": kv.compare_set, "del": kv.delete, "get": kv.try_get}[name](
+                "k", *args
+            )
+        except ValueError:
+            r = "ValueError"
+        except Crash:
+            return  # pending
+        except (StorageError, FileNotFoundError) as e:
+            c.ret, c.result = -2, str(e)  # allowed only without an effect
+            return
+        except Exception as e:
+            problems.append(f"{who}'s {name}{args} raised {type(e).__name__}: {str(e)[:140]}")
+            c.ret = -3
+            return
+        if time.monotonic() - t0 > TIMEOUT + 1.0:
+            problems.append(f"{who}'s {name}{args} took {time.monotonic() - t0:.1f} s")
+        h.ret(c, r)
+
+    for _ in range(prefix):
+        run(b, "b", "add", 1)
+
+    def intrude():
+        if intruder == "add":
+            run(b, "b", "add", 10)
+        elif intruder == "seal":
+            for _ in range(seal_at + 1):
+                run(b, "b", "add", 10)
+        elif intruder == "set":
+            run(b, "b", "set", b"7")
+        elif intruder == "del":
+            run(b, "b", "del")
+
+    px.j, px.fault, px.intrude = j, fault, intrude if intruder else None
+    args = {"add": (3,), "set": (b"7",), "cas": (str(prefix).encode(), b"50"), "del": ()}
+    px.armed = True
+    try:
+        run(a, "a", role, *args[role])
+    finally:
+        px.armed = False
+    calls = px.n
+    run(FolderKV(PosixStore(root), poll_max=0.02), "c", "get")
+    problems += px.free_slot
+    if problems:
+        return problems[0], calls
+    bad = check([o for o in h.ops if o.ret not in (-2, -3)], None, step)
+    if bad and any(o.ret == -2 for o in h.ops):
+        bad = "an operation failed after its effect:\n" + bad
+    return bad, calls
+
+
+# seal_ats, prefixes (None: 2 .. seal_at + 3), roles, intruders
+SIZES = {"ci": ((4,), (3, 5), ("add", "set"), (None, "seal")), "big": ((3, 4), None, ROLES, INTRUDERS)}
+
+
+def enumerate_all(size="ci", out=print):
+    seal_ats, prefixes, roles, intruders = SIZES[size]
+    runs, fails = 0, {}
+    for seal_at in seal_ats:
+        for prefix in prefixes or range(2, seal_at + 4):
+            for role in roles:
+                _, clean = one(seal_at, prefix, role, -1, None, None)
+                for j in range(clean + 1):
+                    for intruder in intruders:
+                        for fault in FAULTS:
+                            if intruder is None and fault is None:
+                                continue
+                            runs += 1
+                            bad, _ = one(seal_at, prefix, role, j, intruder, fault)
+                            if bad:
+                                what = re.sub(r"/tmp/\S+|\d+", "#", bad.splitlines()[0])[:110]
+                                fails.setdefault(what, []).append((seal_at, prefix, role, j, intruder, fault))
+    for what, cases in fails.items():
+        out(f"{len(cases)} x {what}\n    first: {cases[0]}")
+    out(f"{runs} runs, {sum(map(len, fails.values()))} failed")
+    return runs, fails
+
+
+if __name__ == "__main__":
+    enumerate_all(sys.argv[1] if len(sys.argv) > 1 else "ci")
