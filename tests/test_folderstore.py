@@ -737,9 +737,8 @@ def test_a_version_removed_by_hand_is_reported_not_waited_on_forever():
     kv = FolderKV(fs.view("n0"), clock=_Clock(fs), poll_max=5.0)
     kv.set("k", "v")
     t0 = fs.now
-    kv.store.blind(
-        f"{key_dir('k')}/e-000000000000/v-{1:012d}", 10 * LIE_LIMIT
-    )  # listed, never readable (as if unlinked by hand)
+    # listed, never readable (as if unlinked by hand): no revalidating lookup (Store.refresh) finds it either
+    kv.store.blind(f"{key_dir('k')}/e-000000000000/v-{1:012d}", 10 * LIE_LIMIT, sticky=True)
     with pytest.raises(CorruptStateError, match="unreadable"):
         kv.try_get("k")
     assert LIE_LIMIT <= fs.now - t0 < LIE_LIMIT + 10

@@ -2,12 +2,15 @@
 
 Two cures, both for a name the caller knows exists: :func:`stat_existing` (GlusterFS's nl-cache: a listing
 of the parent) and :func:`refresh` (a kernel negative dentry: an exclusive create, which revalidates it).
+And :func:`dir_signature`: a directory's attributes read past the client's attribute cache.
 """
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import os
+import sys
 import time
 
 STAT_EXISTING_TRIES = 6  # lookups (each after a listing of the parent) before stat_existing gives up
@@ -109,3 +112,40 @@ def refresh(path: str) -> bool:
     except OSError:
         pass
     return True
+
+
+def _statx_fresh():
+    """libc's ``statx`` (Linux, glibc >= 2.28), or None: ``os.stat`` has no ``AT_STATX_FORCE_SYNC`` before 3.15."""
+    try:
+        f = ctypes.CDLL(None, use_errno=True).statx
+    except (AttributeError, OSError):
+        return None
+    f.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_uint, ctypes.c_char_p]
+    return f
+
+
+_STATX = _statx_fresh() if sys.platform.startswith("linux") else None
+_AT_FDCWD, _AT_STATX_FORCE_SYNC, _STATX_BASIC_STATS = -100, 0x2000, 0x7FF
+
+
+def dir_signature(path: str) -> bytes | tuple | None:
+    """The directory's identity, link count, size, ctime and mtime, read from the server (None: unknown).
+
+    ``AT_STATX_FORCE_SYNC``: FUSE (``fuse_update_get_attr``) sends a GETATTR despite ``attr_timeout``, NFS
+    (``nfs_getattr``) revalidates despite ``acdirmin``; Lustre reads attributes under its lock anyway.
+    Measured on bindfs with 2 s caches: a plain ``stat`` showed the mtime of before another mount's create,
+    the forced one the new mtime, at a quarter of a listing's time (100 vs 380 us).  Without ``statx`` a plain
+    ``stat``, which may answer from the attribute cache (callers bound what that delays).
+    """
+    if _STATX is not None:
+        buf = ctypes.create_string_buffer(256)  # struct statx
+        if _STATX(_AT_FDCWD, os.fsencode(path), _AT_STATX_FORCE_SYNC, _STATX_BASIC_STATS, buf) == 0:
+            raw = buf.raw
+            return raw[16:20] + raw[32:48] + raw[96:128]  # stx_nlink, stx_ino, stx_size, stx_ctime, stx_mtime
+        if ctypes.get_errno() not in (errno.ENOSYS, errno.EINVAL):
+            return None  # gone, or unreadable: list it
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_nlink, st.st_size)
