@@ -18,13 +18,14 @@ intruder's (``target``).  The faults:
 * ``blind``: the same, a client cache the refresh does not cure (GlusterFS nl-cache);
 * ``stale``: a listing answers as the directory was ``max_staleness`` ago (never older than this client's last).
 
-**What fakefs did not cover, modelled here**: ``FolderKV._unreadable``'s ``fresh_lookup`` returns at once when the
-store is not a ``PosixStore``, so ``lookup.refresh`` -- a ``mkdir`` of a *version's* name, undone if it succeeds --
-never ran in the model.  It is safe only if never called on a free slot: a directory there would take the slot
-from a ``link()`` (EEXIST: a delta moves on and leaves a gap once the directory goes) and a listing would show it
-(a read: not a regular file, ``CorruptStateError``).  :func:`_refresh` runs it as two store operations (the
-``mkdir``, the undo) where hooks and faults reach it, records any refresh of a free slot as a failure, and reads
-a directory at a version's name as ``UNTRUSTED`` (as ``PosixStore.read`` does).
+**What fakefs did not cover, modelled here**: ``lookup.refresh`` -- a ``mkdir`` of a *version's* name, undone if it
+succeeds -- never ran in the model before ``Store.refresh`` (``fresh_lookup`` returned at once when the store was
+not a ``PosixStore``), and fakefs's ``refresh`` is one step that never makes a directory.  It is safe only if
+never called on a free slot: a directory there would take the slot from a ``link()`` (EEXIST: a delta moves on and
+leaves a gap once the directory goes) and a listing would show it (a read: not a regular file,
+``CorruptStateError``).  :func:`_refresh` runs it as two store operations (the ``mkdir``, the undo) where hooks and
+faults reach it, records any refresh of a free slot as a failure, and reads a directory at a version's name as
+``UNTRUSTED`` (as ``PosixStore.read`` does).
 
 The oracle, for every run: every call and return (a crashed one pending) is checked by the Wing-Gong checker
 against one torch store key, with a fresh node's ``get`` and ``add`` at the end; an operation that raised
@@ -48,9 +49,7 @@ from lincheck import History, check
 from lincheck import key_step as step
 
 from fsmingle.errors import StorageError
-from fsmingle.fs import folderstore as fsmod
 from fsmingle.fs.folderstore import FolderKV
-from fsmingle.fs.folderstore_log import VERSION_RE
 from fsmingle.fs.store import UNTRUSTED
 
 ROLES = ("add", "set", "cas", "cas-miss", "del", "get")
@@ -90,6 +89,10 @@ class FaultyStore(FakeStore):
         self.fault: tuple[int, str] | None = None
         self.curable: set[str] = set()  # names hidden by a negative dentry that refresh() cures
         self.hit: tuple[str, str, str] | None = None
+        self.refreshed_here: set[str] = set()
+
+    def refresh(self, name):
+        return _refresh(self, name)
 
     def arm(self, s: int, kind: str) -> None:
         self.fault = (self.ops + s, kind)
@@ -170,31 +173,30 @@ class FaultyStore(FakeStore):
             self._lag = lag
 
 
-FREE_SLOT_REFRESHED: list[str] = []  # what _refresh found (a failure of the run)
+FREE_SLOT_REFRESHED: list[str] = []  # what FaultyStore.refresh found (a failure of the run)
 REFUSED: list[str] = []  # operations that raised StorageError/FileNotFoundError with no effect (allowed; counted)
 
 
-def _refresh(kv, what: str) -> bool:
-    """``fsmingle.fs.lookup.refresh`` in fakefs (for ``folderstore.fresh_lookup``): ``mkdir`` of a version's name
-    (EEXIST: the lookup was fresh, a negative dentry cured), undone if it succeeded -- two store operations."""
-    store = kv.store
-    if not isinstance(store, FaultyStore) or not VERSION_RE.match(what.rpartition("/")[2]):
-        return False
-    done = kv.__dict__.setdefault("_refreshed_model", set())
-    if what in done:
+def _refresh(store: FaultyStore, name: str) -> bool:
+    """``PosixStore.refresh`` (``fsmingle.fs.lookup.refresh``) as it is on a real directory: ``mkdir`` of the name
+    (EEXIST: the lookup was fresh, a kernel negative dentry cured), undone by an ``rmdir`` if it succeeded -- two
+    store operations, where hooks and faults reach, instead of fakefs's one step that never makes a directory."""
+    if name in store.refreshed_here:
         return False  # once per name and process, as lookup.refresh
-    done.add(what)
+    store.refreshed_here.add(name)
     fs = store.fs
-    if fs.dir_exists(parent(what)) and fs.current(what) is None and not fs.dir_exists(what):
-        FREE_SLOT_REFRESHED.append(f"{store.node} refreshed a free slot {what}")
+    if fs.dir_exists(parent(name)) and fs.current(name) is None and not fs.dir_exists(name):
+        FREE_SLOT_REFRESHED.append(f"{store.node} refreshed a free slot {name}")
     try:
-        made = store.mkdir(what)
+        made = store.mkdir(name)
     except (FileNotFoundError, StorageError):
         return True
     if made:
-        store.retire(what)  # the rmdir
-    elif what in store.curable:
-        store.neg.pop(what, None)  # the dentry turned positive (a kernel negative dentry; nl-cache is not cured)
+        store.retire(name)  # the rmdir
+    elif fs.current(name) is not None:
+        if name in store.curable:
+            store.neg.pop(name, None)  # the dentry turned positive (a kernel one; nl-cache is not cured)
+        store.seen[name] = len(fs.files[name]) - 1
     return True
 
 
@@ -209,16 +211,7 @@ class _Clock:
         self.fs.advance(max(s, 1e-4))
 
 
-def one(*case):
-    """One run (:func:`_one`), ``folderstore.fresh_lookup`` modelled (:func:`_refresh`) only meanwhile."""
-    real, fsmod.fresh_lookup = fsmod.fresh_lookup, _refresh
-    try:
-        return _one(*case)
-    finally:
-        fsmod.fresh_lookup = real
-
-
-def _one(seal_at, prefix, role, k, intruder, target, s, fault, lag_a=0.0):
+def one(seal_at, prefix, role, k, intruder, target, s, fault, lag_a=0.0):
     """Returns (failure text or None, A's store operations, the intruder's: their names)."""
     del FREE_SLOT_REFRESHED[:], REFUSED[:]
     fs = FakeFS(max_staleness=3.0)
@@ -329,12 +322,13 @@ SIZES = {
     # seal_ats, roles, intruders, A's lags, A's steps faulted with an intruder at its k-th (None: every step; else
     # k-1 .. k+n), A's steps at which the intruder runs faulted (None: every k; else k = 0, the middle, the last)
     "ci": ((3,), ROLES, ("add", "seal", "set", "del"), (0.0,), 1, "ends"),
+    "adds": ((3, 4), ("add",), INTRUDERS, (0.0, 2.5), None, "ends"),  # the delta add's own, deeper
     "big": ((3,), ROLES, INTRUDERS, (0.0, 2.5), None, None),
     "huge": ((3, 4), ROLES, INTRUDERS, (0.0, 2.5), None, None),
 }
 
 
-def enumerate_all(size="ci", out=print, one=one):
+def enumerate_all(size="ci", out=print, one=one, verbose=False):
     """Every start state x role x fault at every step of A's operation; then every intruder at every step k of A's
     with A faulted at every step (``big``; ``ci``: at k-1 .. k+1) and the intruder faulted at each of its steps
     (``big``: for every k; ``ci``: for k at A's first, middle and last step)."""
@@ -349,6 +343,8 @@ def enumerate_all(size="ci", out=print, one=one):
             refused[r] = refused.get(r, 0) + 1
         if bad:
             what = re.sub(r"e-\d{12}-[0-9a-f]{16}|v-\d{12}|\d+\.\d+", "#", bad.splitlines()[0])[:110]
+            if verbose and what not in fails:
+                out(f"NEW: {what}\n    case: {case}")
             fails.setdefault(what, []).append(case)
         return a_ops, i_ops
 
@@ -377,6 +373,8 @@ def enumerate_all(size="ci", out=print, one=one):
                                 for s, op in enumerate(i_ops if ends else ()):  # the intruder faulted at each step
                                     if applies(fault, op):
                                         go(seal_at, prefix, role, k, intruder, "i", s, fault, lag)
+            if verbose:
+                out(f"seal_at {seal_at}, prefix {prefix}: {runs} runs, {sum(map(len, fails.values()))} failed so far")
     for what, cases in fails.items():
         out(f"{len(cases)} x {what}\n    first: {cases[0]}")
     for what, n in sorted(refused.items()):
@@ -386,4 +384,4 @@ def enumerate_all(size="ci", out=print, one=one):
 
 
 if __name__ == "__main__":
-    enumerate_all(sys.argv[1] if len(sys.argv) > 1 else "ci")
+    enumerate_all(sys.argv[1] if len(sys.argv) > 1 else "ci", out=lambda line: print(line, flush=True), verbose=True)
