@@ -55,6 +55,7 @@ from fsmingle.fs.store import UNTRUSTED
 ROLES = ("add", "set", "cas", "cas-miss", "del", "get")
 INTRUDERS = ("add", "seal", "set", "cas", "del", "add-seal2")
 FAULTS = ("crash", "crash-after", "lost", "eio-after", "eio-before", "neg", "blind", "stale")
+GHOST = FAULTS + ("ghost",)  # with a client that keeps retired directories by inode (FaultyStore.ghost)
 MUTATIONS = ("create", "publish", "mkdir", "remove", "retire")
 APPLIES = {
     "none": (),
@@ -66,6 +67,7 @@ APPLIES = {
     "neg": None,
     "blind": None,
     "stale": ("listdir",),
+    "ghost": None,
 }
 TIMEOUT, POLL_MAX, HIDE = 60.0, 0.5, 0.7
 OPS_LIMIT = 20_000  # store operations in one run: past it the run is a livelock
@@ -90,6 +92,14 @@ class FaultyStore(FakeStore):
         self.curable: set[str] = set()  # names hidden by a negative dentry that refresh() cures
         self.hit: tuple[str, str, str] | None = None
         self.refreshed_here: set[str] = set()
+        # From the "ghost" fault on, this client reaches a directory it listed by a cached handle after it was
+        # retired (FUSE GlusterFS, MooseFS, JuiceFS; NFS: measured, docs/folderstore.md): its kept files are read
+        # and listed, a link() of a kept name answers EEXIST, of a free one succeeds -- into the trash.
+        self.ghost = False
+
+    def _in_ghost(self, name: str) -> bool:
+        d, fs = parent(name), self.fs
+        return self.ghost and d in self.listed and d in fs.dirs and not fs.dir_exists(d) and not self.hidden(d)
 
     def refresh(self, name):
         return _refresh(self, name)
@@ -106,6 +116,9 @@ class FaultyStore(FakeStore):
         if kind == "none" or not applies(kind, op):
             return None
         self.hit = (kind, op, name)
+        if kind == "ghost":
+            self.ghost = True
+            return None
         if kind in ("neg", "blind"):
             self.blind(name, HIDE)
             if kind == "neg":
@@ -136,9 +149,20 @@ class FaultyStore(FakeStore):
         return out
 
     def create(self, name, data, fsync=True):
+        if self._in_ghost(name):
+            self._take("create", name)
+            self._op("create", name)
+            if name in self.fs.kept:
+                return False
+            self.fs.kept[name] = bytes(data)
+            return True
         return self._mutate("create", name, lambda: super(FaultyStore, self).create(name, data, fsync))
 
     def publish(self, name, data):
+        if self._in_ghost(name):  # a probe's hidden file: made in the trash, so the probe says "still there"
+            self._take("publish", name)
+            self._op("publish", name)
+            return None
         return self._mutate("publish", name, lambda: super(FaultyStore, self).publish(name, data))
 
     def mkdir(self, name):
@@ -151,6 +175,10 @@ class FaultyStore(FakeStore):
         return self._mutate("retire", name, lambda: super(FaultyStore, self).retire(name, keep_for))
 
     def read(self, name):
+        if self._in_ghost(name):
+            self._take("read", name)
+            self._op("read", name)
+            return self.fs.kept.get(name)
         if self._take("read", name) == "eio-before":
             self._op("read", name)
             raise self._eio("read", name)
@@ -160,6 +188,10 @@ class FaultyStore(FakeStore):
         return super().read(name)
 
     def listdir(self, name=""):
+        if self._in_ghost(name + "/x"):
+            self._take("listdir", name)
+            self._op("listdir", name)
+            return sorted({k[len(name) + 1 :] for k in self.fs.kept if parent(k) == name and "/." not in k})
         kind = self._take("listdir", name)
         if kind == "eio-before":
             self._op("listdir", name)
@@ -328,11 +360,12 @@ SIZES = {
 }
 
 
-def enumerate_all(size="ci", out=print, one=one, verbose=False):
+def enumerate_all(size="ci", out=print, one=one, verbose=False, faults=None):
     """Every start state x role x fault at every step of A's operation; then every intruder at every step k of A's
     with A faulted at every step (``big``; ``ci``: at k-1 .. k+1) and the intruder faulted at each of its steps
     (``big``: for every k; ``ci``: for k at A's first, middle and last step)."""
     seal_ats, roles, intruders, lags, near, iks = SIZES[size]
+    faults = faults or (FAULTS if size == "ci" else GHOST)
     runs, fails, refused = 0, {}, {}
 
     def go(*case):
@@ -354,7 +387,7 @@ def enumerate_all(size="ci", out=print, one=one, verbose=False):
                 for lag in lags:
                     clean, _ = go(seal_at, prefix, role, 10**6, None, None, 0, "none", lag)
                     for s, op in enumerate(clean):  # A faulted at each step, alone
-                        for fault in FAULTS:
+                        for fault in faults:
                             if applies(fault, op):
                                 go(seal_at, prefix, role, 10**6, None, "a", s, fault, lag)
                     for k in range(len(clean) + 1):
@@ -366,7 +399,7 @@ def enumerate_all(size="ci", out=print, one=one, verbose=False):
                                 else range(max(0, k - 1), min(len(a_ops), k + near + 1))
                             )
                             ends = iks is None or k in (0, len(clean) // 2, len(clean))
-                            for fault in FAULTS:
+                            for fault in faults:
                                 for s in steps:  # A faulted at each step, the intruder at A's k-th
                                     if applies(fault, a_ops[s]):
                                         go(seal_at, prefix, role, k, intruder, "a", s, fault, lag)
