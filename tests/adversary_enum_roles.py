@@ -70,6 +70,9 @@ APPLIES = {
     "ghost": None,
 }
 TIMEOUT, POLL_MAX, HIDE = 60.0, 0.5, 0.7
+# An operation that fails after its effect (tests/test_adversary_nrb.py, finding 1: open on main) is taken as pending
+# while this is True -- the CI size's setting until it is fixed, so that the enumeration still checks all the rest.
+ERROR_AFTER_EFFECT_ALLOWED = False
 OPS_LIMIT = 20_000  # store operations in one run: past it the run is a livelock
 
 
@@ -341,7 +344,10 @@ def one(seal_at, prefix, role, k, intruder, target, s, fault, lag_a=0.0):
     ops = [o for o in h.ops if o.ret != -2 and o.ret != -3]
     for o in [o for o in h.ops if o.ret == -2]:  # an error must leave no effect: the history without it checks
         if check(ops, None, step) is not None:
-            return f"{o.who}'s {o.name}{o.args} failed ({o.result[:80]}) after its effect?", a_ops, counts["i"]
+            if not ERROR_AFTER_EFFECT_ALLOWED:
+                return f"{o.who}'s {o.name}{o.args} failed ({o.result[:80]}) after its effect?", a_ops, counts["i"]
+            o.ret = -1  # pending: took effect or not (the rest of the history must still check)
+            ops.append(o)
     bad = check(ops, None, step)
     if bad is None and all(o.name in ("add", "get") for o in ops):
         got = [o.result for o in ops if o.name == "add" and o.ret > 0]
@@ -353,7 +359,8 @@ def one(seal_at, prefix, role, k, intruder, target, s, fault, lag_a=0.0):
 SIZES = {
     # seal_ats, roles, intruders, A's lags, A's steps faulted with an intruder at its k-th (None: every step; else
     # k-1 .. k+n), A's steps at which the intruder runs faulted (None: every k; else k = 0, the middle, the last)
-    "ci": ((3,), ROLES, ("add", "seal", "set", "del"), (0.0,), 1, "ends"),
+    "ci": ((4,), ROLES, ("add", "seal", "set", "del"), (2.5,), 0, "mid"),
+    "ci3": ((3,), ROLES, ("add", "seal", "set", "del"), (0.0,), 1, "ends"),  # session 5's first CI size
     "adds": ((3, 4), ("add",), INTRUDERS, (0.0, 2.5), None, "ends"),  # the delta add's own, deeper
     "big": ((3,), ROLES, INTRUDERS, (0.0, 2.5), None, None),
     "huge": ((3, 4), ROLES, INTRUDERS, (0.0, 2.5), None, None),
@@ -365,7 +372,7 @@ def enumerate_all(size="ci", out=print, one=one, verbose=False, faults=None):
     with A faulted at every step (``big``; ``ci``: at k-1 .. k+1) and the intruder faulted at each of its steps
     (``big``: for every k; ``ci``: for k at A's first, middle and last step)."""
     seal_ats, roles, intruders, lags, near, iks = SIZES[size]
-    faults = faults or (FAULTS if size == "ci" else GHOST)
+    faults = faults or (FAULTS if size.startswith("ci") else GHOST)
     runs, fails, refused = 0, {}, {}
 
     def go(*case):
@@ -398,7 +405,9 @@ def enumerate_all(size="ci", out=print, one=one, verbose=False, faults=None):
                                 if near is None
                                 else range(max(0, k - 1), min(len(a_ops), k + near + 1))
                             )
-                            ends = iks is None or k in (0, len(clean) // 2, len(clean))
+                            ends = iks is None or k in (
+                                (0, len(clean) // 2, len(clean)) if iks == "ends" else (len(clean) // 2,)
+                            )
                             for fault in faults:
                                 for s in steps:  # A faulted at each step, the intruder at A's k-th
                                     if applies(fault, a_ops[s]):
