@@ -73,11 +73,16 @@ def agent(argv: list[str]) -> None:
     run.main(argv)
 
 
-def one_join(path: str, n: int, limit_s: float = 300.0) -> dict:
-    """One JOIN of ``n`` agents on ``path`` (``torchrun-fsmingle`` or ``torchrun-c10d``): its row."""
+def one_join(path: str, n: int, limit_s: float = 300.0, min_free_gb: float = 3.0) -> dict:
+    """One JOIN of ``n`` agents on ``path`` (``torchrun-fsmingle`` or ``torchrun-c10d``): its row.
+
+    The run is given up (``ok`` False) after ``limit_s`` seconds, or as soon as the machine's available
+    memory falls below ``min_free_gb`` GiB (the machine is shared: its other users come first)."""
     import shutil
     import tempfile
     from pathlib import Path
+
+    import psutil
 
     from .harness import Run, _tree
 
@@ -97,10 +102,16 @@ def one_join(path: str, n: int, limit_s: float = 300.0) -> dict:
             return [e for _i, e in r.events() if e.get("ev") == "first"]
 
         end = time.monotonic() + limit_s
+        low = False
         while len(firsts()) < n and time.monotonic() < end and not r._all_exited(-1):
+            low = psutil.virtual_memory().available < min_free_gb * 2**30
+            if low:
+                break
             time.sleep(0.1)
         evs = [e for _i, e in r.events()]
         row["mem_gb"] = round(sum(_rss(q) for p in r.procs for q in _tree(p.pid)) / 2**30, 2)
+        if low:
+            return dict(row, ok=False, note=f"given up: less than {min_free_gb:g} GiB of memory available")
         if len(firsts()) < n:
             return dict(row, ok=False, note=f"{len(firsts())}/{n} workers started within {limit_s:g} s\n{r._why()}")
 
@@ -187,6 +198,7 @@ def main(argv=None) -> int:
     ap.add_argument("--n", default="8,16,32", help="agent counts, comma-separated")
     ap.add_argument("--reps", type=int, default=2, help="runs of each path at each N (alternating c10d first)")
     ap.add_argument("--limit-s", type=float, default=300.0, help="give up on a run after this many seconds")
+    ap.add_argument("--min-free-gb", type=float, default=3.0, help="give a run up below this much available memory")
     ap.add_argument("--out", default=None, help="directory for results.json and results.md")
     ap.add_argument("--from-log", default=None, help="no runs: the table from the JSON rows a run printed")
     a = ap.parse_args(argv)
@@ -199,7 +211,7 @@ def main(argv=None) -> int:
                 paths = ["torchrun-c10d", "torchrun-fsmingle"]
                 for path in paths if rep % 2 == 0 else paths[::-1]:
                     load = os.getloadavg()[0]
-                    row = one_join(path, n, a.limit_s)
+                    row = one_join(path, n, a.limit_s, a.min_free_gb)
                     row.update(rep=rep, load=round(load, 2), when=time.strftime("%H:%M:%S", time.gmtime()))
                     rows.append(row)
                     print(json.dumps(row), flush=True)
