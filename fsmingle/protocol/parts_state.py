@@ -142,6 +142,8 @@ class Seat:
 
     Attributes:
         state (State), note (str: the latest notable event, for displays).
+        waiting_why (str): the note while it is rank 0's word on whom it waits for (``rank0/reach.py``), which its
+            status messages tell the members (``why``); "" once another note replaces it.
         rank (int | None): the rank it holds; role: its Coordinator or Member while it holds one;
         hub: rank 0's listening endpoint (the master port), held until exec.
         result (Placement | None): its placement once released; released_members (tuple): the
@@ -157,6 +159,7 @@ class Seat:
 
     state: State = State.JOIN
     note: str = ""
+    waiting_why: str = ""
     rank: int | None = None
     role: Any = None
     hub: Any = None
