@@ -198,6 +198,8 @@ class Timers:
         busy_since, busy_gen: since when, and in which generation, ``--port`` was busy.
         shy_until (float | None): until when this node leaves rank 0 to others after a step-down
             (:mod:`fsmingle.protocol.partition`).
+        retired_check (float): when a node in DECIDING may list the job directory next, to see its
+            generation retired under it (:mod:`fsmingle.protocol.leaving`: once per ``stale_after``).
     """
 
     started: float
@@ -212,6 +214,7 @@ class Timers:
     busy_since: float | None = None
     busy_gen: int | None = None
     shy_until: float | None = None
+    retired_check: float = 0.0
 
     def due(self, now: float, period: float) -> None:
         """Heartbeat and check both due one ``period`` from ``now`` (a new generation)."""
