@@ -569,7 +569,9 @@ class FakeStore(Store):
     def refresh(self, name: str) -> bool:
         """As :meth:`PosixStore.refresh <fsmingle.fs.store.PosixStore.refresh>`: an exclusive ``mkdir`` of ``name``,
         whose lookup is always fresh (``LOOKUP_EXCL``): this view's negative entry of the name is dropped and the
-        server answers EEXIST if it exists.  Once per name and view (False after), as the real one per process."""
+        server answers EEXIST if it exists.  Once per name and view (False after), as the real one per process.
+        A free name in a directory still in place raises ``CorruptStateError`` (the real one's ``mkdir`` succeeded).
+        """
         if name in self.refreshed:
             return False
         self.refreshed.add(name)
@@ -579,9 +581,14 @@ class FakeStore(Store):
         if (parent(name) and self.hidden(parent(name))) or not self.fs.dir_exists(parent(name)):
             return True  # ENOENT: the path walk to the parent fails (from the cache, or the directory went)
         self._forget_absent(name)
-        if self.fs.current(name) is not None:
+        if self.fs.current(name) is None and not self.fs.dir_exists(name):
+            # The mkdir succeeded (undone at once: nothing stays in the truth) in a directory still in place.
+            from fsmingle.errors import CorruptStateError
+
+            raise CorruptStateError(f"{self.path(name)} was missing, though it existed; remove the store")
+        if name in self.fs.files:
             self.seen[name] = len(self.fs.files[name]) - 1  # a positive dentry: the next open reads what is there
-        return True  # EEXIST (or a mkdir undone at once: the name stays absent, no negative entry kept)
+        return True  # EEXIST
 
     def dir_signature(self, name: str) -> tuple | None:
         """As :meth:`PosixStore.dir_signature <fsmingle.fs.store.PosixStore.dir_signature>` (``statx`` forced past the

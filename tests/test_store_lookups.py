@@ -4,9 +4,13 @@ FolderStore using them through the interface (no branch on which store it runs o
 
 from __future__ import annotations
 
+import os
+import shutil
+
 import pytest
 from fakefs import FakeFS
 
+from fsmingle.errors import CorruptStateError
 from fsmingle.fs.folderstore import FolderKV, key_dir
 from fsmingle.fs.folderstore_log import VERSION_RE, version_name
 from fsmingle.fs.folderstore_wait import LIST_EVERY
@@ -112,3 +116,35 @@ def test_a_waiter_in_the_model_lists_seldom_in_its_fast_phase():
     assert waiter.wait_for(["done"], 30.0, RuntimeError) == [b"1"]
     assert seen["before"] <= 0.5 / LIST_EVERY + 3, seen["before"]
     assert fs.now == seen["at"]  # woke at the first poll after the write: no further pause
+
+
+def test_a_refresh_of_a_free_name_is_undone_and_reported_on_a_real_directory(tmp_path):
+    """``refresh``'s ``mkdir`` on a free name (never so for FolderStore's callers, but for a damaged store) leaves no
+    directory where a version belongs and raises CorruptStateError while the name's directory is in place; in a
+    directory retired meanwhile it is only done.  Fails before: the free name was undone silently (True)."""
+    store = dict(_stores(tmp_path))["posix"]
+    store.mkdir("k")
+    store.mkdir("k/e")
+    free = f"k/e/{version_name(5)}"
+    with pytest.raises(CorruptStateError, match="was missing, though it existed"):
+        store.refresh(free)
+    assert not (tmp_path / "real" / free).exists()
+    assert store.retire("k/e")
+    assert store.refresh(f"k/e/{version_name(6)}") is True  # ENOENT: the directory went; nothing made
+    assert store.listdir("k") == []
+
+
+def test_a_store_made_again_under_a_live_folderstore_is_reported_at_once(tmp_path):
+    """The store removed while in use and made again by another process: the version A wrote is gone from a live
+    epoch 0, so A's read of it lands on a free name -- reported at once, nothing left there.  Fails before: A
+    paused on the "lying lookup" until its 5 s timeout (a FolderStoreTimeout blaming a client cache)."""
+    root = tmp_path / "s"
+    root.mkdir(mode=0o700)
+    a = FolderKV(PosixStore(str(root)), timeout=5.0)
+    a.set("k", "x")
+    shutil.rmtree(root)
+    root.mkdir(mode=0o700)
+    assert FolderKV(PosixStore(str(root))).try_get("k") is None  # makes the key's directory and epoch 0 again
+    with pytest.raises(CorruptStateError, match="removed"):
+        a.try_get("k")
+    assert [f for _, ds, fs in os.walk(root) for f in ds + fs if f.startswith("v-")] == []

@@ -13,6 +13,8 @@ import os
 import sys
 import time
 
+from ..errors import CorruptStateError
+
 STAT_EXISTING_TRIES = 6  # lookups (each after a listing of the parent) before stat_existing gives up
 
 
@@ -90,13 +92,29 @@ def refresh(path: str) -> bool:
     ``MKDIR`` answered EEXIST.  Lustre revalidates a dentry under the directory's LDLM lock, which another
     client's create cancels: nothing to cure, one RPC.
 
-    A ``mkdir`` that succeeds (the name was not there after all: only in a directory retired meanwhile that
-    this client still reaches by a cached handle) is undone at once.  Errors are ignored: the caller's next
-    read says what is wrong.
+    The ``mkdir`` must never succeed: a directory at a free name would stand where a file belongs (a FolderStore
+    version).  It cannot, for FolderStore's callers (``FolderKV._unreadable``, versions only): every name they pass
+    was listed, answered EEXIST to a ``link()``, was seen or written by this process, or lies below such a version
+    -- an epoch's versions have no gaps, as version m is linked only after m-1 was read, listed or answered
+    EEXIST -- and versions are never removed but with their whole epoch (a ``rename()`` into the trash, its files
+    kept ``retire_grace``; epoch names are never reused).  So the name exists at its path (EEXIST), or its epoch
+    is gone from the path (ENOENT), or this client reaches the retired epoch by a cached handle (FUSE GlusterFS,
+    NFS), where a sealed epoch's names are all kept (EEXIST).  A ``mkdir`` that succeeds proves the store damaged
+    (a version unlinked by hand, the store removed while in use and made again): it is undone at once and, if the
+    name's directory is still listed in its parent, :class:`~fsmingle.errors.CorruptStateError` says so -- else
+    (a retired directory reached by a cached handle, its kept files swept) the caller finds it gone.  A concurrent
+    ``link()`` into that name between the ``mkdir`` and its undoing (only in such a damaged store) sees EEXIST:
+    FolderStore then reads a directory there (``Store.read`` answers it untrusted: CorruptStateError) or, once
+    undone, nothing -- and its own ``refresh`` of the name raises this error.  A delta add that moved past it
+    left a gap whose readers raise this error likewise: every path ends in the error, none in a wrong answer.
+    Other errors of ``mkdir`` are ignored: the caller's next read says what is wrong.
 
     Returns:
         bool: True if refreshed now; False if ``path`` was refreshed before in this process (a name that exists is
         never looked up missing again: what still hides it is another cache, for the caller to wait out).
+
+    Raises:
+        CorruptStateError: ``path`` was missing while its directory is still in place (the ``mkdir`` succeeded).
     """
     if path in _refreshed:
         return False
@@ -108,9 +126,17 @@ def refresh(path: str) -> bool:
     except OSError:
         return True  # EEXIST: the lookup was fresh (the point); ENOENT, ESTALE: the directory went
     try:
-        os.rmdir(path)
+        os.rmdir(path)  # at once: the name must not stand as a directory (above)
     except OSError:
-        pass
+        pass  # the check below still tells
+    d = os.path.dirname(path)
+    try:
+        in_place = os.path.basename(d) in os.listdir(os.path.dirname(d) or ".")  # a listing: never a cached lookup
+    except OSError:
+        in_place = False
+    if in_place:
+        raise CorruptStateError(f"{path} was missing, though it existed (removed by hand, or the store removed "
+                                "while in use?); remove the store")  # fmt: skip
     return True
 
 
