@@ -92,6 +92,7 @@ class FaultyStore(FakeStore):
         super().__init__(fs, node)
         self.trace = []
         self.fault: tuple[int, str] | None = None
+        self.later: list[tuple[int, str]] = []  # further faults (a pair: enumerate_pairs), armed as each fires
         self.curable: set[str] = set()  # names hidden by a negative dentry that refresh() cures
         self.hit: tuple[str, str, str] | None = None
         self.refreshed_here: set[str] = set()
@@ -107,15 +108,17 @@ class FaultyStore(FakeStore):
     def refresh(self, name):
         return _refresh(self, name)
 
-    def arm(self, s: int, kind: str) -> None:
-        self.fault = (self.ops + s, kind)
+    def arm(self, s: int, kind: str, *more: tuple[int, str]) -> None:
+        """Fault ``kind`` on the ``s``-th next store operation; ``more``: (step, kind) pairs, steps counted alike."""
+        at = sorted([(self.ops + s, kind), *((self.ops + t, f) for t, f in more)])
+        self.fault, self.later = at[0], at[1:]
 
     def _take(self, op: str, name: str) -> str | None:
         if self.ops > OPS_LIMIT:
             raise Livelock(f"{self.node}: over {OPS_LIMIT} store operations")
         if self.fault is None or self.ops != self.fault[0]:
             return None
-        kind, self.fault = self.fault[1], None
+        kind, self.fault = self.fault[1], (self.later.pop(0) if self.later else None)
         if kind == "none" or not applies(kind, op):
             return None
         self.hit = (kind, op, name)
@@ -246,8 +249,9 @@ class _Clock:
         self.fs.advance(max(s, 1e-4))
 
 
-def one(seal_at, prefix, role, k, intruder, target, s, fault, lag_a=0.0):
-    """Returns (failure text or None, A's store operations, the intruder's: their names)."""
+def one(seal_at, prefix, role, k, intruder, target, s, fault, lag_a=0.0, second=None):
+    """Returns (failure text or None, A's store operations, the intruder's: their names).  ``second``: (step, kind)
+    of a second fault of A's operation (:func:`enumerate_pairs`)."""
     del FREE_SLOT_REFRESHED[:], REFUSED[:]
     fs = FakeFS(max_staleness=3.0)
     fs.mkdir_truth("", None)
@@ -327,7 +331,7 @@ def one(seal_at, prefix, role, k, intruder, target, s, fault, lag_a=0.0):
     if intruder:
         a.arm_hook(k, intrude)
     if target == "a":
-        a.arm(s, fault)
+        a.arm(s, fault, *([second] if second else []))
     ops0 = len(a.trace)
     args = {"add": (3,), "set": (b"7",), "cas": (before, b"50"), "cas-miss": (b"nope", b"51"), "del": (), "get": ()}
     run(0, "cas" if role.startswith("cas") else role, *args[role])
@@ -425,5 +429,41 @@ def enumerate_all(size="ci", out=print, one=one, verbose=False, faults=None):
     return runs, fails
 
 
+FIRST = ("lost", "eio-after", "crash-after")  # what a create may meet first ...
+SECOND = ("eio-before", "neg", "blind", "stale", "crash", "eio-after", "lost")  # ... and what any later step meets
+
+
+def enumerate_pairs(seal_ats=(4,), lag=2.5, out=print):
+    """Depth 2 for the add: a fault of :data:`FIRST` on each of A's creates, then one of :data:`SECOND` on each later
+    store step of A's add, alone and with an intruder (an add, adds that seal) at A's middle step."""
+    runs, fails = 0, {}
+    for seal_at in seal_ats:
+        for prefix in range(seal_at + 3):
+            clean = one(seal_at, prefix, "add", 10**6, None, None, 0, "none", lag)[1]
+            for k, intruder in ((10**6, None), (len(clean) // 2, "add"), (len(clean) // 2, "seal")):
+                trace = one(seal_at, prefix, "add", k, intruder, None, 0, "none", lag)[1]
+                for s1, op1 in enumerate(trace):
+                    for f1 in FIRST if op1 == "create" else ():
+                        after = one(seal_at, prefix, "add", k, intruder, "a", s1, f1, lag)[1]
+                        for s2 in range(s1 + 1, len(after)):
+                            for f2 in SECOND:
+                                if applies(f2, after[s2]):
+                                    runs += 1
+                                    case = (seal_at, prefix, "add", k, intruder, "a", s1, f1, lag, (s2, f2))
+                                    bad = one(*case)[0]
+                                    if bad:
+                                        what = re.sub(
+                                            r"e-\d{12}-[0-9a-f]{16}|v-\d{12}|\d+\.\d+", "#", bad.splitlines()[0]
+                                        )
+                                        if what[:110] not in fails:
+                                            out(f"NEW: {what[:110]}\n    case: {case}")
+                                        fails.setdefault(what[:110], []).append(case)
+    out(f"pairs: {runs} runs, {sum(map(len, fails.values()))} failed")
+    return runs, fails
+
+
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["pairs"]:
+        enumerate_pairs(out=lambda line: print(line, flush=True))
+        sys.exit()
     enumerate_all(sys.argv[1] if len(sys.argv) > 1 else "ci", out=lambda line: print(line, flush=True), verbose=True)
