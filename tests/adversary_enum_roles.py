@@ -458,6 +458,23 @@ def enumerate_pairs(seal_ats=(4,), lag=2.5, out=print):
                                         if what[:110] not in fails:
                                             out(f"NEW: {what[:110]}\n    case: {case}")
                                         fails.setdefault(what[:110], []).append(case)
+        # ... and a seal with its retirement at each step after the second fault (finding 5: the pause it causes)
+        for prefix in range(seal_at + 3):
+            trace = one(seal_at, prefix, "add", 10**6, None, None, 0, "none", lag)[1]
+            for s1, op1 in enumerate(trace):
+                for f1 in ("lost", "eio-after") if op1 == "create" else ():
+                    after = one(seal_at, prefix, "add", 10**6, None, "a", s1, f1, lag)[1]
+                    for s2 in [s for s in range(s1 + 1, len(after)) if after[s] in ("read", "listdir")][:2]:
+                        for f2 in ("eio-before", "neg"):
+                            for k in range(s2, len(after) + 4):
+                                runs += 1
+                                case = (seal_at, prefix, "add", k, "seal", "a", s1, f1, lag, (s2, f2))
+                                bad = one(*case)[0]
+                                if bad:
+                                    what = re.sub(r"e-\d{12}-[0-9a-f]{16}|v-\d{12}", "#", bad.splitlines()[0])[:110]
+                                    if what not in fails:
+                                        out(f"NEW: {what}\n    case: {case}")
+                                    fails.setdefault(what, []).append(case)
     out(f"pairs: {runs} runs, {sum(map(len, fails.values()))} failed")
     return runs, fails
 
