@@ -19,12 +19,13 @@ The argument: ``docs/folderstore.md``, "Adds without a read-modify-write".
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import secrets
 
 from ..errors import CorruptStateError
-from .folderstore_log import _UNREADABLE, EPOCH0, VERSION_RE, Op, State, Version, version_name
+from .folderstore_log import _UNREADABLE, EPOCH0, HINT_RE, VERSION_RE, Op, State, Version, hint_name, version_name
 from .lookup import refresh
 from .refusal import unsupported
 from .store import UNTRUSTED, _nlink, _tmp_name, _unlink_quiet, storage_error
@@ -100,9 +101,34 @@ def _kept_reader():
     return read
 
 
+def harvest(kv, d: str, names) -> None:
+    """Keep the delta hints a listing of epoch directory ``d`` shows: ``kv._hints[(d, k)] = (token, amount)``.
+
+    A hint ``a-<k>-<token>-<amount>`` is made by the writer of the delta at version ``k`` only after it knew
+    that version was its own (its ``link()`` won, or its link count or token said so), and names exactly what
+    that immutable version holds; epoch names are never reused.  So a hint is as good as a read of ``v-<k>``,
+    and a listing that lags only shows fewer of them (the walk then reads those versions)."""
+    for name in names:
+        h = HINT_RE.match(name)
+        if h:
+            if len(kv._hints) > CACHE:
+                kv._hints.clear()
+            kv._hints[(d, int(h.group(1)))] = (h.group(2), int(h.group(3)))
+
+
+def _hint(make, m: int, new: Version) -> None:
+    """Make the hint of our delta ``new`` at version ``m`` (``make(name)``): best effort -- a version without one
+    is read instead; EEXIST is our own earlier try (a lost reply); ENOENT, the epoch retired meanwhile."""
+    name = hint_name(m, new.token, int(new.value))
+    if name is not None:
+        with contextlib.suppress(OSError):  # StorageError is an OSError
+            make(name)
+
+
 def full(kv, d: str, n: int, v: Version, key: str | None, read=None) -> tuple[Version | None, str]:
     """Version ``n`` of epoch directory ``d`` as a full version: ``v`` itself, or for a delta its value
-    computed from the versions below it (a ``set`` carrying the delta's token).  ``(None, name)``: the
+    computed from the versions below it (a ``set`` carrying the delta's token); a delta whose hint a listing
+    showed (:func:`harvest`) is not read.  ``(None, name)``: the
     version ``name`` below could not be read (a lying lookup; the caller pauses and looks again).
     ``read(kv, d, k, key)``: how a version below is read (``kv._read``; an adder's own: from the trash too).
 
@@ -118,6 +144,10 @@ def full(kv, d: str, n: int, v: Version, key: str | None, read=None) -> tuple[Ve
             break
         if k == 0:
             raise CorruptStateError(f"{kv.store.path(d)}/{version_name(1)} is a delta; remove the store")
+        if (h := kv._hints.get((d, k))) is not None:
+            chain.append(Version(v.key, "add", h[0], str(h[1]).encode()))
+            k -= 1
+            continue
         w = (read or _plain_read)(kv, d, k, key)
         if w is None:
             return None, f"{d}/{version_name(k)}"
@@ -151,6 +181,8 @@ def _link_slots(kv, d: str, first: int, last: int, new: Version, key: str, op: O
     if root is None:
         for m in range(first, last + 1):
             got = kv._link(d, m, new, key, op)  # the token's read-back (fakefs's lost replies, EIO)
+            if got is new:
+                _hint(lambda name: kv._create(f"{d}/{name}", new.encode()), m, new)
             if got is None or got is new:
                 return m if got is new else None
         return 0
@@ -166,46 +198,54 @@ def _link_slots(kv, d: str, first: int, last: int, new: Version, key: str, op: O
             os.write(fd, new.encode())  # < 1 KiB: one write; no fsync (docs/folderstore.md, fsync)
         finally:
             os.close(fd)  # hands the data to an NFS server before the link() makes it visible
-        m, pause, lost, tries = first, kv.poll_min, 0, 0
-        while m <= last:
-            target, tries = os.path.join(root, d, version_name(m)), tries + 1
-            try:
-                os.link(tmp, target)
-            except FileExistsError:
-                links = _nlink(tmp)
-                if links >= 2:  # a retransmitted LINK answered EEXIST after it succeeded
-                    return m
-                if links == 0:  # the stat failed (EIO, ESTALE): only the token tells whose version m is
-                    w = kv._read(d, m, key)
-                    if w is not None and w.token == new.token:
-                        return m
-                    if w is None:
-                        kv._nap(op, pause, f"{kv.store.path(d)}/{version_name(m)} is {_UNREADABLE}")
-                        pause = min(pause * 2, kv.poll_max)
-                        continue  # link() again: EEXIST, and the stat or the read tells
-                # Lost to another version: on to the next free name.  N adders at once would each lose O(N)
-                # races one name at a time: a listing (a lower bound of the top, stale or not) after the 1st, 2nd,
-                # 4th, 8th... loss in a row jumps them (log2 listings where a stale one does not help).
-                lost += 1
-                m = max(m + 1, kv._listed(d) + 1) if lost & (lost - 1) == 0 else m + 1
-                continue
-            except FileNotFoundError:  # the epoch was retired: the caller resolves afresh -- unless an earlier
-                return m if _nlink(tmp) >= 2 else None  # try of ours (EIO) linked it (read back from the trash)
-            except OSError as e:
-                if e.errno not in _RETRY:
-                    raise storage_error(e, "create", target) from None
-                if _nlink(tmp) >= 2:
-                    return m
-                kv._nap(op, pause, f"linking {kv.store.path(d)}/{version_name(m)} keeps failing: {e}")
-                pause = min(pause * 2, kv.poll_max)
-                continue
-            if tries == 1 and not kv.store._link_proven:
-                # Only a first link(): after a failed one FUSE keeps the attributes it read (nlink 1, bindfs).
-                _prove(kv.store, tmp, target)
-            return m
-        return 0
+        m = _posix_slots(kv, root, d, tmp, first, last, new, key, op)
+        if m:  # ours: its hint, a second name of the same file (one link(); nobody reads it but by listing)
+            _hint(lambda name: os.link(tmp, os.path.join(root, d, name)), m, new)
+        return m
     finally:
         _unlink_quiet(tmp)
+
+
+def _posix_slots(kv, root: str, d: str, tmp: str, first: int, last: int, new: Version, key: str, op: Op) -> int | None:
+    """:func:`_link_slots` on a real directory, our version written as ``tmp``: the same answers."""
+    m, pause, lost, tries = first, kv.poll_min, 0, 0
+    while m <= last:
+        target, tries = os.path.join(root, d, version_name(m)), tries + 1
+        try:
+            os.link(tmp, target)
+        except FileExistsError:
+            links = _nlink(tmp)
+            if links >= 2:  # a retransmitted LINK answered EEXIST after it succeeded
+                return m
+            if links == 0:  # the stat failed (EIO, ESTALE): only the token tells whose version m is
+                w = kv._read(d, m, key)
+                if w is not None and w.token == new.token:
+                    return m
+                if w is None:
+                    kv._nap(op, pause, f"{kv.store.path(d)}/{version_name(m)} is {_UNREADABLE}")
+                    pause = min(pause * 2, kv.poll_max)
+                    continue  # link() again: EEXIST, and the stat or the read tells
+            # Lost to another version: on to the next free name.  N adders at once would each lose O(N)
+            # races one name at a time: a listing (a lower bound of the top, stale or not) after the 1st, 2nd,
+            # 4th, 8th... loss in a row jumps them (log2 listings where a stale one does not help).
+            lost += 1
+            m = max(m + 1, kv._listed(d) + 1) if lost & (lost - 1) == 0 else m + 1
+            continue
+        except FileNotFoundError:  # the epoch was retired: the caller resolves afresh -- unless an earlier
+            return m if _nlink(tmp) >= 2 else None  # try of ours (EIO) linked it (read back from the trash)
+        except OSError as e:
+            if e.errno not in _RETRY:
+                raise storage_error(e, "create", target) from None
+            if _nlink(tmp) >= 2:
+                return m
+            kv._nap(op, pause, f"linking {kv.store.path(d)}/{version_name(m)} keeps failing: {e}")
+            pause = min(pause * 2, kv.poll_max)
+            continue
+        if tries == 1 and not kv.store._link_proven:
+            # Only a first link(): after a failed one FUSE keeps the attributes it read (nlink 1, bindfs).
+            _prove(kv.store, tmp, target)
+        return m
+    return 0
 
 
 def _prove(store, tmp: str, target: str) -> None:
@@ -239,6 +279,8 @@ def delta_add(kv, key: str, kd: str, amount: int, st: State, op: Op) -> int | St
         return kv._resolve(key, kd, op)
     kv._saw(kd, st.ep, m)
     kv._vals[(d, st.n)] = st.ver  # the walk back from ours stops at where we started
+    if any((d, k) not in kv._hints and (d, k) not in kv._vals for k in range(st.n + 1, m)):
+        kv._listed(d)  # one listing tells the amounts of the deltas below ours by their hints (harvest)
     pause, since = kv.poll_min, kv.clock.monotonic()
     read = _kept_reader()
     while True:
