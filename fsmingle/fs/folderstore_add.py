@@ -31,6 +31,7 @@ from .refusal import unsupported
 from .store import UNTRUSTED, _nlink, _tmp_name, _unlink_quiet, storage_error
 
 _RETRY = (errno.EIO, errno.ETIMEDOUT, errno.EAGAIN)  # effect unknown: link again, EEXIST tells (nlink)
+SEAL_WAIT = 4  # polls (POLL_MIN each, jittered) an adder that finds an epoch full waits for its last delta's seal
 CACHE = 4096  # computed values of delta versions kept per process (dropped whole when full)
 # An integer add sees has fewer digits than this: under Python's default int_max_str_digits (4300), so str() of a
 # sum never raises in a reader's walk back, and the same bound in every process whatever its own limit.
@@ -267,8 +268,10 @@ def delta_add(kv, key: str, kd: str, amount: int, st: State, op: Op) -> int | St
         ValueError: the value the delta landed on is not an integer (the delta changes nothing).
         the timeout error: a version below ours stayed unreadable until the deadline.
     """
-    if st.ep == EPOCH0 or st.n < 1 or st.n + 1 >= kv.seal_at or st.ver is None:
-        return None  # epoch 0, version 1 and every seal stay full versions
+    if st.ep == EPOCH0 or st.n < 1 or st.ver is None:
+        return None  # epoch 0 and version 1 stay full versions
+    if st.n + 1 >= kv.seal_at:  # so does every seal: the last delta's writer makes it (below); wait a moment
+        return _await_seal(kv, key, kd, st, op)
     d = f"{kd}/{st.ep}"
     new = Version(key, "add", secrets.token_hex(8), str(amount).encode())
     m = _link_slots(kv, d, st.n + 1, kv.seal_at - 1, new, key, op)
@@ -294,7 +297,37 @@ def delta_add(kv, key: str, kd: str, amount: int, st: State, op: Op) -> int | St
     base = as_int(below.value if below.live else None)
     if base is None or abs(base + amount) >= _BOUND:  # linearized at our link(): an add that changes nothing
         raise ValueError(f"add: the value of {key!r} is not an integer: {below.value[:40]!r}")
+    if m == kv.seal_at - 1:
+        _seal_now(kv, kd, st.ep, v, op)
     return base + amount
+
+
+def _seal_now(kv, kd: str, ep: str, v: Version, op: Op) -> None:
+    """The writer of an epoch's last delta (version ``SEAL_AT``-1, value ``v``, computed) seals it at once: a
+    read-modify-write that changes nothing (the seal carries ``v``'s value) -- linearized at its ``link()`` as no
+    operation.  Else every adder that found the epoch full would make an epoch and race for the seal's slot (at
+    256 ranks ~40 per epoch, each a mkdir, a lost link() and a retirement).  Our add took effect: nothing here
+    may fail it (a failed seal is made by the next writer, as before)."""
+    with contextlib.suppress(Exception):
+        nxt = kv._new_epoch(kd, ep)
+        seal = Version(v.key, "set", secrets.token_hex(8), v.value, nxt)
+        if kv._link(f"{kd}/{ep}", kv.seal_at, seal, v.key, op) is seal:
+            kv._saw(kd, ep, kv.seal_at)
+            kv._seal[kd] = (nxt, seal)
+            kv._sealed(kd, ep, nxt, seal)
+        else:
+            kv._retire(f"{kd}/{nxt}")  # nobody knows its name: the seal that would have named it lost
+
+
+def _await_seal(kv, key: str, kd: str, st: State, op: Op) -> State | None:
+    """An adder that finds an epoch full (its seal next) waits up to ``SEAL_WAIT`` polls for the last delta's
+    writer's seal (:func:`_seal_now`): where the log stands then, or None to make the seal itself."""
+    for _ in range(SEAL_WAIT):
+        kv._nap(op, kv.poll_min * (1 + kv.rng.random()), "waiting for the seal")
+        now = kv._resolve(key, kd, op)
+        if now.ep != st.ep or now.n > st.n:
+            return now
+    return None
 
 
 def add(kv, key: str, amount: int) -> int:
