@@ -24,7 +24,7 @@ import errno
 import os
 import secrets
 
-from ..errors import CorruptStateError
+from ..errors import CorruptStateError, StorageError
 from .folderstore_log import _UNREADABLE, EPOCH0, HINT_RE, VERSION_RE, Op, State, Version, hint_name, version_name
 from .lookup import refresh
 from .refusal import unsupported
@@ -96,8 +96,11 @@ def _kept_reader():
             v = kv._read(d, n, key)
             if v is not None or kv._probe(d):
                 return v
-            gone.add(d)
-        return read_retired(kv, d, n, key)
+        w = read_retired(kv, d, n, key)
+        # Found in the trash: retired for certain.  Not there: a failed probe proves nothing (a lookup of the epoch
+        # that lied once, nradv's finding 3) -- the live directory again next time.
+        (gone.add if w is not None else gone.discard)(d)
+        return w
 
     return read
 
@@ -283,11 +286,17 @@ def delta_add(kv, key: str, kd: str, amount: int, st: State, op: Op) -> int | St
     kv._saw(kd, st.ep, m)
     kv._vals[(d, st.n)] = st.ver  # the walk back from ours stops at where we started
     if any((d, k) not in kv._hints and (d, k) not in kv._vals for k in range(st.n + 1, m)):
-        kv._listed(d)  # one listing tells the amounts of the deltas below ours by their hints (harvest)
+        with contextlib.suppress(OSError):  # best effort (EIO: the walk reads instead); our add took effect
+            kv._listed(d)  # one listing tells the amounts of the deltas below ours by their hints (harvest)
     pause, since = kv.poll_min, kv.clock.monotonic()
     read = _kept_reader()
     while True:
-        v, missing = full(kv, d, m, new, key, read)  # the epoch may be sealed and retired meanwhile
+        try:
+            v, missing = full(kv, d, m, new, key, read)  # the epoch may be sealed and retired meanwhile
+        except StorageError as e:  # our add took effect: an I/O error of the walk never fails it (read again)
+            kv._nap(op, pause, f"reading the versions below {kv.store.path(d)}/{version_name(m)}: {e}")
+            pause = min(pause * 2, kv.poll_max)
+            continue
         # cached by the walk: the value our delta was linearized on (another thread may clear it: walk again)
         if v is not None and (below := kv._vals.get((d, m - 1))) is not None:
             break
