@@ -69,11 +69,13 @@ class UnsafeDirectoryError(FsmingleError, PermissionError):
 
 
 class StorageError(FsmingleError, OSError):
-    """The shared directory cannot be used: missing, not writable, read-only or full."""
+    """The shared directory cannot be used: missing, not writable, read-only, full, or its mount
+    does not answer on this node (ETIMEDOUT, ENOTCONN, EIO from a client that lost its servers)."""
 
     exit_code = 5
     meaning: str = (
-        "storage problem: --dir missing (not created for you), not a directory, not writable, read-only, full"
+        "storage problem: --dir missing (not created for you), not a directory, not writable, read-only, full, "
+        "or its mount not answering (ETIMEDOUT, ENOTCONN)"
     )
 
 

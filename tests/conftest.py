@@ -11,6 +11,7 @@ CI run by chance is a flaky test (issue 29).  ``FSMINGLE_HYPOTHESIS_RANDOM=1`` d
 for a deeper hunt beside ``FSMINGLE_MODEL_EXAMPLES``; a failure it finds becomes a replay test.
 """
 
+import logging
 import os
 import sys
 
@@ -36,6 +37,16 @@ def procs(tmp_path):
     p = Procs(tmp_path / "logs")
     yield p
     p.cleanup()
+
+
+@pytest.fixture
+def quiet_fsmingle():
+    """fsmingle's log at CRITICAL for the test (enumerations run thousands of worlds), then as it was."""
+    log = logging.getLogger("fsmingle")
+    level = log.level
+    log.setLevel(logging.CRITICAL)
+    yield
+    log.setLevel(level)
 
 
 @pytest.fixture

@@ -255,6 +255,7 @@ class FakeStore(Store):
         self._hook: Callable[[], None] | None = None
         self.neg_ttl = 0.0  # seconds a failed lookup keeps answering "absent" (0: only the lag rule)
         self.neg: dict[str, float] = {}  # name -> fake time until which lookups of it fail
+        self.sticky: dict[str, float] = {}  # the same, for lies refresh() does not end (blind(sticky=True))
         # A listing ends the negative entries of the names it shows (GlusterFS nl-cache: measured,
         # fsmingle.fs.store.stat_existing); False: they last their neg_ttl (bindfs, NFS lookupcache).
         self.listing_cures = False
@@ -280,6 +281,7 @@ class FakeStore(Store):
         # post-operation attributes show the change and its cached listing is dropped).  False: a
         # cache that stays stale even then (tests of the fallback that does not rely on it).
         self.mkdir_refreshes_listing = True
+        self.refreshed: set[str] = set()  # names refresh()ed through this view (refresh)
 
     @property
     def lag(self) -> float:
@@ -371,22 +373,25 @@ class FakeStore(Store):
         self._hook_at = self._hook = None
 
     # ------------------------------------------------------------------ negative caches, lost replies
-    def blind(self, name: str, seconds: float) -> None:
-        """Lookups of ``name`` (and of anything below it) fail for ``seconds`` from now, although it may exist."""
-        self.neg[name] = max(self.neg.get(name, -math.inf), self.fs.now + seconds)
+    def blind(self, name: str, seconds: float, *, sticky: bool = False) -> None:
+        """Lookups of ``name`` (and of anything below it) fail for ``seconds`` from now, although it may exist: a
+        negative entry, which :meth:`refresh` ends.  ``sticky``: a lie nothing here ends (a cache below the kernel's
+        that answers even a revalidating lookup, or a file unlinked by hand that a listing still shows)."""
+        table = self.sticky if sticky else self.neg
+        table[name] = max(table.get(name, -math.inf), self.fs.now + seconds)
 
     def hidden(self, name: str) -> bool:
         """True if a lookup of ``name`` or of one of its parent directories is answered "absent" from cache."""
         now = self.fs.now
         while name:
-            if self.neg.get(name, -math.inf) > now:
+            if max(self.neg.get(name, -math.inf), self.sticky.get(name, -math.inf)) > now:
                 return True
             name = parent(name)
         return False
 
     def neg_remaining(self) -> float:
         """Seconds until every negative entry of this view has expired."""
-        return max([0.0, *(t - self.fs.now for t in self.neg.values())])
+        return max([0.0, *(t - self.fs.now for t in (*self.neg.values(), *self.sticky.values()))])
 
     def _remember_absent(self, name: str, is_dir: bool = False) -> None:
         """A lookup that found nothing: the first missing component stays "absent" for ``neg_ttl``."""
@@ -560,6 +565,46 @@ class FakeStore(Store):
             self._wrote(name)
         if crash:
             raise self._death(f"{self.node} died after removing {name}")
+
+    def refresh(self, name: str) -> bool:
+        """As :meth:`PosixStore.refresh <fsmingle.fs.store.PosixStore.refresh>`: an exclusive ``mkdir`` of ``name``,
+        whose lookup is always fresh (``LOOKUP_EXCL``): this view's negative entry of the name is dropped and the
+        server answers EEXIST if it exists.  Once per name and view (False after), as the real one per process.
+        A free name in a directory still in place raises ``CorruptStateError`` (the real one's ``mkdir`` succeeded).
+        """
+        if name in self.refreshed:
+            return False
+        self.refreshed.add(name)
+        crash = self._op("refresh", name)  # on a name that exists it changes nothing: before or after is alike
+        if crash:
+            raise self._death(f"{self.node} died refreshing {name}")
+        if (parent(name) and self.hidden(parent(name))) or not self.fs.dir_exists(parent(name)):
+            return True  # ENOENT: the path walk to the parent fails (from the cache, or the directory went)
+        self._forget_absent(name)
+        if self.fs.current(name) is None and not self.fs.dir_exists(name):
+            # The mkdir succeeded (undone at once: nothing stays in the truth) in a directory still in place.
+            from fsmingle.errors import CorruptStateError
+
+            raise CorruptStateError(f"{self.path(name)} was missing, though it existed; remove the store")
+        if name in self.fs.files:
+            self.seen[name] = len(self.fs.files[name]) - 1  # a positive dentry: the next open reads what is there
+        return True  # EEXIST
+
+    def dir_signature(self, name: str) -> tuple | None:
+        """As :meth:`PosixStore.dir_signature <fsmingle.fs.store.PosixStore.dir_signature>` (``statx`` forced past the
+        attribute cache): the directory's incarnation, a change counter of its entries (NFSv4's change attribute;
+        hidden ones too) and how many it holds, from the truth; None if gone or hidden from this view."""
+        if self._op("stat", name):
+            raise self._death(f"{self.node} died in a stat of {name}")
+        fs = self.fs
+        if (name and self.hidden(name)) or not fs.dir_exists(name):
+            return None
+        changes = present = 0
+        for child in fs.children.get(name, ()):
+            h = fs.dirs[child] if child in fs.dirs else fs.files.get(child, [])
+            changes += len(h)
+            present += bool(h) and h[-1].data is not None
+        return (fs.dirs[name][-1].t, changes, present)
 
     def read_retired(self, name: str) -> bytes | None:
         # What PosixStore finds in the store's trash (files kept ``keep_for``): here kept for the whole run.

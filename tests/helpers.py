@@ -16,6 +16,7 @@ process group, so ``unshare``'d children go too).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -435,6 +436,27 @@ def bindfs_missing() -> list[str]:
     missing = [] if os.geteuid() == 0 else ["root (to mount)"]
     missing += [] if os.path.exists("/dev/fuse") else ["/dev/fuse"]
     return missing + [f"`{t}`" for t in have("bindfs")]
+
+
+@contextlib.contextmanager
+def bindfs_views(tmp_path, n: int, cache: float = 2.0):
+    """``n`` bindfs mounts (``tmp_path/node<i>``) of one new directory ``tmp_path/backing``, each caching
+    attributes, names and absences for ``cache`` seconds, as n NFS clients would; yields ``(backing, mounts)``
+    and unmounts every one at exit.  Skip a test that uses it while :func:`bindfs_missing` names something."""
+    backing = Path(tmp_path) / "backing"
+    backing.mkdir(mode=0o700)
+    mounts: list[Path] = []
+    opts = ",".join(f"{k}_timeout={cache:g}" for k in ("attr", "entry", "negative"))
+    try:
+        for i in range(n):
+            m = Path(tmp_path) / f"node{i}"
+            m.mkdir(mode=0o700)
+            subprocess.run(["bindfs", "-o", opts, str(backing), str(m)], check=True, capture_output=True, timeout=30)
+            mounts.append(m)
+        yield backing, mounts
+    finally:
+        for m in mounts:
+            umount(m)
 
 
 def other_pidns_prefix() -> list[str]:

@@ -5,7 +5,6 @@ says how and what the oracles are).  Counts are printed; each finding below has 
 
 from __future__ import annotations
 
-import logging
 from collections import Counter
 
 import pytest
@@ -29,12 +28,7 @@ SCENARIOS = [
 ]
 
 
-@pytest.fixture(autouse=True)
-def _quiet():
-    level = logging.getLogger("fsmingle").level
-    logging.getLogger("fsmingle").setLevel(logging.CRITICAL)
-    yield
-    logging.getLogger("fsmingle").setLevel(level)
+pytestmark = pytest.mark.usefixtures("quiet_fsmingle")  # thousands of worlds: their warnings are expected
 
 
 def kinds_for(sc: PartScenario, proc: int) -> list[str]:

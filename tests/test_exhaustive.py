@@ -25,8 +25,6 @@ Every run of every world now breaks no oracle: nothing is tolerated.
 
 from __future__ import annotations
 
-import logging
-
 import pytest
 
 try:
@@ -60,12 +58,7 @@ SCENARIOS = [
 # Elastic MIN:MAX worlds: fsmingle has no elastic size (a world is exactly --nnodes), so none here.
 
 
-@pytest.fixture(autouse=True)
-def _quiet():
-    level = logging.getLogger("fsmingle").level
-    logging.getLogger("fsmingle").setLevel(logging.CRITICAL)
-    yield
-    logging.getLogger("fsmingle").setLevel(level)
+pytestmark = pytest.mark.usefixtures("quiet_fsmingle")  # thousands of worlds: their warnings are expected
 
 
 # About 5-50 CPU seconds each; the default 600 s wall limit is too short on a loaded shared machine.

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import bindfs_missing
+from helpers import bindfs_missing, bindfs_views
 
 HERE = Path(__file__).resolve().parent
 WORKER = HERE / "folderstore_worker.py"
@@ -103,49 +103,36 @@ def test_contended_adds_across_two_cached_views_are_exact_and_unique(tmp_path):
     twice, none lost) and the counter reads 320 through either view -- across 10 epochs sealed and retired under
     the adders."""
     pytest.importorskip("torch.distributed")
-    from helpers import umount
-
     from fsmingle.fs.folderstore_torch import folder_store_class
 
-    backing = tmp_path / "backing"
-    backing.mkdir(mode=0o700)
-    mounts, procs = [], []
-    try:
-        for i in range(2):
-            m = tmp_path / f"node{i}"
-            m.mkdir(mode=0o700)
-            subprocess.run(
-                ["bindfs", "-o", "attr_timeout=2,entry_timeout=2,negative_timeout=2", str(backing), str(m)],
-                check=True, capture_output=True, timeout=30,
-            )  # fmt: skip
-            mounts.append(m)
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(HERE.parent)}
-        procs = [
-            subprocess.Popen(
-                [sys.executable, str(WORKER), str(mounts[i % 2] / "store"), f"w{i}", "add=40"],
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-                env=env,
-            )  # fmt: skip
-            for i in range(8)
-        ]
-        adds = []
-        for p in procs:
-            out, err = p.communicate(timeout=600)
-            assert p.returncode == 0, err[-3000:]
-            adds += [json.loads(x)["add"] for x in out.splitlines() if x.strip()]
-        twice = sorted({a for a in adds if adds.count(a) > 1})
-        assert sorted(adds) == list(range(1, 321)), (
-            f"repeated {twice}, missing {sorted(set(range(1, 321)) - set(adds))}"
-        )
-        for m in mounts:
-            assert folder_store_class()(m / "store").add("ctr", 0) == 320
-    finally:
-        for p in procs:
-            p.kill()
-        for m in mounts:
-            umount(m)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(HERE.parent)}
+    procs = []
+    with bindfs_views(tmp_path, 2) as (_, mounts):
+        try:
+            procs = [
+                subprocess.Popen(
+                    [sys.executable, str(WORKER), str(mounts[i % 2] / "store"), f"w{i}", "add=40"],
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                    env=env,
+                )  # fmt: skip
+                for i in range(8)
+            ]
+            adds = []
+            for p in procs:
+                out, err = p.communicate(timeout=600)
+                assert p.returncode == 0, err[-3000:]
+                adds += [json.loads(x)["add"] for x in out.splitlines() if x.strip()]
+            twice = sorted({a for a in adds if adds.count(a) > 1})
+            assert sorted(adds) == list(range(1, 321)), (
+                f"repeated {twice}, missing {sorted(set(range(1, 321)) - set(adds))}"
+            )
+            for m in mounts:
+                assert folder_store_class()(m / "store").add("ctr", 0) == 320
+        finally:
+            for p in procs:
+                p.kill()
 
 
 def test_a_compaction_keeps_the_retired_epoch_for_its_grace(tmp_path):
@@ -181,24 +168,11 @@ def test_a_negative_dentry_of_a_version_is_not_waited_out(tmp_path):
     (its own add's base and read-back) without waiting the 60 s out: fsmingle.fs.lookup.refresh revalidates a
     negative dentry by an exclusive create.  Before the fix: A's add raised the timeout (the versions stayed
     ENOENT through A's mount for 60 s)."""
-    from helpers import umount
-
     from fsmingle.fs.folderstore import FolderKV, key_dir
     from fsmingle.fs.folderstore_log import version_name
     from fsmingle.fs.store import PosixStore
 
-    backing = tmp_path / "backing"
-    backing.mkdir(mode=0o700)
-    mounts = []
-    try:
-        for i in range(2):
-            m = tmp_path / f"node{i}"
-            m.mkdir(mode=0o700)
-            subprocess.run(
-                ["bindfs", "-o", "attr_timeout=60,entry_timeout=60,negative_timeout=60", str(backing), str(m)],
-                check=True, capture_output=True, timeout=30,
-            )  # fmt: skip
-            mounts.append(m)
+    with bindfs_views(tmp_path, 2, cache=60) as (backing, mounts):
         a, b = (FolderKV(PosixStore(str(m)), timeout=20.0) for m in mounts)
         for _ in range(3):  # past epoch 0 (its seal) and version 1 of epoch 1: where deltas go
             b.add("ctr", 1)
@@ -211,9 +185,6 @@ def test_a_negative_dentry_of_a_version_is_not_waited_out(tmp_path):
         assert (kd / ep / version_name(top + 2)).exists()  # B's versions went where A looked (same epoch)
         assert a.add("ctr", 1) == 6
         assert a.try_get("ctr") == b"6" and b.try_get("ctr") == b"6"
-    finally:
-        for m in mounts:
-            umount(m)
 
 
 def test_the_last_delta_of_an_epoch_seals_it_at_once(tmp_path):

@@ -32,6 +32,7 @@ except ImportError:  # tests/ imported as a package
 from fsmingle.errors import StorageError, UnsupportedFilesystemError
 from fsmingle.fs import fscheck
 from fsmingle.fs.fscheck import doctor, families
+from fsmingle.fs.jobdir import open_job_dir
 from fsmingle.fs.store import PosixStore
 
 make_cluster = cl.make_cluster
@@ -223,7 +224,7 @@ def test_a_read_or_listing_of_a_dead_mount_is_a_storage_error(tmp_path, call, er
 @pytest.mark.parametrize("err", [errno.EOPNOTSUPP, errno.EPERM, errno.ENOSYS, errno.EXDEV])
 def test_each_no_hardlink_errno_refuses_at_the_first_claim(tmp_path, err):
     # The errno values a real filesystem answers link() with when it has no hard links (s3fs:
-    # EOPNOTSUPP, measured in test_s3fs_refused_on_every_node_within_5s); EPERM/ENOSYS/EXDEV are
+    # EOPNOTSUPP, measured in test_s3fs_refused_on_every_node_at_once); EPERM/ENOSYS/EXDEV are
     # produced here by replacing os.link, the one thing no local filesystem does on demand.
     def no_link(src, dst, *a, **k):
         raise OSError(err, os.strerror(err))
@@ -457,20 +458,23 @@ def _env_argv(d: str, job: str, nnodes: int, timeout: float = 30) -> list[str]:
 
 @pytest.mark.root
 @pytest.mark.realfs
-def test_s3fs_refused_on_every_node_within_5s(s3):
+def test_s3fs_refused_on_every_node_at_once(s3):
     d = os.path.join(s3.shared, "rdzv")
     os.makedirs(d, exist_ok=True)
     with contextlib.suppress(OSError):
         os.chmod(d, 0o700)
     procs = []
     t0 = time.monotonic()
+    # "at once": well inside the 120 s --timeout (a node that waited would take all of it); the
+    # bound leaves room for interpreter starts on a loaded 2-core machine (5 s once flaked there)
     for h in s3:
-        procs.append(h.popen(_env_argv(d, "s3job", len(s3)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        argv = _env_argv(d, "s3job", len(s3), timeout=120)
+        procs.append(h.popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     for p in procs:
-        _, err = p.communicate(timeout=30)
+        _, err = p.communicate(timeout=150)
         elapsed = time.monotonic() - t0
         assert p.returncode == 10, (p.returncode, err)
-        assert elapsed < 5, f"refusal took {elapsed:.1f} s"
+        assert elapsed < 40, f"refusal took {elapsed:.1f} s of the 120 s --timeout"
         assert "fuse.s3fs" in err and d in err and "link()" in err and "POSIX shared filesystem" in err, err
         assert "EOPNOTSUPP" in err or "ENOTSUP" in err, err
     # nothing was claimed or published (the first claim was the probe; no temp file left)
@@ -506,3 +510,29 @@ def test_s3fs_named_plain_fuse_is_refused_by_the_probe(s3, tmp_path):
         assert rc == 10 and r["verdict"] == "unsafe" and r["family"] == "fuse"
     finally:
         cl._fuse_abort(mnt)
+
+
+@pytest.mark.parametrize("err", [errno.ETIMEDOUT, errno.ENOTCONN, errno.EIO])
+def test_a_rendezvous_directory_that_does_not_answer_is_a_storage_error(tmp_path, err):
+    """CI, stop 35: a JuiceFS client that had lost its metadata engine answered the node's first
+    call -- the ``stat`` of ``--dir`` -- with ETIMEDOUT after 150 s, and the node died with the raw
+    ``TimeoutError``'s traceback (exit 1) before saying anything.  It is the node's storage:
+    exit 5, the errno, the directory and what to do.  The errno is produced here by replacing
+    ``os.stat`` for that one path (the real ETIMEDOUT takes a cut host and 40 s; the killed-client
+    ENOTCONN case runs for real in tests/test_realfs_juicefs.py)."""
+    base = tmp_path / "rdzv"
+    base.mkdir(mode=0o700)
+    real = os.stat
+
+    def hung(path, *a, **kw):
+        if os.fspath(path) == str(base):
+            raise OSError(err, os.strerror(err), str(base))
+        return real(path, *a, **kw)
+
+    with mock.patch.object(os, "stat", hung), pytest.raises(StorageError) as ei:
+        open_job_dir(str(base), "job", create_base=False)
+    msg = str(ei.value)
+    assert ei.value.errno == err and ei.value.exit_code == 5, msg
+    assert f"cannot open the rendezvous directory {base}: {os.strerror(err)}" in msg, msg
+    assert msg.endswith("check the shared mount on this node"), msg
+    assert os.listdir(base) == []  # nothing made

@@ -27,7 +27,6 @@ take rank 0.  The counts are printed; ``docs/protocol.md`` keeps the last measur
 
 from __future__ import annotations
 
-import logging
 import time
 
 import pytest
@@ -131,12 +130,7 @@ def _check(w: CutWorld, sc: Scenario) -> None:
         )
 
 
-@pytest.fixture(autouse=True)
-def _quiet():
-    level = logging.getLogger("fsmingle").level
-    logging.getLogger("fsmingle").setLevel(logging.CRITICAL)
-    yield
-    logging.getLogger("fsmingle").setLevel(level)
+pytestmark = pytest.mark.usefixtures("quiet_fsmingle")  # thousands of worlds: their warnings are expected
 
 
 @pytest.mark.timeout(3600)

@@ -75,11 +75,10 @@ def rc(request):
 
 @pytest.fixture
 def fresh(rc):
-    """Per test: every host back up (link, mount, pid namespace), nothing left running."""
+    """Per test: every host back up (link, a client that answers, pid namespace), nothing left running."""
     yield rc
     for h in rc:
-        if not cl._mount_dev_minor(h.mountpoint):
-            h.remount()
+        h.ensure_mount()  # first: aborting a hung client frees the processes stuck on it
         h.kill_all()
 
 
@@ -168,9 +167,12 @@ def _wait(parts: list[Part]) -> list[Part]:
 
 
 def _dump(parts: list[Part]) -> str:
-    return "\n".join(
+    """Every participant's exit and output tail, then the filesystem's own logs (a client that
+    failed under a node says why only there)."""
+    out = [
         f"===== {p.host.name} rc={p.rc} after {p.elapsed:.1f}s (timeout {p.timeout:g})\n{p.out[-2500:]}" for p in parts
-    )
+    ]
+    return "\n".join(out) + (parts[0].host.cluster.fs_backend.diagnostics() if parts else "")
 
 
 def _oracle(c, parts: list[Part], nnodes: int, expect_released: list[Part] | None = None, what: str = "") -> dict:

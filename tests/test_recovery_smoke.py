@@ -104,3 +104,20 @@ def test_worlds_freezes_what_the_warm_up_left_so_each_teardown_collects_little(t
     for p, (out, err) in zip(ps, outs):
         assert p.returncode == 0, out[-2000:] + err[-3000:]
         assert int(out.split("frozen")[1]) > 100_000  # torch and what DDP's first use imports
+
+
+def test_torchrun_join_benchmark_smoke_fsmingle_and_c10d(tmp_path):
+    """``python -m benchmarks.recovery.join`` at N = 2: both backends' agents start, every worker runs
+    its first line, and fsmingle's confirmation round is timed (the full run: benchmarks/README.md)."""
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "benchmarks.recovery.join", "--n", "2", "--reps", "1", "--out", str(out)]
+    p = subprocess.run(cmd, cwd=REPO, env=torch_env(tmp_path), capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    rows = {r["path"]: r for r in json.loads((out / "results.json").read_text())}
+    assert set(rows) == {"torchrun-c10d", "torchrun-fsmingle"}
+    for r in rows.values():
+        assert r["ok"], r.get("note")
+        assert 0 < r["agents_up"] <= r["round_in"] <= r["round"] <= r["join"]
+    fs = rows["torchrun-fsmingle"]
+    assert fs["redo"] == 0 and fs["round"] <= fs["confirmed"] <= fs["join"]
+    assert "| 2 | torchrun-fsmingle | 1/1 |" in (out / "results.md").read_text()

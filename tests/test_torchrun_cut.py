@@ -79,6 +79,45 @@ def test_round_confirmation_over_a_real_store():
         del server
 
 
+def test_a_cut_agent_of_a_1024_node_round_decides_within_its_probe_bound(monkeypatch):
+    """The cut agent's "am I the one cut off?" (reach.reaches_any) with 1,024 other members, none answering.
+
+    Each probe takes its whole timeout, as a connect to a host behind a cut does.  Before the fix every
+    member was probed, 32 at a time, inside ``with ThreadPoolExecutor`` (which waits for every queued
+    probe): 1,024 probes and 16 s here (64 s with the 2 s default), where the docstring promised one
+    timeout.  Now a random sample of at most PROBE_SAMPLE, and the decision is left at timeout + grace.
+    """
+    import threading
+    import time
+
+    from fsmingle.torchrun import reach
+
+    calls: list[str] = []
+    lock = threading.Lock()
+
+    def unreachable(addr: str, port: int, timeout_s: float = 2.0) -> bool:
+        with lock:
+            calls.append(addr)
+        time.sleep(timeout_s)
+        return False
+
+    monkeypatch.setattr(reach, "reachable", unreachable)
+    members = [(f"10.1.{i // 256}.{i % 256}", 29500) for i in range(1024)]
+    t0 = time.monotonic()
+    assert reach.reaches_any(members, timeout_s=0.5) is False
+    took = time.monotonic() - t0
+    # The bound is 0.5 s + 0.5 s of grace; 8 s leaves room for a loaded machine, half of the 16 s before.
+    assert took < 8.0, took
+    assert len(calls) <= reach.PROBE_SAMPLE, len(calls)
+
+    # One answer is enough: the decision returns at the first.
+    calls.clear()
+    monkeypatch.setattr(reach, "reachable", lambda addr, port, timeout_s=2.0: calls.append(addr) or True)
+    assert reach.reaches_any(members, timeout_s=0.5) is True
+    assert 1 <= len(calls) <= reach.PROBE_SAMPLE
+    assert reach.reaches_any([], timeout_s=0.5) is False
+
+
 def _confirm(port: int, prefix: str, rank: int, world: int, got: dict) -> None:
     from datetime import timedelta
 

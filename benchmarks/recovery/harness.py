@@ -71,6 +71,11 @@ class Run:
         self.c10d_port = _free_port()
         self.etcd_port = _free_port()
         self.cluster = None  # cut: the hosts (node i on cluster.hosts[i], etcd on cluster.extra["etcd"])
+        # torchrun's paths: the agent's module, the workers' entrypoint, and whether --rdzv-conf sets
+        # torch's timeouts from --stale-after (benchmarks/recovery/join.py changes all three).
+        self.launcher = ["-m", "torch.distributed.run"]
+        self.entry = ["-m", "benchmarks.recovery.trainer", "env"]
+        self.timeouts = True
         if fault == "cut":
             from .netcut import start_cluster
 
@@ -87,7 +92,7 @@ class Run:
         return [sys.executable, "-m", "benchmarks.recovery.trainer", "env"]
 
     def _torchrun(self, i: int) -> list[str]:
-        tr = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(self.n), "--nproc-per-node", "1"]
+        tr = [sys.executable, *self.launcher, "--nnodes", str(self.n), "--nproc-per-node", "1"]
         tr += ["--max-restarts", "5", "--rdzv-id", self.job]
         if self.path == "torchrun-c10d":
             tr += ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"{self.ip(0)}:{self.c10d_port}"]
@@ -101,11 +106,12 @@ class Run:
         # The same settings on every path: torch's keep-alive bound and its store timeout (what a
         # failed round waits out: role_info in the agent's store, torch's default 60 s) are
         # fsmingle's --stale-after.  One --rdzv-conf: torchrun keeps only the last one given.
-        conf += [f"{k}={v}" for k, v in torch_timeouts(self.stale_after).items()]
-        tr += ["--rdzv-conf", ",".join(conf)]
+        if self.timeouts:
+            conf += [f"{k}={v}" for k, v in torch_timeouts(self.stale_after).items()]
+        tr += ["--rdzv-conf", ",".join(conf)] if conf else []
         if self.cluster is not None:
             tr += ["--local-addr", self.ip(i)]  # the agent's address in the rendezvous: MASTER_ADDR
-        return tr + ["-m", "benchmarks.recovery.trainer", "env"]
+        return tr + self.entry
 
     def command(self, i: int, spare: bool) -> list[str]:
         if self.path == "inproc":

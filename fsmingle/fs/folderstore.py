@@ -192,9 +192,9 @@ class FolderKV:
             if st is not None:
                 return st
             fresh = True
-            now = missing not in gone and EPOCH_RE.match(missing.rpartition("/")[2])  # retired under us: no pause
-            self._unreadable(op, missing, since, 0.0 if now else pause)  # the deadline is kept either way
-            pause = pause if now else min(pause * 2, self.poll_max)
+            epoch_gone = missing not in gone and EPOCH_RE.match(missing.rpartition("/")[2])  # retired: no pause
+            self._unreadable(op, missing, since, 0.0 if epoch_gone else pause)  # the deadline is kept either way
+            pause = pause if epoch_gone else min(pause * 2, self.poll_max)
             gone.add(missing)
 
     def _try_resolve(self, key: str | None, kd: str, fresh: bool, deep: bool = False, full: bool = False):

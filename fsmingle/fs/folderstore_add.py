@@ -26,7 +26,6 @@ import secrets
 
 from ..errors import CorruptStateError, StorageError
 from .folderstore_log import _UNREADABLE, EPOCH0, HINT_RE, VERSION_RE, Op, State, Version, hint_name, version_name
-from .lookup import refresh
 from .refusal import unsupported
 from .store import UNTRUSTED, _nlink, _tmp_name, _unlink_quiet, storage_error
 
@@ -69,12 +68,12 @@ def read_retired(kv, d: str, n: int, key: str | None) -> Version | None:
 
 def fresh_lookup(kv, what: str) -> bool:
     """For ``FolderKV._unreadable``: True if version ``what`` (listed, or a ``link()`` there said EEXIST: it exists)
-    was just looked up afresh -- a negative dentry of this mount turned positive (``fsmingle.fs.lookup.refresh``;
-    a contended adder's ``link()`` leaves one in each slot it lost): read it again now, no pause.  Versions only:
+    was just looked up afresh -- a negative dentry of this mount turned positive (``Store.refresh``; a contended
+    adder's ``link()`` leaves one in each slot it lost): read it again now, no pause.  Versions only:
     ``refresh`` undoes a ``mkdir`` that succeeds, but an epoch's name must never exist twice."""
-    if kv._posix is None or not VERSION_RE.match(what.rpartition("/")[2]):
+    if not VERSION_RE.match(what.rpartition("/")[2]):
         return False
-    return refresh(kv.store.path(what))
+    return kv.store.refresh(what)
 
 
 def settled_in_trash(kv, d: str, n: int, new: Version, key: str | None) -> Version | None:

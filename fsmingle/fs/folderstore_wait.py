@@ -3,9 +3,9 @@
 A waiter polls every ``poll_min`` (10 ms) for its first ``FAST_FOR`` second, then backs off to ``poll_max``.
 At 256 ranks, 255 finished ranks waiting on a barrier's done key made ~25,000 listings a second through the
 mounts' FUSE daemons, competing with the last adders (docs/folderstore.md, "Session 4").  So, in the fast phase,
-a poll first stats the directory its last listing read (``statx`` with ``AT_STATX_FORCE_SYNC``: past the
-attribute cache, see ``_stat_sig``): a listing is skipped while the directory's identity, mtime, ctime, link count
-and size are what they were just *before* that listing -- a version made since is a new entry, which changes the
+a poll first stats the directory its last listing read (``Store.dir_signature``: ``statx`` with
+``AT_STATX_FORCE_SYNC``, past the attribute cache): a listing is skipped while the directory's identity, mtime,
+ctime, link count and size are what they were just *before* that listing -- a version made since is a new entry, which changes the
 directory's mtime and ctime.  Whatever the stat says, a key is listed at least every ``LIST_EVERY`` seconds: two
 changes in one timestamp tick (coarse, 1-10 ms on Linux) read alike, and where ``statx`` is missing a plain
 ``stat`` may answer from a cache (bindfs ``attr_timeout``, NFS ``acdirmin``); so the stat only ever *delays* a
@@ -14,10 +14,6 @@ listing, by at most ``LIST_EVERY``; it never decides an answer (a key is found o
 
 from __future__ import annotations
 
-import ctypes
-import errno
-import os
-import sys
 from collections.abc import Callable, Iterable
 
 from .folderstore_log import EPOCH0, key_dir
@@ -26,51 +22,13 @@ FAST_FOR = 1.0  # seconds a wait polls every poll_min before backing off (a barr
 LIST_EVERY = 0.1  # seconds: in the fast phase a key whose directory's stat is unchanged is listed this often
 
 
-def _statx_fresh():
-    """libc's ``statx`` (Linux, glibc >= 2.28), or None: ``os.stat`` has no ``AT_STATX_FORCE_SYNC`` before 3.15."""
-    try:
-        f = ctypes.CDLL(None, use_errno=True).statx
-    except (AttributeError, OSError):
-        return None
-    f.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_uint, ctypes.c_char_p]
-    return f
-
-
-_STATX = _statx_fresh() if sys.platform.startswith("linux") else None
-_AT_FDCWD, _AT_STATX_FORCE_SYNC, _STATX_BASIC_STATS = -100, 0x2000, 0x7FF
-
-
-def _stat_sig(path: str) -> bytes | tuple | None:
-    """The directory's identity, link count, size, ctime and mtime, read from the server (None: unknown).
-
-    ``AT_STATX_FORCE_SYNC``: FUSE (``fuse_update_get_attr``) sends a GETATTR despite ``attr_timeout``, NFS
-    (``nfs_getattr``) revalidates despite ``acdirmin``; Lustre reads attributes under its lock anyway.
-    Measured on bindfs with 2 s caches: a plain ``stat`` showed the mtime of before another mount's create,
-    the forced one the new mtime, at a quarter of a listing's time (100 vs 380 us).
-    """
-    if _STATX is not None:
-        buf = ctypes.create_string_buffer(256)  # struct statx
-        if _STATX(_AT_FDCWD, os.fsencode(path), _AT_STATX_FORCE_SYNC, _STATX_BASIC_STATS, buf) == 0:
-            raw = buf.raw
-            return raw[16:20] + raw[32:48] + raw[96:128]  # stx_nlink, stx_ino, stx_size, stx_ctime, stx_mtime
-        if ctypes.get_errno() not in (errno.ENOSYS, errno.EINVAL):
-            return None  # gone, or unreadable: list it
-    try:
-        st = os.stat(path)  # may answer from the attribute cache: LIST_EVERY bounds what that delays
-    except OSError:
-        return None
-    return (st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_nlink, st.st_size)
-
-
-def _dir_sig(kv, key: str) -> bytes | tuple | None:
+def _dir_sig(kv, key: str) -> object | None:
     """What a ``stat`` shows of the directory a plain look of ``key`` lists (None: unknown, list it)."""
-    if kv._posix is None:  # a Store without stat (the test's fakefs): always list
-        return None
     kd = key_dir(key)
     ep = kv._seen.get(kd, (0, "", 0))[1] or EPOCH0  # as _try_resolve's quick look
     # A stat of the directory, not a lookup of the version we wait for: a name looked up before it
     # exists can stay "missing" in a negative dentry cache (docs/folderstore.md).
-    return _stat_sig(os.path.join(kv._posix, kd, ep))
+    return kv.store.dir_signature(f"{kd}/{ep}")
 
 
 def wait_for(kv, keys: Iterable[str], timeout: float | None, on_timeout: Callable[[list[str]], Exception]):

@@ -12,7 +12,7 @@ import logging
 import os
 import stat
 
-from ..errors import StorageError, UnsafeDirectoryError
+from ..errors import FsmingleError, StorageError, UnsafeDirectoryError
 from .fscheck.families import family, gluster_nl_cache_warning
 from .mounts import find_mount
 from .store import PosixStore, stat_existing, storage_error
@@ -41,12 +41,26 @@ def open_job_dir(base: str, job_id: str, *, create_base: bool = True) -> PosixSt
     Raises:
         StorageError: ``base`` is missing (and not to be created) or its parent
             is missing, ``base`` is not a directory, or it cannot be written
-            (permissions, read-only, full).
+            (permissions, read-only, full); or the mount does not answer (any other
+            ``OSError``: ETIMEDOUT, ENOTCONN, EIO), its errno kept in ``.errno``.
         UnsafeDirectoryError: ``base`` is group- or world-writable without the
             sticky bit, or the job directory is a symlink, not owned by you, or
             group- or world-writable.
     """
     base = os.path.abspath(base)
+    try:
+        return _open_job_dir(base, job_id, create_base)
+    except FsmingleError:
+        raise
+    except OSError as e:
+        # A mount that does not answer -- ETIMEDOUT from a JuiceFS client that lost its metadata
+        # engine (CI, stop 35), ENOTCONN from a dead FUSE client, EIO -- or a directory removed
+        # under us used to escape as a raw traceback before the node had said anything; it is
+        # the node's storage (exit 5).
+        raise storage_error(e, "open the rendezvous directory", e.filename or base) from None
+
+
+def _open_job_dir(base: str, job_id: str, create_base: bool) -> PosixStore:
     try:
         st = os.stat(base)
     except FileNotFoundError:

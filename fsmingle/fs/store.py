@@ -32,7 +32,7 @@ import stat
 import time
 
 from ..errors import FsmingleError, StorageError, UnsafeDirectoryError
-from . import trash
+from . import lookup, trash
 from .lookup import stat_existing
 from .refusal import REFUSE_ERRNOS, errno_name, unsupported
 
@@ -159,6 +159,18 @@ class Store(abc.ABC):
     def read_retired(self, name: str) -> bytes | None:
         """File ``name`` (``"dir/file"``) of a directory retired with ``keep_for`` > 0, as :meth:`read` answers;
         None if never retired, or deleted since.  Raises :class:`StorageError` as :meth:`read` does."""
+
+    def refresh(self, name: str) -> bool:
+        """Make this client's next lookup of ``name`` -- a name the caller knows exists -- ask the server, past a
+        negative lookup cache entry of it (:func:`fsmingle.fs.lookup.refresh`).  True if refreshed now (read it
+        again at once); False if nothing was done (refreshed before, or a store whose lookups never lie)."""
+        return False
+
+    def dir_signature(self, name: str) -> object | None:
+        """What the server says of directory ``name`` now, past the attribute cache: equal signatures mean no
+        entry was made or removed between them (within a timestamp tick: callers bound what that delays).
+        None: unknown (gone, unreadable, or a store without one): list it."""
+        return None
 
 
 def _tmp_name() -> str:
@@ -421,6 +433,12 @@ class PosixStore(Store):
 
     def read_retired(self, name: str) -> bytes | None:
         return trash.read_kept(self, name)
+
+    def refresh(self, name: str) -> bool:
+        return lookup.refresh(self.path(name))  # an exclusive mkdir revalidates a negative dentry
+
+    def dir_signature(self, name: str) -> bytes | tuple | None:
+        return lookup.dir_signature(self.path(name))  # statx(AT_STATX_FORCE_SYNC): past attr_timeout, acdirmin
 
 
 # mkdirs answered EIO (GlusterFS racing another client's mkdir) before a StorageError: twice in a row seen once

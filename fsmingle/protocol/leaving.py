@@ -24,7 +24,7 @@ class Leaving:
     # The state this part acts on (fsmingle.protocol.parts_state; made by Participant.__init__).
     seat: Seat  # DECIDING, DONE or FAILED; closes the role and the hub; in_doubt, result
     view: GenView  # the decision read (release_bad_since), the missing ranks for a timeout
-    timers: Timers  # timeout; the deadline's one grace to read a decision
+    timers: Timers  # timeout; the deadline's one grace to read a decision; retired_check (the root listed)
     ident: Identity  # reads: instance, job_id, mode, size
     wiring: Wiring  # reads: store, clock, timing
 
@@ -59,6 +59,12 @@ class Leaving:
             self._bad_release(now)
             return None
         if rel is None:
+            if now < self.timers.retired_check:
+                return None  # the root was listed less than stale_after ago (below): read the decision again
+            # Once per stale_after, not per poll: the listing is of the whole job directory (every
+            # generation, beacon and claim of a big world), and stale_after is the bound the rule
+            # below answers within anyway (a member stalled that long in its commit window).
+            self.timers.retired_check = now + self.wiring.timing.stale_after
             names = self.wiring.store.listdir("")
             gens = [int(m.group(1)) for m in map(GEN_RE.match, names) if m]
             if gen_name(self.view.gen) not in names and max(gens, default=0) >= self.view.gen + 2:

@@ -332,9 +332,11 @@ class Participant(Joining, Leaving, GenerationReader, OutsideWorld, Rank0Shyness
             elif self.seat.note.startswith("missing"):
                 self.seat.note = ""
 
-    def set_note(self, note: str, level: int = logging.INFO) -> None:
+    def set_note(self, note: str, level: int = logging.INFO, *, waiting: bool = False) -> None:
+        """Show ``note`` (logged at ``level``); ``waiting``: it is rank 0's word on whom it waits for (``Seat``)."""
         if note != self.seat.note:
             self.seat.note = note
+            self.seat.waiting_why = note if waiting else ""
             log.log(level, "job %s: %s", self.ident.job_id, note)
             self.emit()
 

@@ -142,6 +142,8 @@ class Seat:
 
     Attributes:
         state (State), note (str: the latest notable event, for displays).
+        waiting_why (str): the note while it is rank 0's word on whom it waits for (``rank0/reach.py``), which its
+            status messages tell the members (``why``); "" once another note replaces it.
         rank (int | None): the rank it holds; role: its Coordinator or Member while it holds one;
         hub: rank 0's listening endpoint (the master port), held until exec.
         result (Placement | None): its placement once released; released_members (tuple): the
@@ -157,6 +159,7 @@ class Seat:
 
     state: State = State.JOIN
     note: str = ""
+    waiting_why: str = ""
     rank: int | None = None
     role: Any = None
     hub: Any = None
@@ -195,6 +198,8 @@ class Timers:
         busy_since, busy_gen: since when, and in which generation, ``--port`` was busy.
         shy_until (float | None): until when this node leaves rank 0 to others after a step-down
             (:mod:`fsmingle.protocol.partition`).
+        retired_check (float): when a node in DECIDING may list the job directory next, to see its
+            generation retired under it (:mod:`fsmingle.protocol.leaving`: once per ``stale_after``).
     """
 
     started: float
@@ -209,6 +214,7 @@ class Timers:
     busy_since: float | None = None
     busy_gen: int | None = None
     shy_until: float | None = None
+    retired_check: float = 0.0
 
     def due(self, now: float, period: float) -> None:
         """Heartbeat and check both due one ``period`` from ``now`` (a new generation)."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -18,6 +20,10 @@ from .registry import _stop_servers
 if TYPE_CHECKING:
     from .core import Cluster
     from .hosts import Host
+
+
+PROBE_S = 20.0  # seconds a fresh client may take to create and unlink a file (loaded CI: ~0.1 s measured)
+MOUNT_TRIES = 3
 
 
 class _FsBackend:
@@ -66,7 +72,44 @@ class _FsBackend:
         return sorted(set(_netns_pids(netns)) - before) if netns else []
 
     def mount_host(self, host: Host) -> None:
-        host.fuse_pids = self.mount(host.mountpoint, host.netns)
+        """Mount ``host``'s client and check that it answers (:meth:`answers`); a client that
+        does not is aborted and replaced, up to ``MOUNT_TRIES`` times.
+
+        Why: a mount that is there is not a client that works.  In CI a JuiceFS client of a
+        freshly started cluster passed the mount check (its root inode) and then answered the
+        first lookup of two hosts with ETIMEDOUT after 150 s -- the harness, not fsmingle, had
+        handed the test a dead host (stop 35).  Each replacement prints the backend's logs.
+
+        Raises:
+            RuntimeError: no client answered after ``MOUNT_TRIES`` mounts."""
+        for attempt in range(1, MOUNT_TRIES + 1):
+            host.fuse_pids = self.mount(host.mountpoint, host.netns)
+            if self.answers(host.mountpoint):
+                return
+            msg = f"{self.fs} client of {host.name} did not answer a create within {PROBE_S:g} s (mount {attempt})"
+            print(f"[cluster] {msg}; aborting it{self.diagnostics()}", file=sys.stderr, flush=True)
+            host.fuse_abort()
+        raise RuntimeError(f"{msg}; gave up" + self.diagnostics())
+
+    @staticmethod
+    def answers(mnt: str, timeout: float | None = None) -> bool:
+        """Whether the client mounted at ``mnt`` completes a metadata round trip -- create, then
+        unlink, a probe file (both go to the filesystem's servers) -- within ``timeout`` seconds
+        (default ``PROBE_S``).  The probe runs in a child process: a call on a hung FUSE client
+        can sleep unkillably once its request was sent (fs/fuse/dev.c ``request_wait_answer``),
+        so this process must not make it; a child left stuck is freed when the caller aborts
+        the connection (:func:`~.plumbing._fuse_abort`)."""
+        probe = subprocess.Popen(
+            ["sh", "-c", 'f="$1/.harness-probe-$$" && : >"$f" && rm -f "$f"', "probe", mnt],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            return probe.wait(timeout=PROBE_S if timeout is None else timeout) == 0
+        except subprocess.TimeoutExpired:
+            probe.kill()  # waited on by nobody if stuck: the abort that follows frees it
+            return False
 
     def stop(self) -> None:
         """Stop the servers (mounts are gone by then)."""

@@ -17,6 +17,7 @@ from .plumbing import (
     _env,
     _fuse_abort,
     _kill_all,
+    _mount_dev_minor,
     _netns_pids,
     _proc_state,
     _sh,
@@ -270,6 +271,17 @@ class Host:
         """Mount a fresh FUSE client for this host (after :meth:`fuse_abort`).  Processes
         started afterwards see it; running ones keep the old (aborted) view."""
         self.cluster.fs_backend.mount_host(self)
+
+    def ensure_mount(self, probe_s: float | None = None) -> None:
+        """Leave this host with a client that answers: remount one that is gone, abort and
+        replace one that is mounted but does not complete a create within ``probe_s`` seconds
+        (default ``fs_base.PROBE_S``: a test cut its link, or it hung on its own)."""
+        fs = self.cluster.fs_backend
+        if _mount_dev_minor(self.mountpoint) is not None:
+            if fs.answers(self.mountpoint, probe_s):
+                return
+            self.fuse_abort()
+        self.remount()
 
     # -- failure injection
     def link_down(self) -> None:

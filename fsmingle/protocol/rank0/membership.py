@@ -109,8 +109,8 @@ class Membership:
             st["spares"] = len(self.spare_ranks)  # of the present: spares alone make no world (outside.py)
         if self.p.queue is not None:
             st["queue"] = self.p.queue.as_wire()  # peer jobs in the scheduler's queue (rank0/queueing.py)
-        if self.p.note.startswith("waiting"):
-            st["why"] = self.p.note[:500]  # who never connects (rank0/reach.py): members say it too
+        if self.p.waiting_why:
+            st["why"] = self.p.waiting_why[:500]  # who never connects (rank0/reach.py): members say it too
         return st
 
     def vouch(self) -> str:

@@ -173,5 +173,5 @@ class Reach:
     def _waiting_note(self, note: str) -> None:
         """Rank 0's note on who it waits for; changed, it goes to the members with the next status."""
         if note != self.p.note:
-            self.p.set_note(note)
+            self.p.set_note(note, waiting=True)
             self.status_dirty = True
