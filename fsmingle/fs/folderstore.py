@@ -387,7 +387,12 @@ class FolderKV:
                 continue
             if made:
                 return new
-            won = self._read(d, n, key)
+            try:
+                won = self._read(d, n, key)
+            except StorageError as e:  # EIO on the read-back: whose version n is, is read again (nradv's finding 4)
+                self._nap(op, pause, f"reading {self.store.path(name)} back keeps failing: {e}")
+                pause = min(pause * 2, self.poll_max)
+                continue  # create again: EEXIST, then the read-back (ours or another's, never unknown for good)
             if won is not None:
                 return new if won.token == new.token else won
             # The server said it exists but this client cannot read it: a lying lookup (list, read
