@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Iterable
 
 from ..errors import CorruptStateError, StorageError
-from .folderstore_add import add, fresh_lookup, full, read_retired, settled_in_trash
+from .folderstore_add import add, fresh_lookup, full, harvest, read_retired, settled_in_trash
 from .folderstore_keys import live_keys
 from .folderstore_log import (
     _UNREADABLE,
@@ -85,6 +85,7 @@ class FolderKV:
         self._seen: dict[str, tuple[int, str, int]] = {}
         self._seal: dict[str, tuple[str, Version]] = {}  # key dir -> (epoch, the seal that named it), newest
         self._vals: dict[tuple[str, int], Version] = {}  # (epoch dir, n) -> value of a delta (folderstore_add)
+        self._hints: dict[tuple[str, int], tuple[str, int]] = {}  # (epoch dir, n) -> a delta's (token, amount)
         self._posix = store.root if isinstance(store, PosixStore) else None
 
     # ------------------------------------------------------------------ primitives
@@ -154,9 +155,10 @@ class FolderKV:
             self._seen[kd] = pos
 
     def _listed(self, d: str) -> int:
-        """Newest version number a listing of directory ``d`` shows (0: none)."""
-        best = 0
-        for n in self.store.listdir(d):
+        """Newest version number a listing of directory ``d`` shows (0: none); keeps the delta hints it shows."""
+        best, names = 0, self.store.listdir(d)
+        harvest(self, d, names)
+        for n in names:
             m = VERSION_RE.match(n)
             if m:
                 best = max(best, int(m.group(1)))
@@ -385,7 +387,12 @@ class FolderKV:
                 continue
             if made:
                 return new
-            won = self._read(d, n, key)
+            try:
+                won = self._read(d, n, key)
+            except StorageError as e:  # EIO on the read-back: whose version n is, is read again (nradv's finding 4)
+                self._nap(op, pause, f"reading {self.store.path(name)} back keeps failing: {e}")
+                pause = min(pause * 2, self.poll_max)
+                continue  # create again: EEXIST, then the read-back (ours or another's, never unknown for good)
             if won is not None:
                 return new if won.token == new.token else won
             # The server said it exists but this client cannot read it: a lying lookup (list, read

@@ -19,16 +19,18 @@ The argument: ``docs/folderstore.md``, "Adds without a read-modify-write".
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import secrets
 
-from ..errors import CorruptStateError
-from .folderstore_log import _UNREADABLE, EPOCH0, VERSION_RE, Op, State, Version, version_name
+from ..errors import CorruptStateError, StorageError
+from .folderstore_log import _UNREADABLE, EPOCH0, HINT_RE, VERSION_RE, Op, State, Version, hint_name, version_name
 from .refusal import unsupported
 from .store import UNTRUSTED, _nlink, _tmp_name, _unlink_quiet, storage_error
 
 _RETRY = (errno.EIO, errno.ETIMEDOUT, errno.EAGAIN)  # effect unknown: link again, EEXIST tells (nlink)
+SEAL_WAIT = 4  # polls (POLL_MIN each, jittered) an adder that finds an epoch full waits for its last delta's seal
 CACHE = 4096  # computed values of delta versions kept per process (dropped whole when full)
 # An integer add sees has fewer digits than this: under Python's default int_max_str_digits (4300), so str() of a
 # sum never raises in a reader's walk back, and the same bound in every process whatever its own limit.
@@ -93,15 +95,43 @@ def _kept_reader():
             v = kv._read(d, n, key)
             if v is not None or kv._probe(d):
                 return v
-            gone.add(d)
-        return read_retired(kv, d, n, key)
+        w = read_retired(kv, d, n, key)
+        # Found in the trash: retired for certain.  Not there: a failed probe proves nothing (a lookup of the epoch
+        # that lied once, nradv's finding 3) -- the live directory again next time.
+        (gone.add if w is not None else gone.discard)(d)
+        return w
 
     return read
 
 
+def harvest(kv, d: str, names) -> None:
+    """Keep the delta hints a listing of epoch directory ``d`` shows: ``kv._hints[(d, k)] = (token, amount)``.
+
+    A hint ``a-<k>-<token>-<amount>`` is made by the writer of the delta at version ``k`` only after it knew
+    that version was its own (its ``link()`` won, or its link count or token said so), and names exactly what
+    that immutable version holds; epoch names are never reused.  So a hint is as good as a read of ``v-<k>``,
+    and a listing that lags only shows fewer of them (the walk then reads those versions)."""
+    for name in names:
+        h = HINT_RE.match(name)
+        if h:
+            if len(kv._hints) > CACHE:
+                kv._hints.clear()
+            kv._hints[(d, int(h.group(1)))] = (h.group(2), int(h.group(3)))
+
+
+def _hint(make, m: int, new: Version) -> None:
+    """Make the hint of our delta ``new`` at version ``m`` (``make(name)``): best effort -- a version without one
+    is read instead; EEXIST is our own earlier try (a lost reply); ENOENT, the epoch retired meanwhile."""
+    name = hint_name(m, new.token, int(new.value))
+    if name is not None:
+        with contextlib.suppress(OSError):  # StorageError is an OSError
+            make(name)
+
+
 def full(kv, d: str, n: int, v: Version, key: str | None, read=None) -> tuple[Version | None, str]:
     """Version ``n`` of epoch directory ``d`` as a full version: ``v`` itself, or for a delta its value
-    computed from the versions below it (a ``set`` carrying the delta's token).  ``(None, name)``: the
+    computed from the versions below it (a ``set`` carrying the delta's token); a delta whose hint a listing
+    showed (:func:`harvest`) is not read.  ``(None, name)``: the
     version ``name`` below could not be read (a lying lookup; the caller pauses and looks again).
     ``read(kv, d, k, key)``: how a version below is read (``kv._read``; an adder's own: from the trash too).
 
@@ -117,6 +147,10 @@ def full(kv, d: str, n: int, v: Version, key: str | None, read=None) -> tuple[Ve
             break
         if k == 0:
             raise CorruptStateError(f"{kv.store.path(d)}/{version_name(1)} is a delta; remove the store")
+        if (h := kv._hints.get((d, k))) is not None:
+            chain.append(Version(v.key, "add", h[0], str(h[1]).encode()))
+            k -= 1
+            continue
         w = (read or _plain_read)(kv, d, k, key)
         if w is None:
             return None, f"{d}/{version_name(k)}"
@@ -150,6 +184,8 @@ def _link_slots(kv, d: str, first: int, last: int, new: Version, key: str, op: O
     if root is None:
         for m in range(first, last + 1):
             got = kv._link(d, m, new, key, op)  # the token's read-back (fakefs's lost replies, EIO)
+            if got is new:
+                _hint(lambda name: kv._create(f"{d}/{name}", new.encode()), m, new)
             if got is None or got is new:
                 return m if got is new else None
         return 0
@@ -165,46 +201,54 @@ def _link_slots(kv, d: str, first: int, last: int, new: Version, key: str, op: O
             os.write(fd, new.encode())  # < 1 KiB: one write; no fsync (docs/folderstore.md, fsync)
         finally:
             os.close(fd)  # hands the data to an NFS server before the link() makes it visible
-        m, pause, lost, tries = first, kv.poll_min, 0, 0
-        while m <= last:
-            target, tries = os.path.join(root, d, version_name(m)), tries + 1
-            try:
-                os.link(tmp, target)
-            except FileExistsError:
-                links = _nlink(tmp)
-                if links >= 2:  # a retransmitted LINK answered EEXIST after it succeeded
-                    return m
-                if links == 0:  # the stat failed (EIO, ESTALE): only the token tells whose version m is
-                    w = kv._read(d, m, key)
-                    if w is not None and w.token == new.token:
-                        return m
-                    if w is None:
-                        kv._nap(op, pause, f"{kv.store.path(d)}/{version_name(m)} is {_UNREADABLE}")
-                        pause = min(pause * 2, kv.poll_max)
-                        continue  # link() again: EEXIST, and the stat or the read tells
-                # Lost to another version: on to the next free name.  N adders at once would each lose O(N)
-                # races one name at a time: a listing (a lower bound of the top, stale or not) after the 1st, 2nd,
-                # 4th, 8th... loss in a row jumps them (log2 listings where a stale one does not help).
-                lost += 1
-                m = max(m + 1, kv._listed(d) + 1) if lost & (lost - 1) == 0 else m + 1
-                continue
-            except FileNotFoundError:  # the epoch was retired: the caller resolves afresh -- unless an earlier
-                return m if _nlink(tmp) >= 2 else None  # try of ours (EIO) linked it (read back from the trash)
-            except OSError as e:
-                if e.errno not in _RETRY:
-                    raise storage_error(e, "create", target) from None
-                if _nlink(tmp) >= 2:
-                    return m
-                kv._nap(op, pause, f"linking {kv.store.path(d)}/{version_name(m)} keeps failing: {e}")
-                pause = min(pause * 2, kv.poll_max)
-                continue
-            if tries == 1 and not kv.store._link_proven:
-                # Only a first link(): after a failed one FUSE keeps the attributes it read (nlink 1, bindfs).
-                _prove(kv.store, tmp, target)
-            return m
-        return 0
+        m = _posix_slots(kv, root, d, tmp, first, last, new, key, op)
+        if m:  # ours: its hint, a second name of the same file (one link(); nobody reads it but by listing)
+            _hint(lambda name: os.link(tmp, os.path.join(root, d, name)), m, new)
+        return m
     finally:
         _unlink_quiet(tmp)
+
+
+def _posix_slots(kv, root: str, d: str, tmp: str, first: int, last: int, new: Version, key: str, op: Op) -> int | None:
+    """:func:`_link_slots` on a real directory, our version written as ``tmp``: the same answers."""
+    m, pause, lost, tries = first, kv.poll_min, 0, 0
+    while m <= last:
+        target, tries = os.path.join(root, d, version_name(m)), tries + 1
+        try:
+            os.link(tmp, target)
+        except FileExistsError:
+            links = _nlink(tmp)
+            if links >= 2:  # a retransmitted LINK answered EEXIST after it succeeded
+                return m
+            if links == 0:  # the stat failed (EIO, ESTALE): only the token tells whose version m is
+                w = kv._read(d, m, key)
+                if w is not None and w.token == new.token:
+                    return m
+                if w is None:
+                    kv._nap(op, pause, f"{kv.store.path(d)}/{version_name(m)} is {_UNREADABLE}")
+                    pause = min(pause * 2, kv.poll_max)
+                    continue  # link() again: EEXIST, and the stat or the read tells
+            # Lost to another version: on to the next free name.  N adders at once would each lose O(N)
+            # races one name at a time: a listing (a lower bound of the top, stale or not) after the 1st, 2nd,
+            # 4th, 8th... loss in a row jumps them (log2 listings where a stale one does not help).
+            lost += 1
+            m = max(m + 1, kv._listed(d) + 1) if lost & (lost - 1) == 0 else m + 1
+            continue
+        except FileNotFoundError:  # the epoch was retired: the caller resolves afresh -- unless an earlier
+            return m if _nlink(tmp) >= 2 else None  # try of ours (EIO) linked it (read back from the trash)
+        except OSError as e:
+            if e.errno not in _RETRY:
+                raise storage_error(e, "create", target) from None
+            if _nlink(tmp) >= 2:
+                return m
+            kv._nap(op, pause, f"linking {kv.store.path(d)}/{version_name(m)} keeps failing: {e}")
+            pause = min(pause * 2, kv.poll_max)
+            continue
+        if tries == 1 and not kv.store._link_proven:
+            # Only a first link(): after a failed one FUSE keeps the attributes it read (nlink 1, bindfs).
+            _prove(kv.store, tmp, target)
+        return m
+    return 0
 
 
 def _prove(store, tmp: str, target: str) -> None:
@@ -226,8 +270,10 @@ def delta_add(kv, key: str, kd: str, amount: int, st: State, op: Op) -> int | St
         ValueError: the value the delta landed on is not an integer (the delta changes nothing).
         the timeout error: a version below ours stayed unreadable until the deadline.
     """
-    if st.ep == EPOCH0 or st.n < 1 or st.n + 1 >= kv.seal_at or st.ver is None:
-        return None  # epoch 0, version 1 and every seal stay full versions
+    if st.ep == EPOCH0 or st.n < 1 or st.ver is None:
+        return None  # epoch 0 and version 1 stay full versions
+    if st.n + 1 >= kv.seal_at:  # so does every seal: the last delta's writer makes it (below); wait a moment
+        return _await_seal(kv, key, kd, st, op)
     d = f"{kd}/{st.ep}"
     new = Version(key, "add", secrets.token_hex(8), str(amount).encode())
     m = _link_slots(kv, d, st.n + 1, kv.seal_at - 1, new, key, op)
@@ -238,10 +284,18 @@ def delta_add(kv, key: str, kd: str, amount: int, st: State, op: Op) -> int | St
         return kv._resolve(key, kd, op)
     kv._saw(kd, st.ep, m)
     kv._vals[(d, st.n)] = st.ver  # the walk back from ours stops at where we started
+    if any((d, k) not in kv._hints and (d, k) not in kv._vals for k in range(st.n + 1, m)):
+        with contextlib.suppress(OSError):  # best effort (EIO: the walk reads instead); our add took effect
+            kv._listed(d)  # one listing tells the amounts of the deltas below ours by their hints (harvest)
     pause, since = kv.poll_min, kv.clock.monotonic()
     read = _kept_reader()
     while True:
-        v, missing = full(kv, d, m, new, key, read)  # the epoch may be sealed and retired meanwhile
+        try:
+            v, missing = full(kv, d, m, new, key, read)  # the epoch may be sealed and retired meanwhile
+        except StorageError as e:  # our add took effect: an I/O error of the walk never fails it (read again)
+            kv._nap(op, pause, f"reading the versions below {kv.store.path(d)}/{version_name(m)}: {e}")
+            pause = min(pause * 2, kv.poll_max)
+            continue
         # cached by the walk: the value our delta was linearized on (another thread may clear it: walk again)
         if v is not None and (below := kv._vals.get((d, m - 1))) is not None:
             break
@@ -251,7 +305,37 @@ def delta_add(kv, key: str, kd: str, amount: int, st: State, op: Op) -> int | St
     base = as_int(below.value if below.live else None)
     if base is None or abs(base + amount) >= _BOUND:  # linearized at our link(): an add that changes nothing
         raise ValueError(f"add: the value of {key!r} is not an integer: {below.value[:40]!r}")
+    if m == kv.seal_at - 1:
+        _seal_now(kv, kd, st.ep, v, op)
     return base + amount
+
+
+def _seal_now(kv, kd: str, ep: str, v: Version, op: Op) -> None:
+    """The writer of an epoch's last delta (version ``SEAL_AT``-1, value ``v``, computed) seals it at once: a
+    read-modify-write that changes nothing (the seal carries ``v``'s value) -- linearized at its ``link()`` as no
+    operation.  Else every adder that found the epoch full would make an epoch and race for the seal's slot (at
+    256 ranks ~40 per epoch, each a mkdir, a lost link() and a retirement).  Our add took effect: nothing here
+    may fail it (a failed seal is made by the next writer, as before)."""
+    with contextlib.suppress(Exception):
+        nxt = kv._new_epoch(kd, ep)
+        seal = Version(v.key, "set", secrets.token_hex(8), v.value, nxt)
+        if kv._link(f"{kd}/{ep}", kv.seal_at, seal, v.key, op) is seal:
+            kv._saw(kd, ep, kv.seal_at)
+            kv._seal[kd] = (nxt, seal)
+            kv._sealed(kd, ep, nxt, seal)
+        else:
+            kv._retire(f"{kd}/{nxt}")  # nobody knows its name: the seal that would have named it lost
+
+
+def _await_seal(kv, key: str, kd: str, st: State, op: Op) -> State | None:
+    """An adder that finds an epoch full (its seal next) waits up to ``SEAL_WAIT`` polls for the last delta's
+    writer's seal (:func:`_seal_now`): where the log stands then, or None to make the seal itself."""
+    for _ in range(SEAL_WAIT):
+        kv._nap(op, kv.poll_min * (1 + kv.rng.random()), "waiting for the seal")
+        now = kv._resolve(key, kd, op)
+        if now.ep != st.ep or now.n > st.n:
+            return now
+    return None
 
 
 def add(kv, key: str, amount: int) -> int:

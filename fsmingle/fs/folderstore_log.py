@@ -9,6 +9,8 @@ Layout (``docs/folderstore.md`` gives the argument)::
                 v-000000000002             a seal: a version whose header names the next epoch
             e-000000000001-<16 hex>/       a later epoch: made (mkdir of a never-used random name) only by
                 v-000000000001 ...         the writer about to seal its predecessor; retired whole
+                a-<12 digits>-<token>-<amount>  a delta's hint: made by its writer after its link() won
+                                           (a hard link of the same file), read from listings only
             .p-*, .tmp-*                   probes and temporaries (hidden: never listed)
 
 Versions are created by ``PosixStore.create(..., fsync=False)`` (why a version needs no fsync:
@@ -29,6 +31,8 @@ from ..errors import CorruptStateError, FsmingleError
 from .store import _tmp_name, _unlink_quiet, storage_error
 
 VERSION_RE = re.compile(r"^v-(\d{12})$")
+# A delta's hint: its slot, token and amount in a name, so that one listing tells every hinted delta's amount.
+HINT_RE = re.compile(r"^a-(\d{12})-([0-9a-f]{16})-(-?\d{1,64})$")
 KEY_RE = re.compile(r"^(k-[0-9a-f]*|h-[0-9a-f]{64})$")
 EPOCH_RE = re.compile(r"^e-(\d{12})(?:-[0-9a-f]{16})?$")
 EPOCH0 = "e-000000000000"
@@ -88,6 +92,12 @@ def key_of_dir(name: str) -> str | None:
 
 def version_name(n: int) -> str:
     return f"v-{n:012d}"
+
+
+def hint_name(n: int, token: str, amount: int) -> str | None:
+    """The hint of a delta ``("add", amount)`` with ``token`` at version ``n``; None where it would not fit."""
+    name = f"a-{n:012d}-{token}-{amount}"
+    return name if HINT_RE.match(name) else None
 
 
 def epoch_number(name: str) -> int:
