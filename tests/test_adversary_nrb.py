@@ -76,12 +76,6 @@ def test_a_lost_reply_then_an_io_error_on_its_read_back_never_fails_the_add():
     assert not bad, "\n".join(bad)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding 5, open on main (a negative dentry instead of the EIO) and nrb f5a905c: a lost reply, an EIO on "
-    "its read-back, then the epoch sealed and retired during the pause -- the create again meets ENOENT and FolderKV._link answers "
-    "'epoch gone, nothing of ours' although our version is in the trash: the add is written again (counted twice)",
-)
 def test_a_lost_reply_whose_read_back_fails_and_whose_epoch_is_retired_meanwhile_counts_once():
     """A's create of its version takes effect and its reply is lost (EEXIST); the read-back that would tell whose
     version it is fails with EIO; while A pauses to try again, B's adds seal the epoch and retire it.  A's next

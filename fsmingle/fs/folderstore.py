@@ -387,6 +387,10 @@ class FolderKV:
                 continue
             if made:
                 return new
+            # EEXIST: version n exists -- ours (a lost reply) or another's.  Until a read-back tells, a later
+            # ENOENT (the epoch retired while we paused) must ask the trash, never answer "gone, nothing of
+            # ours": that add would be written again, counted twice (nradv's finding 5).
+            unknown = True
             try:
                 won = self._read(d, n, key)
             except StorageError as e:  # EIO on the read-back: whose version n is, is read again (nradv's finding 4)
