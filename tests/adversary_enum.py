@@ -18,8 +18,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from fakefs import FakeFS
-from lincheck import History, check
+from fakefs import AdvancingClock, FakeFS
+from lincheck import History, check, plain_intruder
 from lincheck import key_step as step
 
 from fsmingle.fs.folderstore import FolderKV
@@ -28,24 +28,13 @@ INTRUDERS = ("add", "seal", "set", "set-nonint", "cas", "del", "add-seal0", "add
 FAULTS = (None, "lost", "eio-after", "eio-before", "blind")
 
 
-class _Clock:
-    def __init__(self, fs):
-        self.fs = fs
-
-    def monotonic(self):
-        return self.fs.now
-
-    def sleep(self, s):
-        self.fs.advance(max(s, 1e-4))
-
-
 def one(seal_at: int, prefix: int, k: int, intruder: str, fault, j: int, amount: int = 3, lag_a: float = 0.0):
     """One run; returns (failure text or None, A's store operations)."""
     fs = FakeFS(max_staleness=3.0)
     views = [fs.view(n) for n in ("a", "b", "c")]
     views[0].lag, views[2].lag = lag_a, 1.0
     fs.mkdir_truth("", None)
-    kvs = [FolderKV(v, clock=_Clock(fs), poll_max=0.5, timeout=60.0) for v in views]
+    kvs = [FolderKV(v, clock=AdvancingClock(fs), poll_max=0.5, timeout=60.0) for v in views]
     for kv in kvs:
         kv.seal_at = seal_at
     h = History()
@@ -75,15 +64,10 @@ def one(seal_at: int, prefix: int, k: int, intruder: str, fault, j: int, amount:
 
     def intrude():
         node = 2 if k % 2 else 1
-        if intruder == "add":
-            run(node, "add", 10)
-        elif intruder == "seal":
-            for _ in range(seal_at + 1):
-                run(node, "add", 10)
-        elif intruder == "set":
-            run(node, "set", b"7")
-        elif intruder == "set-nonint":
-            run(node, "set", b"x")
+        plain = plain_intruder(intruder, seal_at)
+        if plain:
+            for name, *args in plain:
+                run(node, name, *args)
         elif intruder == "cas":
             cur = kvs[node].try_get("k") or b""
             run(node, "cas", cur, b"50")

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import errno
 import os
-import re
 import sys
 import tempfile
 import threading
@@ -19,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from lincheck import History, check
+from lincheck import Failures, History, check, key_call, plain_intruder
 from lincheck import key_step as step
 
 from fsmingle.fs import folderstore_add as fa
@@ -85,7 +84,7 @@ def one(seal_at, prefix, k, intruder, fault, j, amount=3):
     def run(kv, who, name, *args):
         c = h.call(name, *args, who=who)
         try:
-            r = {"add": kv.add, "set": kv.set, "del": lambda _k: kv.delete(_k), "get": kv.try_get}[name]("k", *args)
+            r = key_call(kv, name, *args)
         except ValueError:
             r = "ValueError"
         h.ret(c, r)
@@ -94,17 +93,8 @@ def one(seal_at, prefix, k, intruder, fault, j, amount=3):
         run(b, "b", "add", 1)
 
     def intrude():
-        if intruder == "add":
-            run(b, "b", "add", 10)
-        elif intruder == "seal":
-            for _ in range(seal_at + 1):
-                run(b, "b", "add", 10)
-        elif intruder == "set":
-            run(b, "b", "set", b"7")
-        elif intruder == "set-nonint":
-            run(b, "b", "set", b"x")
-        elif intruder == "del":
-            run(b, "b", "del")
+        for name, *args in plain_intruder(intruder, seal_at) or ():
+            run(b, "b", name, *args)
 
     def eio():
         raise OSError(errno.EIO, "Input/output error (injected before the effect)")
@@ -137,7 +127,7 @@ def one(seal_at, prefix, k, intruder, fault, j, amount=3):
 
 
 def enumerate_all(seal_ats=(4,), out=print):
-    runs, fails = 0, {}
+    fails = Failures()
     for seal_at in seal_ats:
         for prefix in range(2, seal_at + 4):
             _, clean = one(seal_at, prefix, 10**6, None, None, 0)
@@ -147,15 +137,9 @@ def enumerate_all(seal_ats=(4,), out=print):
                         for j in range(3) if fault and fault.startswith("link") else (0,):
                             if intruder is None and fault != "eio-before" and not (fault or "").startswith("link"):
                                 continue
-                            runs += 1
-                            bad, _ = one(seal_at, prefix, k, intruder, fault, j)
-                            if bad:
-                                what = re.sub(r"/tmp/\S+|\d+", "#", bad.splitlines()[0])[:110]
-                                fails.setdefault(what, []).append((seal_at, prefix, k, intruder, fault, j))
-    for what, cases in fails.items():
-        out(f"{len(cases)} x {what}\n    first: {cases[0]}")
-    out(f"{runs} runs, {sum(map(len, fails.values()))} failed")
-    return runs, fails
+                            case = (seal_at, prefix, k, intruder, fault, j)
+                            fails.note(one(*case)[0], case)
+    return fails.report(out)
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from lincheck import History, check
+from lincheck import Failures, History, check, key_call, plain_intruder
 from lincheck import key_step as step
 
 from fsmingle.errors import StorageError
@@ -173,9 +173,7 @@ def _one(px, seal_at, prefix, role, j, intruder, fault):
     def run(kv, who, name, *args):
         c, t0 = h.call(name, *args, who=who), time.monotonic()
         try:
-            r = {"add": kv.add, "set": kv.set, "cas": kv.compare_set, "del": kv.delete, "get": kv.try_get}[name](
-                "k", *args
-            )
+            r = key_call(kv, name, *args)
         except ValueError:
             r = "ValueError"
         except Crash:
@@ -195,15 +193,8 @@ def _one(px, seal_at, prefix, role, j, intruder, fault):
         run(b, "b", "add", 1)
 
     def intrude():
-        if intruder == "add":
-            run(b, "b", "add", 10)
-        elif intruder == "seal":
-            for _ in range(seal_at + 1):
-                run(b, "b", "add", 10)
-        elif intruder == "set":
-            run(b, "b", "set", b"7")
-        elif intruder == "del":
-            run(b, "b", "del")
+        for name, *args in plain_intruder(intruder, seal_at) or ():
+            run(b, "b", name, *args)
 
     px.j, px.fault, px.intrude = j, fault, intrude if intruder else None
     args = {"add": (3,), "set": (b"7",), "cas": (str(prefix).encode(), b"50"), "del": ()}
@@ -229,7 +220,7 @@ SIZES = {"ci": ((4,), (3, 5), ("add", "set"), (None, "seal")), "big": ((3, 4), N
 
 def enumerate_all(size="ci", out=print):
     seal_ats, prefixes, roles, intruders = SIZES[size]
-    runs, fails = 0, {}
+    fails = Failures()
     for seal_at in seal_ats:
         for prefix in prefixes or range(2, seal_at + 4):
             for role in roles:
@@ -237,17 +228,10 @@ def enumerate_all(size="ci", out=print):
                 for j in range(clean + 1):
                     for intruder in intruders:
                         for fault in FAULTS:
-                            if intruder is None and fault is None:
-                                continue
-                            runs += 1
-                            bad, _ = one(seal_at, prefix, role, j, intruder, fault)
-                            if bad:
-                                what = re.sub(r"/tmp/\S+|\d+", "#", bad.splitlines()[0])[:110]
-                                fails.setdefault(what, []).append((seal_at, prefix, role, j, intruder, fault))
-    for what, cases in fails.items():
-        out(f"{len(cases)} x {what}\n    first: {cases[0]}")
-    out(f"{runs} runs, {sum(map(len, fails.values()))} failed")
-    return runs, fails
+                            if intruder is not None or fault is not None:
+                                case = (seal_at, prefix, role, j, intruder, fault)
+                                fails.note(one(*case)[0], case)
+    return fails.report(out)
 
 
 if __name__ == "__main__":

@@ -44,8 +44,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from fakefs import Crash, FakeFS, FakeStore, parent
-from lincheck import History, check
+from fakefs import AdvancingClock, Crash, FakeFS, FakeStore, parent
+from lincheck import History, check, key_call, plain_intruder
 from lincheck import key_step as step
 
 from fsmingle.errors import StorageError
@@ -238,17 +238,6 @@ def _refresh(store: FaultyStore, name: str) -> bool:
     return True
 
 
-class _Clock:
-    def __init__(self, fs):
-        self.fs = fs
-
-    def monotonic(self):
-        return self.fs.now
-
-    def sleep(self, s):
-        self.fs.advance(max(s, 1e-4))
-
-
 def one(seal_at, prefix, role, k, intruder, target, s, fault, lag_a=0.0, second=None):
     """Returns (failure text or None, A's store operations, the intruder's: their names).  ``second``: (step, kind)
     of a second fault of A's operation (:func:`enumerate_pairs`)."""
@@ -257,7 +246,7 @@ def one(seal_at, prefix, role, k, intruder, target, s, fault, lag_a=0.0, second=
     fs.mkdir_truth("", None)
     views = [FaultyStore(fs, n) for n in ("a", "b", "c", "d")]
     views[0].lag, views[2].lag = lag_a, 1.0
-    kvs = [FolderKV(v, clock=_Clock(fs), poll_max=POLL_MAX, timeout=TIMEOUT, rng=random.Random(i))
+    kvs = [FolderKV(v, clock=AdvancingClock(fs), poll_max=POLL_MAX, timeout=TIMEOUT, rng=random.Random(i))
            for i, v in enumerate(views)]  # fmt: skip
     for kv in kvs:
         kv.seal_at = seal_at
@@ -268,9 +257,7 @@ def one(seal_at, prefix, role, k, intruder, target, s, fault, lag_a=0.0, second=
             return None
         kv, c, t0 = kvs[node], h.call(name, *args, who="abcd"[node]), fs.now
         try:
-            r = {"add": kv.add, "set": kv.set, "cas": kv.compare_set, "del": kv.delete, "get": kv.try_get}[name](
-                "k", *args
-            )
+            r = key_call(kv, name, *args)
         except ValueError:
             r = "ValueError"
         except Crash:
@@ -304,18 +291,13 @@ def one(seal_at, prefix, role, k, intruder, target, s, fault, lag_a=0.0, second=
         if target == "i":
             v.arm(s, fault)
         start = len(v.trace)
-        if intruder == "add":
-            run(node, "add", 10)
-        elif intruder == "seal":
-            for _ in range(seal_at + 1):
-                run(node, "add", 10)
-        elif intruder == "set":
-            run(node, "set", b"7")
+        plain = plain_intruder(intruder, seal_at)
+        if plain:
+            for name, *args in plain:
+                run(node, name, *args)
         elif intruder == "cas":
             cur = (kvs[node].try_get("k") or b"") if node not in dead else b""
             run(node, "cas", cur, b"50")
-        elif intruder == "del":
-            run(node, "del")
         elif intruder == "add-seal2":
             run(node, "add", 10)
 

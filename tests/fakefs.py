@@ -645,3 +645,18 @@ class FakeClock:
     def sleep(self, seconds: float) -> None:
         assert seconds >= 0
         self.slept += seconds
+
+
+class AdvancingClock:
+    """A clock on the fake time of ``fs`` whose ``sleep`` advances that time (at least 0.1 ms): a
+    blocking loop makes progress, caches and lags expire -- for one process's sequential code
+    (the adversaries' enumerations, the linearizability model)."""
+
+    def __init__(self, fs: FakeFS):
+        self.fs = fs
+
+    def monotonic(self) -> float:
+        return self.fs.now
+
+    def sleep(self, s: float) -> None:
+        self.fs.advance(max(s, 1e-4))

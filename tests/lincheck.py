@@ -12,6 +12,7 @@ G. Lowe, "Testing for linearizability", CCPE 29 (2017) (the cache of (linearized
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
@@ -100,3 +101,41 @@ def key_step(state: bytes | None, op: Op) -> tuple[bool, bytes | None]:
     if op.name in ("get", "check"):
         return r == (state if op.name == "get" else state is not None), state
     raise AssertionError(op.name)
+
+
+def key_call(kv, name: str, *args):
+    """Run the operation ``name`` (:func:`key_step`'s names: add, set, cas, del, get) on key ``"k"`` of the
+    FolderKV ``kv`` -- one dispatch for every enumeration that checks its history against that spec."""
+    return {"add": kv.add, "set": kv.set, "cas": kv.compare_set, "del": kv.delete, "get": kv.try_get}[name]("k", *args)
+
+
+def plain_intruder(intruder: str, seal_at: int) -> list[tuple] | None:
+    """The calls ``(name, *args)`` of an enumeration's plain intruder: one add of 10, adds that fill and seal an
+    epoch (``seal``), a set of an integer or not, a delete; None for an intruder the caller plays itself."""
+    return {
+        "add": [("add", 10)],
+        "seal": [("add", 10)] * (seal_at + 1),
+        "set": [("set", b"7")],
+        "set-nonint": [("set", b"x")],
+        "del": [("del",)],
+    }.get(intruder)
+
+
+class Failures(dict):
+    """An enumeration's tally: ``runs``, and the failing cases grouped by their failure's first line (numbers and
+    temporary paths masked, so one hole is one group).  ``(runs, failures)`` is what the enumerations return."""
+
+    def __init__(self):
+        super().__init__()
+        self.runs = 0
+
+    def note(self, bad: str | None, case: tuple) -> None:
+        self.runs += 1
+        if bad:
+            self.setdefault(re.sub(r"/tmp/\S+|\d+", "#", bad.splitlines()[0])[:110], []).append(case)
+
+    def report(self, out) -> tuple[int, Failures]:
+        for what, cases in self.items():
+            out(f"{len(cases)} x {what}\n    first: {cases[0]}")
+        out(f"{self.runs} runs, {sum(map(len, self.values()))} failed")
+        return self.runs, self

@@ -14,7 +14,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from fakefs import FakeFS
+from fakefs import AdvancingClock, FakeFS
 from folderstore_worker import check
 from helpers import bindfs_missing, bindfs_views
 from hypothesis import HealthCheck, given, settings
@@ -403,23 +403,10 @@ def lagging_stores(lags: list[float], seal_at: int):
     for v, lag in zip(views, lags):
         v.lag = lag
     fs.mkdir_truth("", None)
-    kvs = [FolderKV(v, clock=_Clock(fs), poll_max=0.5) for v in views]
+    kvs = [FolderKV(v, clock=AdvancingClock(fs), poll_max=0.5) for v in views]
     for kv in kvs:
         kv.seal_at = seal_at
     return fs, views, kvs
-
-
-class _Clock:
-    """Sleeping advances the fake filesystem's time (blocking loops make progress; caches expire)."""
-
-    def __init__(self, fs):
-        self.fs = fs
-
-    def monotonic(self):
-        return self.fs.now
-
-    def sleep(self, s):
-        self.fs.advance(max(s, 1e-4))
 
 
 OPS = st.tuples(
@@ -445,7 +432,7 @@ def test_model_read_modify_write_over_fakefs(lags, ops):
     for v, lag in zip(views, lags):
         v.lag = lag
     fs.mkdir_truth("", None)
-    kvs = [FolderKV(v, clock=_Clock(fs), poll_max=0.5) for v in views]
+    kvs = [FolderKV(v, clock=AdvancingClock(fs), poll_max=0.5) for v in views]
     results: list[tuple[int, int]] = []  # (returned value, amount) of adds since the last delete
     epochs: list[list[tuple[int, int]]] = [results]
     cas_wins: list[int] = []
@@ -716,7 +703,7 @@ def test_a_version_removed_by_hand_is_reported_not_waited_on_forever():
 
     fs = FakeFS()
     fs.mkdir_truth("", None)
-    kv = FolderKV(fs.view("n0"), clock=_Clock(fs), poll_max=5.0)
+    kv = FolderKV(fs.view("n0"), clock=AdvancingClock(fs), poll_max=5.0)
     kv.set("k", "v")
     t0 = fs.now
     # listed, never readable (as if unlinked by hand): no revalidating lookup (Store.refresh) finds it either

@@ -8,7 +8,7 @@ import os
 import shutil
 
 import pytest
-from fakefs import FakeFS
+from fakefs import AdvancingClock, FakeFS
 
 from fsmingle.errors import CorruptStateError
 from fsmingle.fs.folderstore import FolderKV, key_dir
@@ -17,17 +17,15 @@ from fsmingle.fs.folderstore_wait import LIST_EVERY
 from fsmingle.fs.store import PosixStore
 
 
-class _Clock:
+class _Clock(AdvancingClock):
     """Sleeping advances the fake filesystem's time; at ``at`` fake seconds ``then()`` runs once."""
 
     def __init__(self, fs, at=None, then=None):
-        self.fs, self.at, self.then = fs, at, then
-
-    def monotonic(self):
-        return self.fs.now
+        super().__init__(fs)
+        self.at, self.then = at, then
 
     def sleep(self, s):
-        self.fs.advance(max(s, 1e-4))
+        super().sleep(s)
         if self.at is not None and self.fs.now >= self.at:
             self.at, then = None, self.then
             then()
