@@ -332,9 +332,9 @@ def _await_seal(kv, key: str, kd: str, st: State, op: Op) -> State | None:
     writer's seal (:func:`_seal_now`): where the log stands then, or None to make the seal itself."""
     for _ in range(SEAL_WAIT):
         kv._nap(op, kv.poll_min * (1 + kv.rng.random()), "waiting for the seal")
-        now = kv._resolve(key, kd, op)
-        if now.ep != st.ep or now.n > st.n:
-            return now
+        cur = kv._resolve(key, kd, op)
+        if cur.ep != st.ep or cur.n > st.n:
+            return cur
     return None
 
 
