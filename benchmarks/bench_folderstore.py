@@ -55,6 +55,14 @@ def _meta(c: dict) -> int:
     return sum(c.get(k, 0) for k in METADATA)
 
 
+def _epochs(where: str, key: str) -> list:
+    """[the highest epoch number of ``key`` (epochs its log crossed), its current epochs' names' capacity suffixes]."""
+    from fsmingle.fs.folderstore_log import epoch_number, key_dir
+
+    names = os.listdir(os.path.join(where, "fstore", key_dir(key)))
+    return [max(map(epoch_number, names)), sorted(n.rpartition("-")[2] for n in names if "-c" in n[15:])]
+
+
 def _open(kind: str, where: str, n: int, port: int, rank: int):
     t = timedelta(seconds=STORE_TIMEOUT)
     if kind == "folder":
@@ -83,11 +91,14 @@ def _rank(kind, where, n, port, rank, bar, q):
             c1 = counter.counts[rank]
             out[name] = dt / ops
             out[name + "_meta"] = (_meta(c1) - _meta(c0)) / ops
+            out[name + "_kinds"] = {k: (c1.get(k, 0) - c0.get(k, 0)) / ops for k in c1}  # mkdir: seal attempts...
 
         phase("set", lambda: [s.set(f"k-{rank}-{i}", b"x" * 64) for i in range(K)], K)
         phase("get", lambda: [s.get(f"k-{rank}-{i}") for i in range(K)], K)
         phase("add", lambda: [s.add("ctr", 1) for _ in range(K_ADD)], K_ADD)
         bar.wait()
+        if rank == 0 and kind == "folder":
+            out["add_epochs"] = _epochs(where, "ctr")  # epochs the N x K_ADD adds crossed
         if rank == 0:
             time.sleep(0.2)
             out["t_set"] = time.monotonic()
@@ -95,14 +106,26 @@ def _rank(kind, where, n, port, rank, bar, q):
         else:
             s.wait(["go"])
             out["t_woke"] = time.monotonic()
+        d0 = daemon_cpu() if rank == 0 else 0.0
         bar.wait()
-        out["t_arrive"] = time.monotonic()
+        out["t_arrive"], cpu0 = time.monotonic(), time.process_time()
         s.add("b", 1)  # torch's _store_based_barrier, call for call
+        out["t_add1"], out["cpu_add1"] = time.monotonic(), time.process_time() - cpu0
         if s.add("b", 0) == n:
+            out["t_add0"] = time.monotonic()
             s.set("b-done", "1")
+            out["t_done_set"] = time.monotonic()
+        else:
+            out["t_add0"] = time.monotonic()
+        cpu1 = time.process_time()
         s.wait(["b-done"])
-        out["t_released"] = time.monotonic()
+        out["t_released"], out["cpu_wait"] = time.monotonic(), time.process_time() - cpu1
+        out["cpu_barrier"] = time.process_time() - cpu0
         bar.wait()  # nobody leaves before all are released (rank 0 hosts the TCPStore)
+        if rank == 0:
+            out["daemons_cpu_barrier"] = daemon_cpu() - d0  # (and the barriers' own waits around it)
+            if kind == "folder":
+                out["barrier_epochs"] = _epochs(where, "b")
         q.put(out)
     except BaseException as e:  # report, never hang the parent
         q.put({"rank": rank, "error": f"{type(e).__name__}: {e}"[:300]})
@@ -149,9 +172,54 @@ def run_one(kind: str, dirs: list[str], n: int, limit: float) -> dict:
     res = {k: statistics.mean(o[k] for o in outs) for k in ("set", "get", "add")}
     if kind == "folder":
         res.update({k + "_meta": statistics.mean(o[k + "_meta"] for o in outs) for k in ("set", "get", "add")})
+        res["add_kinds"] = {k: round(statistics.mean(o["add_kinds"][k] for o in outs), 2) for k in outs[0]["add_kinds"]}
+        res["add_epochs"] = next(o["add_epochs"] for o in outs if "add_epochs" in o)
+        res["barrier_epochs"] = next(o["barrier_epochs"] for o in outs if "barrier_epochs" in o)
     res["wait_p50"], res["wait_max"] = statistics.median(woke), woke[-1]
     res["barrier"] = max(o["t_released"] for o in outs) - max(o["t_arrive"] for o in outs)
+    res["timeline"] = timeline(outs)
     return res
+
+
+def _q(xs: list[float]) -> list[float]:
+    xs = sorted(xs)
+    return [round(xs[int(f * (len(xs) - 1))], 4) for f in (0.0, 0.5, 0.9, 1.0)]
+
+
+def timeline(outs: list[dict]) -> dict:
+    """Where a barrier's time goes: per-rank moments (seconds after the last arrival; min / p50 / p90 / max)
+    of add(b, 1) done, add(b, 0) done, the b-done set, the wake; and the ranks' CPU seconds in the barrier."""
+    t0 = max(o["t_arrive"] for o in outs)
+    done = next(o["t_done_set"] for o in outs if "t_done_set" in o)
+    return {
+        "arrive": _q([o["t_arrive"] - t0 for o in outs]),
+        "add1": _q([o["t_add1"] - t0 for o in outs]),
+        "add0": _q([o["t_add0"] - t0 for o in outs]),
+        "done_set": round(done - t0, 4),
+        "woke": _q([o["t_released"] - t0 for o in outs]),
+        "wake_after_set": _q([o["t_released"] - done for o in outs]),
+        "ranks_cpu_s": round(sum(o["cpu_barrier"] for o in outs), 2),
+        "ranks_cpu_add1_s": round(sum(o["cpu_add1"] for o in outs), 2),
+        "ranks_cpu_wait_s": round(sum(o["cpu_wait"] for o in outs), 2),
+        "daemons_cpu_s": round(next(o["daemons_cpu_barrier"] for o in outs if "daemons_cpu_barrier" in o), 2),
+    }
+
+
+def daemon_cpu() -> float:
+    """CPU seconds (user + system) of every bindfs daemon on the machine (the benchmark's mounts' FUSE servers)."""
+    tck, total = os.sysconf("SC_CLK_TCK"), 0.0
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                st = f.read()
+        except OSError:
+            continue
+        if st[st.index("(") + 1 : st.rindex(")")] == "bindfs":
+            fields = st[st.rindex(")") + 2 :].split()
+            total += (int(fields[11]) + int(fields[12])) / tck
+    return total
 
 
 def waiting_cost(where: str, seconds: float = 6.0) -> dict:
@@ -287,12 +355,13 @@ def main() -> None:
                         run_dirs.append(os.path.join(d, f"run-{kind}-{n}"))
                     os.makedirs(os.path.join(mounts.backing if mounts else root, f"run-{kind}-{n}"), mode=0o700)
                     load = os.getloadavg()[0]  # the machine is shared: every figure is reported beside it
-                    t0 = time.monotonic()
+                    t0, d0 = time.monotonic(), daemon_cpu()
                     # FileStore across bindfs mounts hangs (flock and its cached file size are
                     # per mount): 30 s is plenty where it finishes in 5 s on a local disk.
                     limit = min(a.limit, 30.0) if kind == "file" and fsname != "local" else a.limit
                     r = run_one(kind, run_dirs, n, limit)
                     r["load"] = [load, os.getloadavg()[0]]
+                    r["daemons_cpu_s"] = round(daemon_cpu() - d0, 2)  # the whole run's (all phases), not the barrier's
                     print(f"{fsname} N={n} {kind}: {time.monotonic() - t0:.1f} s {r}", file=sys.stderr, flush=True)
                     results["runs"].setdefault(fsname, {}).setdefault(str(n), {})[kind] = r
             results.setdefault("waiting", {})[fsname] = waiting_cost(dirs[0])

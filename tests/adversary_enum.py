@@ -19,7 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from fakefs import AdvancingClock, FakeFS
-from lincheck import History, check, plain_intruder
+from lincheck import History, capacities, check, plain_intruder
 from lincheck import key_step as step
 
 from fsmingle.fs.folderstore import FolderKV
@@ -36,7 +36,7 @@ def one(seal_at: int, prefix: int, k: int, intruder: str, fault, j: int, amount:
     fs.mkdir_truth("", None)
     kvs = [FolderKV(v, clock=AdvancingClock(fs), poll_max=0.5, timeout=60.0) for v in views]
     for kv in kvs:
-        kv.seal_at = seal_at
+        top = capacities(kv, seal_at)
     h = History()
 
     def run(node, name, *args):
@@ -75,7 +75,7 @@ def one(seal_at: int, prefix: int, k: int, intruder: str, fault, j: int, amount:
             run(node, "add", 10)
 
             def seal():
-                for _ in range(seal_at + 1):
+                for _ in range(top + 1):
                     run(3 - node, "add", 100)
 
             a.arm_hook(int(intruder[-1]), seal)
@@ -91,7 +91,7 @@ def one(seal_at: int, prefix: int, k: int, intruder: str, fault, j: int, amount:
         a.arm_io_error(j, match=match, ops=("create",), after_effect=fault == "eio-after", blind_for=0.5)
     elif fault == "blind":
         for d in [d for d in fs.dirs if "/e-" in d]:
-            for n in range(1, seal_at + 2):
+            for n in range(1, top + 2):
                 a.blind(f"{d}/v-{n:012d}", 0.7)
     ops0 = a.ops
     err = None
@@ -114,7 +114,7 @@ def one(seal_at: int, prefix: int, k: int, intruder: str, fault, j: int, amount:
 def enumerate_all(seal_ats=(3, 4, 6), amounts=(3,), lags=(0.0, 2.5), out=print):
     runs, fails = 0, {}
     for seal_at in seal_ats:
-        for prefix in range(0, seal_at + 4):
+        for prefix in range(0, capacities(None, seal_at) + 4):
             for amount in amounts:
                 for lag in lags:
                     _, clean_ops = one(seal_at, prefix, 10**6, "add", None, 0, amount, lag)
@@ -135,4 +135,6 @@ def enumerate_all(seal_ats=(3, 4, 6), amounts=(3,), lags=(0.0, 2.5), out=print):
 
 
 if __name__ == "__main__":
-    enumerate_all(tuple(int(a) for a in sys.argv[1:]) or (3, 4, 6))
+    # "4:6": epochs of 4, and every epoch a delta's writer seals of 6 (lincheck.capacities)
+    caps = [tuple(map(int, a.split(":"))) if ":" in a else int(a) for a in sys.argv[1:]]
+    enumerate_all(tuple(caps) or (3, 4, 6))

@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from lincheck import Failures, History, check, key_call, plain_intruder
+from lincheck import Failures, History, b_side, check, key_call
 from lincheck import key_step as step
 
 from fsmingle.fs import folderstore_add as fa
@@ -89,12 +89,7 @@ def one(seal_at, prefix, k, intruder, fault, j, amount=3):
             r = "ValueError"
         h.ret(c, r)
 
-    for _ in range(prefix):
-        run(b, "b", "add", 1)
-
-    def intrude():
-        for name, *args in plain_intruder(intruder, seal_at) or ():
-            run(b, "b", name, *args)
+    intrude = b_side(run, b, prefix, intruder, seal_at)
 
     def eio():
         raise OSError(errno.EIO, "Input/output error (injected before the effect)")

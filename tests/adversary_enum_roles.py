@@ -33,6 +33,9 @@ against one torch store key, with a fresh node's ``get`` and ``add`` at the end;
 only adds ran; no operation times out or runs past its timeout plus one poll (fake time); no free slot refreshed.
 
 ``python tests/adversary_enum_roles.py [size]`` (``ci``, ``big``) prints the failures grouped, and the runs.
+``python tests/adversary_enum_roles.py waits [crowd]``: role ``wait`` (``FolderKV.wait_for``, ``WAIT_TIMEOUT``),
+every node's ``FolderKV.crowd`` set to ``crowd`` (256 by default: ``folderstore_wait.fast_pause``); a wait is
+checked as a get of its answer, its timeout as a get of None (session 6, ``adv``: no enumeration ran a wait before).
 """
 
 from __future__ import annotations
@@ -45,11 +48,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from fakefs import AdvancingClock, Crash, FakeFS, FakeStore, parent
-from lincheck import History, check, key_call, plain_intruder
+from lincheck import History, capacities, check, key_call, plain_intruder
 from lincheck import key_step as step
 
 from fsmingle.errors import StorageError
-from fsmingle.fs.folderstore import FolderKV
+from fsmingle.fs.folderstore import FolderKV, FolderStoreTimeout
 from fsmingle.fs.store import UNTRUSTED
 
 ROLES = ("add", "set", "cas", "cas-miss", "del", "get")
@@ -70,10 +73,17 @@ APPLIES = {
     "ghost": None,
 }
 TIMEOUT, POLL_MAX, HIDE = 60.0, 0.5, 0.7
-# An operation that fails after its effect (tests/test_adversary_nrb.py, finding 1: open on main) is taken as pending
-# while this is True -- the CI size's setting until it is fixed, so that the enumeration still checks all the rest.
-ERROR_AFTER_EFFECT_ALLOWED = False
 OPS_LIMIT = 20_000  # store operations in one run: past it the run is a livelock
+
+
+CROWD = 1  # FolderKV.crowd of every node (``python tests/adversary_enum_roles.py waits [crowd]``: 256)
+WAIT_TIMEOUT = (
+    10.0  # a wait's (role "wait"): well past the model's lags (2.5 s) and hidden names (0.7 s): a timeout is a miss
+)
+
+
+class _WaitTimeout(Exception):
+    """A wait's timeout (role "wait"): the key never seen before TIMEOUT."""
 
 
 class Livelock(BaseException):
@@ -249,15 +259,25 @@ def one(seal_at, prefix, role, k, intruder, target, s, fault, lag_a=0.0, second=
     kvs = [FolderKV(v, clock=AdvancingClock(fs), poll_max=POLL_MAX, timeout=TIMEOUT, rng=random.Random(i))
            for i, v in enumerate(views)]  # fmt: skip
     for kv in kvs:
-        kv.seal_at = seal_at
+        top = capacities(kv, seal_at)
+        kv.crowd = CROWD  # the waiters of a job of CROWD processes (fast 5f75225: folderstore_wait.fast_pause)
     h, dead, problems, counts = History(), set(), [], {"i": []}
 
     def run(node, name, *args):
         if node in dead:
             return None
-        kv, c, t0 = kvs[node], h.call(name, *args, who="abcd"[node]), fs.now
+        # A wait (role "wait": kv.wait_for of key "k", WAIT_TIMEOUT) is checked as a get of what it returned; its
+        # timeout as a get of None (the key absent at some instant of the wait: a wait that times out while the key
+        # existed throughout fails the check; one whose key appeared within a listing's lag of the deadline does not).
+        kv, c, t0 = kvs[node], h.call("get" if name == "wait" else name, *args, who="abcd"[node]), fs.now
         try:
-            r = key_call(kv, name, *args)
+            if name == "wait":
+                try:
+                    r = kv.wait_for(["k"], WAIT_TIMEOUT, lambda missing: _WaitTimeout(missing))[0]
+                except (_WaitTimeout, FolderStoreTimeout):  # the key missing, or a version unreadable, at the end
+                    r = None
+            else:
+                r = key_call(kv, name, *args)
         except ValueError:
             r = "ValueError"
         except Crash:
@@ -275,8 +295,9 @@ def one(seal_at, prefix, role, k, intruder, target, s, fault, lag_a=0.0, second=
             problems.append(f"{'abcd'[node]}'s {name}{args} raised {type(e).__name__}: {str(e)[:150]}")
             c.ret = -3
             return None
-        if fs.now - t0 > TIMEOUT + POLL_MAX:
-            problems.append(f"{'abcd'[node]}'s {name}{args} took {fs.now - t0:.1f} s (timeout {TIMEOUT:g} s)")
+        limit = WAIT_TIMEOUT if name == "wait" else TIMEOUT
+        if fs.now - t0 > limit + POLL_MAX:
+            problems.append(f"{'abcd'[node]}'s {name}{args} took {fs.now - t0:.1f} s (timeout {limit:g} s)")
         h.ret(c, r)
         return r
 
@@ -302,7 +323,7 @@ def one(seal_at, prefix, role, k, intruder, target, s, fault, lag_a=0.0, second=
             run(node, "add", 10)
 
             def seal():
-                for _ in range(seal_at + 1):
+                for _ in range(top + 1):
                     run(3 - node, "add", 100)
 
             views[0].arm_hook(2, seal)
@@ -315,7 +336,8 @@ def one(seal_at, prefix, role, k, intruder, target, s, fault, lag_a=0.0, second=
     if target == "a":
         a.arm(s, fault, *([second] if second else []))
     ops0 = len(a.trace)
-    args = {"add": (3,), "set": (b"7",), "cas": (before, b"50"), "cas-miss": (b"nope", b"51"), "del": (), "get": ()}
+    args = {"add": (3,), "set": (b"7",), "cas": (before, b"50"), "cas-miss": (b"nope", b"51"), "del": (), "get": (),
+            "wait": ()}  # fmt: skip
     run(0, "cas" if role.startswith("cas") else role, *args[role])
     a_ops = [op for op, _ in a.trace[ops0:]]
     for v in views:
@@ -330,10 +352,7 @@ def one(seal_at, prefix, role, k, intruder, target, s, fault, lag_a=0.0, second=
     ops = [o for o in h.ops if o.ret != -2 and o.ret != -3]
     for o in [o for o in h.ops if o.ret == -2]:  # an error must leave no effect: the history without it checks
         if check(ops, None, step) is not None:
-            if not ERROR_AFTER_EFFECT_ALLOWED:
-                return f"{o.who}'s {o.name}{o.args} failed ({o.result[:80]}) after its effect?", a_ops, counts["i"]
-            o.ret = -1  # pending: took effect or not (the rest of the history must still check)
-            ops.append(o)
+            return f"{o.who}'s {o.name}{o.args} failed ({o.result[:80]}) after its effect?", a_ops, counts["i"]
     bad = check(ops, None, step)
     if bad is None and all(o.name in ("add", "get") for o in ops):
         got = [o.result for o in ops if o.name == "add" and o.ret > 0]
@@ -346,10 +365,14 @@ SIZES = {
     # seal_ats, roles, intruders, A's lags, A's steps faulted with an intruder at its k-th (None: every step; else
     # k-1 .. k+n), A's steps at which the intruder runs faulted (None: every k; else k = 0, the middle, the last)
     "ci": ((4,), ROLES, ("add", "seal", "set", "del"), (2.5,), 0, "mid"),
+    # session 6 (cap): epochs of 4 and, sealed by a delta's writer, of 6 named in the epoch (lincheck.capacities)
+    "grown": (((4, 6),), ROLES, ("add", "seal", "set", "del"), (2.5,), 0, "mid"),
     "ci3": ((3,), ROLES, ("add", "seal", "set", "del"), (0.0,), 1, "ends"),  # session 5's first CI size
     "adds": ((3, 4), ("add",), INTRUDERS, (0.0, 2.5), None, "ends"),  # the delta add's own, deeper
     "big": ((3,), ROLES, INTRUDERS, (0.0, 2.5), None, None),
     "huge": ((3, 4), ROLES, INTRUDERS, (0.0, 2.5), None, None),
+    # A waiter (FolderKV.wait_for) of a 256-process job (CROWD, set by main) and of a small one, every fault.
+    "waits": ((3,), ("wait",), ("add", "seal", "set", "del", "add-seal2"), (2.5,), 0, "mid"),
 }
 
 
@@ -375,7 +398,7 @@ def enumerate_all(size="ci", out=print, one=one, verbose=False, faults=None):
         return a_ops, i_ops
 
     for seal_at in seal_ats:
-        for prefix in range(seal_at + 3):
+        for prefix in range(capacities(None, seal_at) + 3):
             for role in roles:
                 for lag in lags:
                     clean, _ = go(seal_at, prefix, role, 10**6, None, None, 0, "none", lag)
@@ -420,7 +443,7 @@ def enumerate_pairs(seal_ats=(4,), lag=2.5, out=print):
     store step of A's add, alone and with an intruder (an add, adds that seal) at A's middle step."""
     runs, fails = 0, {}
     for seal_at in seal_ats:
-        for prefix in range(seal_at + 3):
+        for prefix in range(capacities(None, seal_at) + 3):
             clean = one(seal_at, prefix, "add", 10**6, None, None, 0, "none", lag)[1]
             for k, intruder in ((10**6, None), (len(clean) // 2, "add"), (len(clean) // 2, "seal")):
                 trace = one(seal_at, prefix, "add", k, intruder, None, 0, "none", lag)[1]
@@ -441,7 +464,7 @@ def enumerate_pairs(seal_ats=(4,), lag=2.5, out=print):
                                             out(f"NEW: {what[:110]}\n    case: {case}")
                                         fails.setdefault(what[:110], []).append(case)
         # ... and a seal with its retirement at each step after the second fault (finding 5: the pause it causes)
-        for prefix in range(seal_at + 3):
+        for prefix in range(capacities(None, seal_at) + 3):
             trace = one(seal_at, prefix, "add", 10**6, None, None, 0, "none", lag)[1]
             for s1, op1 in enumerate(trace):
                 for f1 in ("lost", "eio-after") if op1 == "create" else ():
@@ -462,7 +485,9 @@ def enumerate_pairs(seal_ats=(4,), lag=2.5, out=print):
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["pairs"]:
-        enumerate_pairs(out=lambda line: print(line, flush=True))
+    if sys.argv[1:2] == ["waits"]:
+        CROWD = int(sys.argv[2]) if len(sys.argv) > 2 else 256
+    if sys.argv[1:2] in (["pairs"], ["pairs-grown"]):
+        enumerate_pairs((4,) if sys.argv[1] == "pairs" else ((4, 6),), out=lambda line: print(line, flush=True))
         sys.exit()
     enumerate_all(sys.argv[1] if len(sys.argv) > 1 else "ci", out=lambda line: print(line, flush=True), verbose=True)

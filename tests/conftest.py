@@ -13,6 +13,7 @@ for a deeper hunt beside ``FSMINGLE_MODEL_EXAMPLES``; a failure it finds becomes
 
 import logging
 import os
+import signal
 import sys
 
 import pytest
@@ -22,6 +23,14 @@ from hypothesis import settings
 # object's unset fields come from the profile active when it is created).
 settings.register_profile("fsmingle", derandomize=not os.environ.get("FSMINGLE_HYPOTHESIS_RANDOM"))
 settings.load_profile("fsmingle")
+
+# The tests press Ctrl-C as a user at a terminal does (SIGINT to `status --watch`, `run`, `env`).  A suite
+# started in the background by a shell without job control (`pytest ... &` in a script) inherits SIGINT
+# ignored, and an ignored disposition survives exec (signal(7)): every process the tests start would
+# ignore it, and Python would not turn it into KeyboardInterrupt (the `signal` module's docs).  A handler
+# here is reset to the default in each child at exec, as a terminal's children have it.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from helpers import REPO, Procs

@@ -660,3 +660,18 @@ class AdvancingClock:
 
     def sleep(self, s: float) -> None:
         self.fs.advance(max(s, 1e-4))
+
+
+class CountingListings:
+    """Wraps a FakeStore view's ``listdir`` (from now on): ``n`` counts its listings, ``root`` those of the
+    store's root (the job directory)."""
+
+    def __init__(self, view: FakeStore):
+        self.n = self.root = 0
+        self._list = view.listdir
+        view.listdir = self
+
+    def __call__(self, name: str = ""):
+        self.n += 1
+        self.root += name == ""
+        return self._list(name)

@@ -3,7 +3,7 @@
 The model machine once failed "not released within 267 fake seconds" in a world of 3 explicit
 ranks with ranks 0 and 1 behind a silent partition and repeated EIO on the ``release.json``
 create; a fixed sweep of that pattern never reproduced it.  This is the machine of
-``test_model.py`` with its setup pinned to that pattern (the rest drawn) and one more rule that
+``model_machine.py`` with its setup pinned to that pattern (the rest drawn) and one more rule that
 arms EIO on a host's next release creates (before or after the effect, with or without a negative
 entry left behind), drawn fresh each run::
 
@@ -24,12 +24,14 @@ from hypothesis.stateful import initialize, rule
 from fsmingle.fs.layout import RELEASE
 
 try:
-    import test_model as tm
+    from model_machine import RendezvousMachine
+    from model_oracles import GLUSTER_NEG
 except ImportError:  # tests/ imported as a package
-    from tests import test_model as tm
+    from tests.model_machine import RendezvousMachine
+    from tests.model_oracles import GLUSTER_NEG
 
 
-class Hunt(tm.RendezvousMachine):
+class Hunt(RendezvousMachine):
     @initialize(
         staleness=st.sampled_from([0.0, 1.0, 2.5]),
         pidns=st.sampled_from(["host", "pod"]),
@@ -42,7 +44,7 @@ class Hunt(tm.RendezvousMachine):
         peers=st.sampled_from([False, False, True]),
     )
     def setup(self, staleness, pidns, cleaner, joined, initial_lag, mode, fixed_port, rank_order, peers):
-        tm.RendezvousMachine.setup(
+        RendezvousMachine.setup(
             self,
             size=3,
             mode=mode,
@@ -64,7 +66,7 @@ class Hunt(tm.RendezvousMachine):
         h=st.integers(0, 3),
         k=st.integers(0, 2),
         after_effect=st.booleans(),
-        blind=st.sampled_from([0.0, 0.0, 5.0, tm.GLUSTER_NEG]),
+        blind=st.sampled_from([0.0, 0.0, 5.0, GLUSTER_NEG]),
     )
     def release_eio(self, h, k, after_effect, blind):
         """Host ``h``'s k-th next create of a ``release.json`` fails with EIO."""

@@ -109,16 +109,42 @@ def key_call(kv, name: str, *args):
     return {"add": kv.add, "set": kv.set, "cas": kv.compare_set, "del": kv.delete, "get": kv.try_get}[name]("k", *args)
 
 
-def plain_intruder(intruder: str, seal_at: int) -> list[tuple] | None:
+def capacities(kv, seal_at) -> int:
+    """Set an enumeration's capacities on ``kv``: ``seal_at`` an int (every epoch holds that many, but a contended
+    counter's next one, doubling to 4x: the store's rule), or ``(seal_at, grown)``: every epoch a delta's writer
+    seals is named with capacity ``grown`` (``grow_after`` 0), the others ``seal_at`` -- so that short runs reach
+    epochs of both capacities, and seals at both slots.  Returns the largest capacity (for prefixes and intruders)."""
+    base, grown = seal_at if isinstance(seal_at, tuple) else (seal_at, None)
+    if kv is not None:
+        kv.seal_at = base
+        if grown is not None:
+            kv.seal_max, kv.grow_after = grown, 0
+    return grown or base
+
+
+def plain_intruder(intruder: str, seal_at) -> list[tuple] | None:
     """The calls ``(name, *args)`` of an enumeration's plain intruder: one add of 10, adds that fill and seal an
     epoch (``seal``), a set of an integer or not, a delete; None for an intruder the caller plays itself."""
     return {
         "add": [("add", 10)],
-        "seal": [("add", 10)] * (seal_at + 1),
+        "seal": [("add", 10)] * (capacities(None, seal_at) + 1),
         "set": [("set", b"7")],
         "set-nonint": [("set", b"x")],
         "del": [("del",)],
     }.get(intruder)
+
+
+def b_side(run, b, prefix: int, intruder: str | None, seal_at: int):
+    """B's part of a two-client run: ``prefix`` adds of 1 now, and the closure B runs at A's fault point (its
+    :func:`plain_intruder` calls, each through ``run(b, "b", name, *args)``)."""
+    for _ in range(prefix):
+        run(b, "b", "add", 1)
+
+    def intrude():
+        for name, *args in plain_intruder(intruder, seal_at) or ():
+            run(b, "b", name, *args)
+
+    return intrude
 
 
 class Failures(dict):

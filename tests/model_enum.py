@@ -429,7 +429,7 @@ def enumerate_scenario(sc: Scenario, depth: int = DEPTH) -> Report:
                 rep.runs += _enumerate_handler(sc, pt, kind, rep)
             if depth < 2:
                 continue
-            for later in _points_after(sc, pt, kind):
+            for later in points_after(sc, pt, kind):
                 for kind2 in later.kinds():
                     why, _ = run_one(sc, [*first, (later, kind2)])
                     rep.runs += 1
@@ -478,7 +478,7 @@ def _enumerate_handler(sc: Scenario, pt: Point, kind: str, rep: Report) -> int:
     return runs
 
 
-def _points_after(sc: Scenario, pt: Point, kind: str) -> list[Point]:
+def points_after(sc: Scenario, pt: Point, kind: str) -> list[Point]:
     """The fault points of the run with ``(pt, kind)`` that come after it fired (every process's
     steps from then on, numbered as in that run)."""
     w = sc.world(plan=[(pt, kind)])

@@ -43,7 +43,7 @@ class FakeScheduler:
         return {m for m, t in self.calls if t >= since}
 
 
-def _rank0_held(**kw) -> tuple[World, FakeScheduler]:
+def rank0_held(**kw) -> tuple[World, FakeScheduler]:
     """Ranks 1 and 2 of 3 waiting (timeout 30 s) while rank 0's job is PENDING."""
     w = World(3, ranks=[0, 1, 2], staleness=1.0, pidns="pod", timeout=30.0, **kw)
     w.scheduler = FakeScheduler(lambda: w.fs.now, {"j_0": "PENDING"})
@@ -52,7 +52,7 @@ def _rank0_held(**kw) -> tuple[World, FakeScheduler]:
     return w, w.scheduler
 
 
-def _asker_due_afresh(w: World) -> Proc:
+def asker_due_afresh(w: World) -> Proc:
     """Rank 1, the asker, about to take up asking as if new: its next step lists the generation,
     reads rank 2's beacon (its scheduler job), asks the scheduler, and writes its word."""
     from fsmingle.protocol.queue_relay import Relay

@@ -1,6 +1,6 @@
 """Behaviour-preservation check for engine refactors (by hand, never in CI; not collected by pytest).
 
-Runs every enumeration world of ``test_exhaustive.py`` fault-free and once per (fault point x fault
+Runs every enumeration world of ``enum_scenarios.py`` fault-free and once per (fault point x fault
 kind) at depth 1 (the handler sub-enumeration left out), and writes, per run, the first oracle that
 failed, a digest of the world's event log and the final fake time.  The model is deterministic, so a
 refactor that claims to change no behaviour must give the same file in two trees::
@@ -26,8 +26,8 @@ import time
 
 sys.path.insert(0, os.path.join(os.getcwd(), "tests"))
 
+from enum_scenarios import SCENARIOS
 from model_enum import count_points, run_one
-from test_exhaustive import SCENARIOS
 
 
 def digest(only: set[str] | None) -> dict:

@@ -4,13 +4,10 @@
 
 from __future__ import annotations
 
-import pytest
 from adversary_enum_roles import one
 
-from fsmingle.fs import folderstore_add as fa
-
-# nrb's change (3cac7a8: a delta's hint, harvested by a listing after the link; 5ae140d fixes findings 1-3, f5a905c 4)
-NRB_HINTS = hasattr(fa, "harvest")
+# Findings 1-4 were fixed with nrb's change (3cac7a8: a delta's hint; 5ae140d findings 1-3, f5a905c 4), finding 5
+# by the lead (EEXIST then ENOENT asks the trash).  Each test failed on main before them.
 
 
 def _every_step(case, fault):
@@ -25,12 +22,6 @@ def _every_step(case, fault):
     return bad
 
 
-@pytest.mark.xfail(
-    not NRB_HINTS,
-    strict=True,
-    reason="open on main, fixed by nrb 5ae140d (findings 1, 2): an EIO on a store call after a delta's link() -- the read-back of a version "
-    "below it, the walk's probe, nrb's harvest listing -- escapes as StorageError from an add that took effect",
-)
 def test_an_io_error_after_a_deltas_link_never_fails_the_add():
     """seal_at 4, three adds of 1 by B (A's delta goes to version 3 of epoch 1 and reads version 2 back), B adds 10
     at A's first step, A's listings lag 2.5 s; an EIO before the effect on each of A's store calls in turn.  A call
@@ -52,12 +43,6 @@ def test_a_lookup_of_the_epoch_that_lies_once_after_the_link_does_not_time_the_a
     assert not bad, "\n".join(bad)
 
 
-@pytest.mark.xfail(
-    not NRB_HINTS,
-    strict=True,
-    reason="open on main, fixed by nrb f5a905c (finding 4, depth 2): after a lost reply, an EIO on FolderKV._link's read-back of "
-    "the version escapes as StorageError from a write that took effect",
-)
 def test_a_lost_reply_then_an_io_error_on_its_read_back_never_fails_the_add():
     """Two faults (``enumerate_pairs``): A's create takes effect and its reply is lost (EEXIST), then the read of
     that version -- whose token says whether it is A's -- fails with EIO (one flaky mount, both calls).  The add

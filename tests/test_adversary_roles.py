@@ -9,7 +9,7 @@ import os
 SIZE = os.environ.get("FSMINGLE_ADVERSARY", "ci")
 
 
-def test_every_role_with_a_fault_at_every_store_step_over_fakefs_is_linearizable(monkeypatch):
+def test_every_role_with_a_fault_at_every_store_step_over_fakefs_is_linearizable():
     """From every start state of an epoch (seal_at 4: a delta reads versions below it back; A's listings lag 2.5 s),
     node A's add, set, compare_set (matching or not), delete or
     get, an intruder (an add, adds that seal and retire the epoch, a set, a delete) at each of A's store steps, and
@@ -17,15 +17,8 @@ def test_every_role_with_a_fault_at_every_store_step_over_fakefs_is_linearizable
     (cured by ``lookup.refresh``, modelled), a lookup that lies longer, a stale listing -- at each store step of A's
     operation or of the intruder's.  Every history (crashed calls pending) Wing-Gong checked, no timeout, no
     ``refresh`` of a free slot."""
-    import adversary_enum_roles
     from adversary_enum_roles import enumerate_all
 
-    from fsmingle.fs import folderstore_add
-
-    # An operation failing after its effect (an EIO after a delta's link(): open on main, fixed by nrb's change,
-    # pinned as tests/test_adversary_nrb.py::test_an_io_error_after_a_deltas_link_never_fails_the_add) counts as
-    # pending on a tree without that change (no delta hints), and as a failure with it.
-    monkeypatch.setattr(adversary_enum_roles, "ERROR_AFTER_EFFECT_ALLOWED", not hasattr(folderstore_add, "harvest"))
     lines = []
     runs, fails = enumerate_all(SIZE, out=lines.append)
     assert runs > 10_000
@@ -40,4 +33,20 @@ def test_every_role_with_a_fault_at_every_filesystem_call_on_a_real_directory_is
     lines = []
     runs, fails = enumerate_all(SIZE, out=lines.append)
     assert runs > 300
+    assert not fails, "\n".join(lines)
+
+
+def test_a_wait_with_a_fault_at_every_store_step_answers_linearizably_within_its_bound(monkeypatch):
+    """Role ``wait`` (``FolderKV.wait_for``; session 6, ``adv``): every node of a 256-process job
+    (``folderstore_wait.fast_pause``: a young wait looks every 0.16 s, not every 10 ms), A's listings lagging 2.5 s,
+    every fault at every step of the wait, an add, a seal, a set or a delete at every step of it.  A wait is
+    checked as a get of its answer, its timeout as a get of None (so a wait that times out while the key existed
+    throughout fails), and it must end within its own timeout plus one poll."""
+    import adversary_enum_roles
+    from adversary_enum_roles import enumerate_all
+
+    monkeypatch.setattr(adversary_enum_roles, "CROWD", 256)
+    lines = []
+    runs, fails = enumerate_all("waits", out=lines.append)
+    assert runs > 10_000
     assert not fails, "\n".join(lines)

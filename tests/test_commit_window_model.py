@@ -4,7 +4,7 @@ a SIGTERM (``KeyboardInterrupt`` in ``fsmingle run``), an exception, a ``link()`
 and reports EIO (a soft NFS mount), or a read-back that finds nothing (a negative lookup cache).
 
 Each test runs the real ``Participant`` on the model's fake filesystem and network
-(:class:`test_model.World`): rank 0 and two members, both members have acknowledged, and rank 0's
+(:class:`model_world.World`): rank 0 and two members, both members have acknowledged, and rank 0's
 next step commits.  The fault is placed exactly (``FakeNet.arm_fault`` with a ``match`` on the
 ``go`` messages, ``FakeStore.arm_io_error``/``arm_lost_reply`` on ``release.json``); the world's
 oracles (``World._on_send``: no ``void`` for a released generation; ``World._note_left``: nobody named
@@ -19,9 +19,11 @@ from __future__ import annotations
 import pytest
 
 try:
-    from test_model import GLUSTER_NEG, World
+    from model_oracles import GLUSTER_NEG
+    from model_world import World
 except ImportError:  # tests/ imported as a package
-    from tests.test_model import GLUSTER_NEG, World
+    from tests.model_oracles import GLUSTER_NEG
+    from tests.model_world import World
 
 from fsmingle.fs.layout import RELEASE
 from fsmingle.protocol.participant import State

@@ -24,86 +24,35 @@ itself reads that variable as an address hint too, so where the test is about
 fsmingle's *unhinted* choice it is passed to torch only, after the ``--``
 (``fsmingle run ... -- env GLOO_SOCKET_IFNAME=eth0 torchrun ...``): fsmingle
 never sees it.
-
-Every launch is wrapped in ``timeout -k 10 240``: a failed rank can leave the
-others blocked, and torchrun's exit barrier ignores a plain SIGTERM.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
-import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
-from helpers import REPO, host_env, status_of
+from cross_host_training import (
+    BASE_ENV,
+    SCRIPT,
+    STEPS,
+    check_training,
+    fsmingle_run,
+    node_run,
+    records,
+    start,
+    wait_all,
+)
+from helpers import status_of
 
 pytest.importorskip("torch")
 
 pytestmark = [pytest.mark.root, pytest.mark.torch, pytest.mark.slow]
 
-SCRIPT = REPO / "examples" / "train_ddp.py"
-STEPS = 30
-NPROC = 2
-TIMEOUT = ["timeout", "-k", "10", "240"]
-WAIT_S = 270  # a little more than the timeout above: the wrapper always ends first
-
-# Launcher variables the test process may carry (e.g. when pytest itself runs under torchrun or
-# Slurm) are removed so each host starts clean: helpers' one scrub.
-_BASE_ENV = host_env()
-
 _RELEASED = re.compile(r"fsmingle: (\S+) released: master (\S+):(\d+), node rank (\d+)/(\d+)")
 _RELEASED_RANK = re.compile(r"fsmingle: (\S+) released: master (\S+):(\d+), rank (\d+)/(\d+) \(local (\d+)/(\d+)")
-
-
-def _start(host, argv, log: Path, env=None):
-    f = open(log, "w")
-    try:
-        return host.popen(
-            [*TIMEOUT, *argv], env={**_BASE_ENV, **(env or {})}, cwd=REPO, stdout=f, stderr=subprocess.STDOUT
-        )
-    finally:
-        f.close()  # the child has its own copy
-
-
-def _wait_all(procs, logs):
-    """Wait for every (host, Popen); return their logs' text.  Fails naming each bad one."""
-    deadline = time.monotonic() + WAIT_S
-    try:
-        for p in procs:
-            p.wait(timeout=max(1.0, deadline - time.monotonic()))
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait(timeout=10)
-    texts = [Path(l).read_text(errors="replace") for l in logs]
-    bad = [(i, p.returncode) for i, p in enumerate(procs) if p.returncode != 0]
-    if bad:
-        details = "\n".join(
-            f"===== {Path(lg).name} (rc={p.returncode})\n{t[-4000:]}" for lg, p, t in zip(logs, procs, texts)
-        )
-        pytest.fail(f"launches failed (index, rc): {bad}\n{details}")
-    return texts
-
-
-def _records(out: Path, world_size: int) -> list[dict]:
-    found = sorted(p.name for p in out.glob("rank*.json"))
-    assert len(found) == world_size, found
-    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(world_size)]
-
-
-def _check_training(recs: list[dict], world_size: int):
-    assert [r["rank"] for r in recs] == list(range(world_size))
-    assert {r["world_size"] for r in recs} == {world_size}
-    assert all(r["ranks_agree"] for r in recs)
-    assert len({r["checksum"] for r in recs}) == 1, [r["checksum"] for r in recs]
-    assert {r["steps"] for r in recs} == {STEPS}
-    assert len({r["MASTER_ADDR"] for r in recs}) == 1 and len({r["MASTER_PORT"] for r in recs}) == 1
 
 
 def _released_lines(texts):
@@ -113,35 +62,6 @@ def _released_lines(texts):
         assert m, "no 'released' line in:\n" + t[-3000:]
         got.append(m.groups())
     return got
-
-
-def _fsmingle_run(cluster, job: str, *opts) -> list[str]:
-    """``fsmingle run`` on the cluster's shared rendezvous directory, 120 s timeout, then ``opts``."""
-    return ["fsmingle", "run", "--dir", f"{cluster.shared}/rdzv", "--job-id", job, "--timeout", "120", *map(str, opts)]
-
-
-def _node_run(
-    cluster, job, nnodes, node_rank=None, fsm_args=(), torch_env=(), env=None, host_env=None, name="run", nproc=NPROC
-):
-    """Launch the user's command on hosts 0..nnodes-1; return (records, logs' text)."""
-    shared = Path(cluster.shared)
-    out = shared / f"out-{job}"
-    procs, logs = [], []
-    for k in range(nnodes):
-        h = cluster[k]
-        argv = _fsmingle_run(cluster, job, "--nnodes", nnodes)
-        if node_rank is not None:
-            argv += ["--node-rank", str(node_rank[k])]
-        argv += list(fsm_args[k] if fsm_args else ())
-        argv += ["--"]
-        if torch_env:
-            argv += ["env", *torch_env]
-        argv += ["torchrun", "--nproc-per-node", str(nproc), str(SCRIPT), "--steps", str(STEPS), "--out", str(out)]
-        log = cluster.workdir / f"{name}-{h.name}.log"
-        procs.append(_start(h, argv, log, env={**(env or {}), **((host_env or {}).get(k, {}))}))
-        logs.append(log)
-    texts = _wait_all(procs, logs)
-    return _records(out, nnodes * nproc), texts
 
 
 def _status(cluster, job) -> dict:
@@ -154,10 +74,10 @@ def test_three_hosts_default_address(make_cluster):
     that is up, since there is no default route).  Fixed node ranks 2, 0, 1."""
     c = make_cluster(3, hosts_file="loopback")
     ranks = [2, 0, 1]
-    recs, texts = _node_run(
+    recs, texts = node_run(
         c, "cross-default", 3, node_rank=ranks, torch_env=["GLOO_SOCKET_IFNAME=eth0"]
     )  # for gloo only, see module doc
-    _check_training(recs, 6)
+    check_training(recs, 6)
     master_host = c[ranks.index(0)]
     assert {r["MASTER_ADDR"] for r in recs} == {master_host.ip}
     for k, (job, addr, port, nr, nn) in enumerate(_released_lines(texts)):
@@ -203,13 +123,13 @@ def test_three_hosts_first_come_with_iface_hints(make_cluster):
     # without a hint the decoy wins the tie-break, so the hints below are what is tested
     p = c[0].run(
         ["fsmingle", "env", "--dir", f"{c.shared}/rdzv", "--job-id", "p", "--nnodes", "1", "--format", "json", "-q"],
-        env=_BASE_ENV,
+        env=BASE_ENV,
         timeout=60,
     )
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout)["master_addr"].startswith("198.18.")
 
-    recs, texts = _node_run(
+    recs, texts = node_run(
         c,
         "cross-firstcome",
         3,
@@ -217,7 +137,7 @@ def test_three_hosts_first_come_with_iface_hints(make_cluster):
         host_env={1: {"GLOO_SOCKET_IFNAME": "eth0"}, 2: {"GLOO_SOCKET_IFNAME": "eth0"}},
         nproc=1,
     )  # 1 worker per node: saves ~10 s on 2 cores
-    _check_training(recs, 3)
+    check_training(recs, 3)
     lines = _released_lines(texts)
     assert sorted(int(l[3]) for l in lines) == [0, 1, 2]
     master_host = c[[int(l[3]) for l in lines].index(0)]
@@ -241,15 +161,15 @@ def test_per_rank_two_hosts(make_cluster):
     placement = {0: 0, 1: 1, 2: 0, 3: 1}  # rank -> host
     procs, logs = [], []
     for rank, k in placement.items():
-        argv = _fsmingle_run(c, "cross-perrank", "--world-size", 4, "--rank", rank, "--")
+        argv = fsmingle_run(c, "cross-perrank", "--world-size", 4, "--rank", rank, "--")
         # GLOO_SOCKET_IFNAME for gloo only: hostnames resolve to loopback here
         argv += ["env", "GLOO_SOCKET_IFNAME=eth0", "python", str(SCRIPT), "--steps", str(STEPS), "--out", str(out)]
         log = c.workdir / f"perrank-{rank}.log"
-        procs.append(_start(c[k], argv, log))
+        procs.append(start(c[k], argv, log))
         logs.append(log)
-    texts = _wait_all(procs, logs)
-    recs = _records(out, 4)
-    _check_training(recs, 4)
+    texts = wait_all(procs, logs)
+    recs = records(out, 4)
+    check_training(recs, 4)
     assert {r["MASTER_ADDR"] for r in recs} == {c[0].ip}
     for r in recs:
         assert r["hostname"] == c[placement[r["rank"]]].name

@@ -21,9 +21,11 @@ import os
 import pytest
 
 try:
-    from test_model import GLUSTER_NEG, World
+    from model_oracles import GLUSTER_NEG
+    from model_world import World
 except ImportError:  # tests/ imported as a package
-    from tests.test_model import GLUSTER_NEG, World
+    from tests.model_oracles import GLUSTER_NEG
+    from tests.model_world import World
 
 from fsmingle.fs import readback
 from fsmingle.fs.store import PosixStore, storage_error

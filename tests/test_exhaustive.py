@@ -28,9 +28,11 @@ from __future__ import annotations
 import pytest
 
 try:
+    from enum_scenarios import SCENARIOS
     from model_enum import DEPTH, Scenario, count_points, enumerate_scenario, final_oracles, run_one
     from model_rerun import LAG, RerunScenario
 except ImportError:  # tests/ imported as a package
+    from tests.enum_scenarios import SCENARIOS
     from tests.model_enum import (
         DEPTH,
         Scenario,
@@ -40,22 +42,6 @@ except ImportError:  # tests/ imported as a package
         run_one,
     )
     from tests.model_rerun import LAG, RerunScenario
-
-SCENARIOS = [
-    Scenario("2 explicit", 2, explicit=True),
-    Scenario("2 first-come", 2),
-    Scenario("3 explicit", 3, explicit=True),
-    Scenario("3 first-come", 3),
-    Scenario("2 first-come per-rank --port", 2, mode="rank", master_port=29500),
-    Scenario("2 first-come + spare", 2, spares=1),
-    Scenario("3 explicit, peer jobs, relay", 3, explicit=True, peers=True),
-    Scenario("2 explicit, peer jobs, relay + spare", 2, explicit=True, spares=1, peers=True),
-    # A re-run of a released job on hosts whose views cache "absent" (neg_ttl 5 s: longer than a
-    # run, shorter than stale_after) and lag their listings by LAG; only the re-run's points.
-    RerunScenario("2 explicit re-run, negative caches", 2, explicit=True, neg_ttl=5.0),
-    RerunScenario("2 first-come re-run, negative caches", 2, neg_ttl=5.0),
-]
-# Elastic MIN:MAX worlds: fsmingle has no elastic size (a world is exactly --nnodes), so none here.
 
 
 pytestmark = pytest.mark.usefixtures("quiet_fsmingle")  # thousands of worlds: their warnings are expected

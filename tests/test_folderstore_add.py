@@ -13,6 +13,10 @@ from pathlib import Path
 import pytest
 from helpers import bindfs_missing, bindfs_views
 
+from fsmingle.fs.folderstore import FolderKV
+from fsmingle.fs.folderstore_wait import fast_pause
+from fsmingle.fs.store import PosixStore
+
 HERE = Path(__file__).resolve().parent
 WORKER = HERE / "folderstore_worker.py"
 
@@ -57,21 +61,27 @@ print(json.dumps({"got": got, "calls": calls[0], "final": a.add("ctr", 0)}))
 """
 
 
+def _counted_add(tmp_path: Path, lost: int, *mode: str) -> dict:
+    """COUNT's line (``got``, ``calls``, ``final``) on a fresh store, ``mode`` "once" or none; B's add checked exact."""
+    root = tmp_path / "s"
+    root.mkdir(mode=0o700)
+    out = subprocess.run(
+        [sys.executable, "-c", COUNT, str(root), str(lost), *mode], capture_output=True, text=True, timeout=300,
+        env={**os.environ, "PYTHONPATH": str(HERE.parent)},
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    assert r["got"] == 4 + lost + 1 and r["final"] == 4 + lost + 1, r
+    return r
+
+
 def test_a_contended_add_costs_a_link_per_lost_race_not_a_reread(tmp_path):
     """Counted, not timed: an add whose view lags 20 versions behind (20 lost races) makes at most about two
     filesystem calls per lost race -- its link() and, once it has won, the read of that version back (for its
     return value).  Before (a read-modify-write: per lost race a temporary's create, link() and remove, the
     winner's read, a listing and a read) it made 124 here; the answer is exact either way."""
     lost = 20
-    root = tmp_path / "s"
-    root.mkdir(mode=0o700)
-    out = subprocess.run(
-        [sys.executable, "-c", COUNT, str(root), str(lost)], capture_output=True, text=True, timeout=300,
-        env={**os.environ, "PYTHONPATH": str(HERE.parent)},
-    )  # fmt: skip
-    assert out.returncode == 0, out.stderr[-3000:]
-    r = json.loads(out.stdout.strip().splitlines()[-1])
-    assert r["got"] == 4 + lost + 1 and r["final"] == 4 + lost + 1, r
+    r = _counted_add(tmp_path, lost)
     assert r["calls"] <= 2 * lost + 15, f"{r['calls']} filesystem calls for an add that lost {lost} races"
 
 
@@ -82,16 +92,48 @@ def test_a_contended_add_answers_without_reading_back_the_versions_below_its_own
     each), reading none of their versions back.  Before the hints (session 4's main) it read back all 20
     (27 filesystem calls here; now 8); the answer is exact either way."""
     lost = 20
+    r = _counted_add(tmp_path, lost, "once")
+    assert r["calls"] <= 14, f"{r['calls']} filesystem calls for an add that started {lost} versions behind"
+
+
+class _TickClock:
+    """Every ``monotonic()`` one millisecond after the last (so a ``link()`` "takes" exactly 1 ms); ``sleep``
+    records its pause and advances the clock by it."""
+
+    def __init__(self):
+        self.now, self.sleeps = 0.0, []
+
+    def monotonic(self) -> float:
+        self.now += 0.001
+        return self.now
+
+    def sleep(self, secs: float) -> None:
+        self.sleeps.append(secs)
+        self.now += secs
+
+
+def test_a_loser_pauses_after_each_lost_race_twice_as_long_each_time(tmp_path):
+    """An adder of a 256-rank job whose view lags 6 versions behind loses 6 ``link()`` races in a row: after
+    each it pauses about 2**(k-1) of its own ``link()`` times (1 ms each here, jittered x0.5..1.5), under its
+    job's young-wait pause (160 ms), and still answers exactly.  Before, it raced again at once (no pause:
+    the 256 adders of a barrier on 2 cores spent most of its CPU on lost races, docs/folderstore.md)."""
     root = tmp_path / "s"
     root.mkdir(mode=0o700)
-    out = subprocess.run(
-        [sys.executable, "-c", COUNT, str(root), str(lost), "once"], capture_output=True, text=True, timeout=300,
-        env={**os.environ, "PYTHONPATH": str(HERE.parent)},
-    )  # fmt: skip
-    assert out.returncode == 0, out.stderr[-3000:]
-    r = json.loads(out.stdout.strip().splitlines()[-1])
-    assert r["got"] == 4 + lost + 1 and r["final"] == 4 + lost + 1, r
-    assert r["calls"] <= 14, f"{r['calls']} filesystem calls for an add that started {lost} versions behind"
+    a, clock = FolderKV(PosixStore(str(root))), _TickClock()
+    b = FolderKV(PosixStore(str(root)), clock=clock, crowd=256)
+    for kv in (a, b, a, b):  # past epoch 0 (its seal) and version 1 of epoch 1: where deltas go
+        kv.add("ctr", 1)
+    listdir, frozen = b.store.listdir, {}
+    b.store.listdir = lambda name="": frozen.setdefault(name, listdir(name))  # B's listings lag from here on
+    b.try_get("ctr", fresh=False)
+    for _ in range(6):
+        a.add("ctr", 1)
+    clock.sleeps.clear()
+    assert b.add("ctr", 1) == 11 and a.add("ctr", 0) == 11
+    assert len(clock.sleeps) == 6, clock.sleeps
+    for k, slept in enumerate(clock.sleeps, 1):
+        base = min(fast_pause(b), 0.001 * 2 ** (k - 1))
+        assert 0.5 * base <= slept <= 1.5 * base, (k, clock.sleeps)
 
 
 @pytest.mark.root
@@ -211,3 +253,60 @@ def test_the_last_delta_of_an_epoch_seals_it_at_once(tmp_path):
     assert ep not in eps and len(eps) == 2, eps
     assert sorted(v for v in os.listdir(kd / eps[-1]) if v.startswith("v-")) == [version_name(1)]
     assert FolderKV(PosixStore(str(root))).try_get("ctr") == b"6" and kv.add("ctr", 2) == 8
+
+
+def test_a_contended_counter_grows_its_next_epoch_in_the_name_and_a_quiet_one_keeps_the_default(tmp_path):
+    """The last delta's writer that passed a slot another adder took (contended: N ranks' barrier) names the next
+    epoch with twice the capacity (``-c8`` for ``seal_at`` 4), so N adds cross fewer epochs; every process reads
+    the capacity from that immutable name: a delta goes where a default epoch's seal would be (version 4), the
+    seal at version 8.  A quiet adder that fills the grown epoch names the next one with the default (no suffix),
+    and a fresh process reads the same value throughout.  Before: no epoch name carried a capacity (every epoch
+    held 4, the contended counter crossed an epoch per 4 versions)."""
+    from fsmingle.fs.folderstore import FolderKV, key_dir
+    from fsmingle.fs.store import PosixStore
+
+    root = tmp_path / "s"
+    root.mkdir(mode=0o700)
+    a, b = (FolderKV(PosixStore(str(root))) for _ in range(2))
+    for kv in (a, b):
+        kv.seal_at = 4
+    kd = root / key_dir("ctr")
+
+    def epochs():
+        return sorted((e for e in os.listdir(kd) if e.startswith("e-")), key=lambda e: int(e[2:14]))
+
+    def versions(ep):
+        return sorted(int(v[2:]) for v in os.listdir(kd / ep) if v.startswith("v-"))
+
+    assert [a.add("ctr", 1) for _ in range(3)] == [1, 2, 3]  # epoch 0's two versions, version 1 of epoch 1
+    assert b.try_get("ctr") == b"3"  # B saw epoch 1 at version 1 ...
+    frozen, plain = {}, b.store.listdir
+    b.store.listdir = lambda name="": list(frozen.setdefault(name, plain(name)))  # ... and its listings lag there
+    b.store.listdir(f"{key_dir('ctr')}/{epochs()[-1]}")
+    b.store.listdir(key_dir("ctr"))
+    assert a.add("ctr", 1) == 4  # version 2, a delta
+    assert b.add("ctr", 1) == 5  # B loses version 2, takes 3 (the last delta slot) and seals: contended
+    b.store.listdir = plain
+    grown = epochs()[-1]
+    assert grown.endswith("-c8") and versions(grown) == [1], epochs()
+    assert [a.add("ctr", 1) for _ in range(3)] == [6, 7, 8]  # versions 2, 3, 4: deltas, no seal at 4
+    assert epochs()[-1] == grown and versions(grown) == [1, 2, 3, 4]
+    assert FolderKV(PosixStore(str(root))).try_get("ctr") == b"8"  # a fresh reader walks the grown epoch (no cap set)
+    assert [a.add("ctr", 1) for _ in range(3)] == [9, 10, 11]  # 5, 6, 7: the last delta, quiet: sealed at 8
+    assert grown not in epochs() and "-c" not in epochs()[-1][15:], epochs()  # retired; the next at the default
+    assert versions(epochs()[-1]) == [1]
+    assert FolderKV(PosixStore(str(root))).try_get("ctr") == b"11" and b.add("ctr", 1) == 12
+
+
+def test_an_epoch_name_says_its_capacity_and_an_old_name_the_default():
+    """``epoch_cap``: the suffix ``-c<n>`` of a later epoch's name, the default for a name without one (stores
+    written before: every epoch of ``SEAL_AT``); a name saying under 2 is not one fsmingle makes."""
+    from fsmingle.errors import CorruptStateError
+    from fsmingle.fs.folderstore_log import EPOCH_RE, epoch_cap, new_epoch_name
+
+    assert epoch_cap("e-000000000003-0123456789abcdef", 32) == 32 and epoch_cap("e-000000000000", 32) == 32
+    grown = new_epoch_name(3, 128)
+    assert EPOCH_RE.match(grown) and epoch_cap(grown, 32) == 128 and epoch_cap(new_epoch_name(3), 32) == 32
+    with pytest.raises(CorruptStateError):
+        epoch_cap("e-000000000003-0123456789abcdef-c1", 32)
+    assert not EPOCH_RE.match("e-000000000003-0123456789abcdef-c0128") and not EPOCH_RE.match("e-000000000003-c8")

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import os
 
+from folderstore_fakefs import lagging_stores
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from lincheck import History, check
-from test_folderstore import lagging_stores
 
 KEYS = ("a", "b")
 

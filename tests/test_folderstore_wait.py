@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 
 from fsmingle.fs.folderstore import FolderKV
-from fsmingle.fs.folderstore_wait import LIST_EVERY
+from fsmingle.fs.folderstore_wait import CROWD, LIST_EVERY, fast_pause
 from fsmingle.fs.store import PosixStore
 
 SET_AT = 0.5  # fake seconds into the wait when another client sets the key
@@ -53,4 +53,30 @@ def test_a_waiter_lists_seldom_in_its_fast_phase_and_wakes_at_its_next_poll(tmp_
     assert waiter.wait_for(["done"], 30.0, RuntimeError) == [b"1"]
     # Before: one listing per 10-12.5 ms poll, about 45 in the half second.  Now one per LIST_EVERY.
     assert clock.listed_before <= SET_AT / LIST_EVERY + 3, clock.listed_before
+    assert clock.now == clock.set_at  # woke at the first poll after the write: no further pause
+
+
+class CountingLooks(Counting):
+    stats = 0
+
+    def dir_signature(self, name: str):
+        CountingLooks.stats += 1
+        return super().dir_signature(name)
+
+
+def test_a_waiter_of_a_big_job_looks_less_often_and_still_wakes_at_its_next_poll(tmp_path):
+    """Session 6: 255 waiters of a 256-rank barrier each stat-polling every 10 ms took ~2 of the barrier's ~9 CPU
+    seconds on 2 cores (benchmarks/bench_folderstore.py, its timeline).  A waiter of a job of ``world_size`` >
+    ``CROWD`` looks every ``poll_min * world_size / CROWD``: all of them together look about as often as ``CROWD``
+    waiters.  Before: ~45 stats and 6 listings in the half second; now about SET_AT / 0.16."""
+    writer = FolderKV(PosixStore(str(tmp_path)))
+    clock = Clock(writer)
+    Counting.listings = CountingLooks.stats = 0
+    waiter = FolderKV(CountingLooks(str(tmp_path)), clock=clock, crowd=256)
+    pause = min(waiter.poll_max, waiter.poll_min * 256 / CROWD)
+    assert fast_pause(waiter) == pause
+    assert fast_pause(FolderKV(PosixStore(str(tmp_path)), crowd=CROWD)) == waiter.poll_min  # 16 ranks: as before
+    assert waiter.wait_for(["done"], 30.0, RuntimeError) == [b"1"]
+    looks = clock.listed_before + CountingLooks.stats
+    assert looks <= SET_AT / pause + 3, (clock.listed_before, CountingLooks.stats)
     assert clock.now == clock.set_at  # woke at the first poll after the write: no further pause

@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 
 import pytest
+from cross_host_training import check_training, node_run
 from helpers import host_env, run_cli
 
 
@@ -115,9 +116,8 @@ def test_gloo_training_works_where_hostnames_resolve_to_loopback(make_cluster):
     its own advertises loopback and ``connectFullMesh`` fails.  Nobody sets GLOO_SOCKET_IFNAME here:
     fsmingle's export alone makes DDP train across the hosts."""
     pytest.importorskip("torch")
-    from test_cross_host import _check_training, _node_run  # torch-only helpers; imported when torch is there
 
     c = make_cluster(2, hosts_file="loopback")
-    recs, texts = _node_run(c, "ifname-gloo", 2, node_rank=[0, 1])  # the test harness scrubs GLOO_SOCKET_IFNAME
-    _check_training(recs, 4)
+    recs, texts = node_run(c, "ifname-gloo", 2, node_rank=[0, 1])  # the test harness scrubs GLOO_SOCKET_IFNAME
+    check_training(recs, 4)
     assert {r["MASTER_ADDR"] for r in recs} == {c[0].ip}

@@ -162,6 +162,35 @@ def test_no_harness_module_over_500_lines(path):
     assert n <= MAX_LINES, f"{path} has {n} lines (at most {MAX_LINES}): split it by concern"
 
 
+def _test_modules_imported(src: str) -> set[str]:
+    """The ``test_*`` modules that ``src`` imports (``import test_x``, ``from test_x import y``, ``from tests.test_x ...``)."""
+    names = set()
+    for node in ast.walk(ast.parse(src)):
+        if isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+    return {n for n in names if n.rsplit(".", 1)[-1].startswith("test_")}
+
+
+@pytest.mark.parametrize("path", sorted(p.name for p in Path(__file__).resolve().parent.glob("*.py")))
+def test_no_test_module_imports_a_test_module(path):
+    # What tests share lives in harness modules (docs/architecture.md, "the tests' harness"): a test
+    # module imported by another runs its module-level code twice and collects its fixtures in two places.
+    src = (Path(__file__).resolve().parent / path).read_text()
+    assert not _test_modules_imported(src), (
+        f"tests/{path} imports {sorted(_test_modules_imported(src))}: move what it shares to a harness module"
+    )
+
+
+def test_the_test_import_checker_sees_one():
+    assert _test_modules_imported("import os\nfrom test_realfs import _run\nimport tests.test_x as t\n") == {
+        "test_realfs",
+        "tests.test_x",
+    }
+    assert _test_modules_imported("from testing_harness import x\nimport model_enum\n") == set()
+
+
 def test_the_checker_sees_an_upward_import(tmp_path):
     # The checker itself can fail: a store importing the rendezvous engine is caught.
     src = "from ..protocol.participant import Participant\n"

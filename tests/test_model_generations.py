@@ -23,11 +23,11 @@ from fsmingle.protocol.participant import State
 
 try:
     from model_oracles import TIMING
-    from model_queue import _asker_due_afresh, _rank0_held
+    from model_queue import asker_due_afresh, rank0_held
     from model_world import JOB, Host, World, _count_calls, _released_same_world
 except ImportError:  # tests/ imported as a package
     from tests.model_oracles import TIMING
-    from tests.model_queue import _asker_due_afresh, _rank0_held
+    from tests.model_queue import asker_due_afresh, rank0_held
     from tests.model_world import JOB, Host, World, _count_calls, _released_same_world
 
 
@@ -172,7 +172,7 @@ def test_busy_port_on_one_host_lets_another_take_rank0():
 
 
 def test_missing_rank0_the_lowest_present_rank_asks_and_everyone_holds():
-    w, sched = _rank0_held()
+    w, sched = rank0_held()
     w.tick(120.0)  # four times --timeout
     one, two = w.current(1), w.current(2)
     assert one.status == two.status == "running", (one.error, two.error)
@@ -191,7 +191,7 @@ def test_missing_rank0_the_lowest_present_rank_asks_and_everyone_holds():
 
 
 def test_missing_rank0_the_asker_dies_and_the_next_lowest_takes_over():
-    w, sched = _rank0_held()
+    w, sched = rank0_held()
     w.tick(20.0)
     w.crash(w.current(1))
     t = w.fs.now
@@ -206,7 +206,7 @@ def test_missing_rank0_the_asker_dies_and_the_next_lowest_takes_over():
 
 
 def test_missing_rank0_cancelled_fails_the_asker_and_the_others_at_once():
-    w, sched = _rank0_held()
+    w, sched = rank0_held()
     w.tick(40.0)
     sched.say("j_0", "CANCELLED")
     t = w.fs.now
@@ -227,7 +227,7 @@ def test_an_old_members_beacon_without_a_word_is_not_followed_for_ever(monkeypat
     from fsmingle.protocol import queue_relay
 
     finds = _count_calls(monkeypatch, queue_relay.Relay, "_find")
-    w, sched = _rank0_held()
+    w, sched = rank0_held()
     w.current(1).p.queue = None  # an older fsmingle: no QueueWatch, no queue_word
     w.tick(25.0)
     two = w.current(2)
@@ -245,9 +245,9 @@ def test_a_fault_at_every_call_of_the_asker(kind):
     asks (the asker's job requeued: pending), nobody times out, and once every slot runs the
     world is released.  A scheduler call that fails (not an interrupt) degrades to --timeout only."""
     for k in range(8):
-        w, sched = _rank0_held()
+        w, sched = rank0_held()
         w.tick(12.0)
-        one = _asker_due_afresh(w)
+        one = asker_due_afresh(w)
         if k == 7:
             sched.raise_in = ("j_1", w.exc_factory(kind))
             w.step(one)
@@ -278,9 +278,9 @@ def test_a_fault_at_every_call_of_the_asker_that_finds_rank0s_job_ended(kind):
     create): whichever way it leaves, rank 2 fails with exit 13 naming the job -- on the asker's
     restart record, or by asking itself in the next generation -- and never waits out --timeout."""
     for step, k in [(0, k) for k in range(4)] + [(1, k) for k in range(7)]:
-        w, sched = _rank0_held()
+        w, sched = rank0_held()
         w.tick(12.0)
-        one = _asker_due_afresh(w)
+        one = asker_due_afresh(w)
         sched.say("j_0", "CANCELLED")
         if step == 1:
             w.step(one)  # asks; the answer is taken at its next step (the query runs in a thread)

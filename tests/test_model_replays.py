@@ -1,4 +1,4 @@
-"""The machine of ``test_model.py`` run with the paths of big worlds forced, and the machine's own
+"""The machine of ``test_model.py`` (``model_machine.py``) run with the paths of big worlds forced, and the machine's own
 shrunk runs of bugs it found, replayed step by step (each failed before its fix)."""
 
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 from hypothesis import HealthCheck, settings
 
 try:
-    from test_model import MODEL_EXAMPLES, RendezvousMachine, _replay
+    from model_machine import MODEL_EXAMPLES, RendezvousMachine, replay
 except ImportError:  # tests/ imported as a package
-    from tests.test_model import MODEL_EXAMPLES, RendezvousMachine, _replay
+    from tests.model_machine import MODEL_EXAMPLES, RendezvousMachine, replay
 
 
 # ---------------------------------------------------------------------------------------------
@@ -49,7 +49,7 @@ def test_an_asker_tries_rank0_again_after_port_busy(monkeypatch):
     monkeypatch.setattr(joining, "SPREAD_ABOVE", 1)
     monkeypatch.setattr(joining, "BLIND_GUESSES", 1)
     monkeypatch.setattr(member, "MEMBER_BEACONS_PER_S", 1e-6)
-    m = _replay(
+    m = replay(
         monkeypatch,
         size=4, mode="rank", rank_policy="first", staleness=0.0, pidns="pod", cleaner=False,
         partitioned={0}, fixed_port=True, short_timeout=1, mixed_seed=0, joined=4, initial_lag=0.0,
@@ -69,7 +69,7 @@ def test_a_joiner_blind_to_its_generation_past_stale_after_waits_for_the_port_ho
     claim 0 before failing found nothing (a read behind a lying cache proves nothing) and it exited
     3 ("no other node took rank 0") with the master alive.  Now only a listing that shows the
     generation without a claim 0 fails it.  The machine's steps, replayed; teardown asserts the release."""
-    m = _replay(
+    m = replay(
         monkeypatch,
         size=2, mode="rank", rank_policy="first", staleness=0.0, pidns="host", cleaner=False,
         partitioned=set(), fixed_port=True, short_timeout=1, mixed_seed=0, joined=2, initial_lag=0.0,
@@ -86,7 +86,7 @@ def test_an_asker_that_loses_rank0_while_blind_joins_again(monkeypatch):
     """Found by the machine (small worlds ask rank 0 too): rank 0 crashed while the other
     participant was asking; its fallback listing of the generation met a lying cache (ENOENT),
     and it was left waiting with no role (AttributeError).  The machine's steps, replayed."""
-    m = _replay(
+    m = replay(
         monkeypatch,
         size=2, mode="node", rank_policy="first", staleness=0.0, pidns="host", cleaner=False,
         partitioned=set(), fixed_port=False, short_timeout=0, mixed_seed=0, joined=2, initial_lag=0.0,
@@ -105,7 +105,7 @@ def test_no_delay_at_the_deadline_after_a_lying_cache_is_no_spin(monkeypatch):
     at the deadline: the next step times out), and the model's bug-7 oracle counted that as a
     zero-delay retry after ENOENT.  The oracle now counts a spin only before the deadline.  The
     machine's steps, replayed; teardown checks the oracles."""
-    m = _replay(
+    m = replay(
         monkeypatch,
         size=3, mode="node", rank_policy="explicit", staleness=0.0, pidns="host", cleaner=False,
         partitioned=set(), fixed_port=False, short_timeout=0, mixed_seed=0, joined=3, initial_lag=0.0,
@@ -133,7 +133,7 @@ def test_a_contester_that_finds_its_own_claim_holds_it(monkeypatch):
     once the entry expired -- its own instance -- judged its own beacon alive and failed itself
     with RankConflictError (the oracle: ``holder is not q``).  A contester that finds its own
     claim now holds the rank.  The machine's steps, replayed; teardown checks the oracles."""
-    m = _replay(monkeypatch, size=3, mode='node', rank_policy='explicit', staleness=0.0, fixed_port=False, pidns='host', cleaner=False, partitioned=set(), short_timeout=0, mixed_seed=0, joined=3, initial_lag=0.0, rank_order='arrival', peers=False)  # fmt: skip
+    m = replay(monkeypatch, size=3, mode='node', rank_policy='explicit', staleness=0.0, fixed_port=False, pidns='host', cleaner=False, partitioned=set(), short_timeout=0, mixed_seed=0, joined=3, initial_lag=0.0, rank_order='arrival', peers=False)  # fmt: skip
     m.restart(crash_at=None, i=0, new_host=False)
     m.partition(h=0)
     m.partition(h=0)

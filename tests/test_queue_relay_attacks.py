@@ -1,6 +1,6 @@
 """Issue 24, the adversary's pass: the scheduler asker (``protocol/queue_relay.py``) and spares
 (``outside.py`` spare_*, ``hold.py``) attacked on the model's stale filesystem and network
-(:class:`test_model.World`: the real ``Participant``, every invariant checked at every step).
+(:class:`model_world.World`: the real ``Participant``, every invariant checked at every step).
 
 Each test is an attack kept so a later change cannot reopen it: faults at every call of a
 follower, a stalled asker whose word goes stale, ``--queue-timeout`` on followers, hostile
@@ -23,9 +23,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 try:
-    from test_model import TIMING, FakeScheduler, World, _asker_due_afresh, _rank0_held
+    from model_oracles import TIMING
+    from model_queue import FakeScheduler, asker_due_afresh, rank0_held
+    from model_world import World
 except ImportError:  # tests/ imported as a package
-    from tests.test_model import TIMING, FakeScheduler, World, _asker_due_afresh, _rank0_held
+    from tests.model_oracles import TIMING
+    from tests.model_queue import FakeScheduler, asker_due_afresh, rank0_held
+    from tests.model_world import World
 
 from fsmingle.errors import PeerJobEndedError, RendezvousTimeoutError
 from fsmingle.fs.records import Beacon, decode, encode
@@ -58,7 +62,7 @@ def test_a_fault_at_every_call_of_a_follower(kind, find):
     rank 0 and rank 2 run the world is released."""
     for k in range(6):
         for after in (False, True):
-            w, sched = _rank0_held()
+            w, sched = rank0_held()
             w.tick(12.0)
             two = _follower_due(w, find)
             w.step(two, fault=("store", k, kind), after_effect=after)
@@ -80,9 +84,9 @@ def test_a_fault_at_every_call_of_a_follower_when_rank0s_job_ended(kind):
     operation of the step that reads the void (its read of the asker's beacon, then the restart
     record): whichever way it leaves, it never waits out --timeout, and rank 1 fails with exit 13."""
     for k in range(5):
-        w, sched = _rank0_held()
+        w, sched = rank0_held()
         w.tick(12.0)
-        one = _asker_due_afresh(w)
+        one = asker_due_afresh(w)
         sched.say("j_0", "CANCELLED")
         w.step(one)  # asks; the answer is taken at its next step
         one.wake = w.fs.now
@@ -100,7 +104,7 @@ def test_a_stalled_askers_word_does_not_hold_the_others_for_ever():
     so: rank 2 judges it dead after stale_after, asks itself, and -- rank 0's job running now but
     its process never coming -- waits out --timeout and fails naming rank 0, instead of holding on
     the stale word for ever."""
-    w, sched = _rank0_held()
+    w, sched = rank0_held()
     w.tick(12.0)
     one, two = w.current(1), w.current(2)
     assert one.p.queue.relay.asking and two.p.queue.hold
@@ -140,9 +144,9 @@ def test_an_ended_peer_relayed_while_rank0_appears(delay):
     1 gone, fail after --timeout, exit 7 -- rank 0 is alive, so its job's "cancelled" was stale and
     rank 0 rightly does not fail on it); or the asker connected first (the world is released).
     The model's oracles check every step (PeerJobEndedError only naming a job that ended)."""
-    w, sched = _rank0_held()
+    w, sched = rank0_held()
     w.tick(12.0)
-    one = _asker_due_afresh(w)
+    one = asker_due_afresh(w)
     sched.say("j_0", "CANCELLED")
     w.step(one)  # asks; the answer is taken at its next step
     sched.states["j_0"] = "RUNNING"
@@ -280,7 +284,7 @@ def test_a_followers_never_fails_on_an_askers_beacon_word_alone():
     job ended although the scheduler says it is pending: a follower fails (exit 13) only on the
     asker's restart record (``ENDED_VOID``), never on the beacon -- as ``queue_relay`` documents: a
     follower failing on a beacon voids the generation first with a reason that tells nobody why."""
-    w, sched = _rank0_held()
+    w, sched = rank0_held()
     w.tick(12.0)
     one, two = w.current(1), w.current(2)
     assert one.p.queue.relay.asking
@@ -358,11 +362,11 @@ def test_a_follower_blind_to_the_askers_restart_record_still_fails_on_the_ended_
     job, so it cannot see the restart record for a while.  It still fails with exit 13 naming the
     job -- from the record once visible, or, its asker's beacon gone for stale_after, by asking
     the scheduler itself -- and never waits out --timeout (30 s)."""
-    w, sched = _rank0_held()
+    w, sched = rank0_held()
     w.tick(12.0)
     two = w.current(2)
     two.host.store.neg_ttl = neg_ttl
-    one = _asker_due_afresh(w)
+    one = asker_due_afresh(w)
     sched.say("j_0", "CANCELLED")
     w.tick(TIMING.stale_after + 3 * TIMING.heartbeat_period + 2 * sched.interval + 2 * w.fs.max_staleness)
     assert one.status == "exited" and isinstance(one.error, PeerJobEndedError), one.error

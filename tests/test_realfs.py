@@ -18,7 +18,7 @@ Scenarios, each run through the real ``fsmingle`` command on every host:
 * a late node after the release;
 * hosts racing to create one generation directory and claim (the create race).
 
-The oracle for every run (:func:`_oracle`): all released participants agree on (master, port,
+The oracle for every run (:func:`realfs_harness.oracle`): all released participants agree on (master, port,
 generation); their node ranks are a permutation of 0..nnodes-1 (so no member of the released
 world is dead or missing: a dead member cannot have printed its release); the master is the
 address of the host released as rank 0; and every participant that fails ends before its
@@ -31,16 +31,14 @@ from __future__ import annotations
 
 import json
 import os
-import re
-import signal
 import subprocess
 import sys
+import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from helpers import host_env
+from realfs_harness import ENV, REPO, assert_named_failure, dump, oracle, start, wait, wait_claimed
 
 try:
     import cluster as cl
@@ -49,14 +47,7 @@ except ImportError:  # tests/ imported as a package
 
 pytestmark = [pytest.mark.root, pytest.mark.realfs]
 
-REPO = Path(__file__).resolve().parents[1]
-FSM = [sys.executable, "-m", "fsmingle"]
 FILESYSTEMS = ["glusterfs-tuned", "glusterfs-nfs60", "moosefs", "cephfs", "juicefs", "juicefs-cached"]
-STALE = "8"  # --stale-after: small, so that dead nodes are noticed within a test's time
-SLACK = 15.0  # seconds a failing participant may take beyond its --timeout (interpreter start, loaded CI)
-
-_ENV = host_env()  # helpers' one scrub: no launcher/scheduler variable of the test process reaches a host
-_RELEASED = re.compile(r"released: master (\S+):(\d+), node rank (\d+)/(\d+), generation (\d+)")
 
 
 @pytest.fixture(scope="module", params=FILESYSTEMS)
@@ -82,156 +73,6 @@ def fresh(rc):
         h.kill_all()
 
 
-# ------------------------------------------------------------------------- participants
-
-
-@dataclass
-class Part:
-    host: cl.Host
-    proc: subprocess.Popen
-    log: Path
-    timeout: float
-    t0: float
-    wall: float = 0.0
-    rc: int | None = None
-    out: str = ""
-    elapsed: float = 0.0
-
-    def wait(self, limit: float) -> Part:
-        try:
-            self.proc.wait(timeout=max(1.0, limit))
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=10)
-        self.rc = self.proc.returncode
-        self.elapsed = time.monotonic() - self.t0
-        self.out = self.log.read_text(errors="replace")
-        return self
-
-    @property
-    def released(self) -> dict | None:
-        """``{"master", "port", "rank", "nnodes", "generation"}`` from the release line or env JSON."""
-        m = _RELEASED.search(self.out)
-        if m:
-            return {"master": m[1], "port": int(m[2]), "rank": int(m[3]), "nnodes": int(m[4]), "generation": int(m[5])}
-        for line in self.out.splitlines():
-            if line.startswith("{") and '"master_addr"' in line:
-                d = json.loads(line)
-                return {
-                    "master": d["master_addr"],
-                    "port": d["master_port"],
-                    "rank": d["node_rank"],
-                    "nnodes": d["nnodes"],
-                    "generation": d["generation"],
-                }
-        return None
-
-
-def _start(
-    c, k: int, job: str, nnodes: int, timeout: float = 60, tag: str = "", cmd=None, wall: float | None = None
-) -> Part:
-    """Start ``fsmingle env`` (or ``run -- cmd``) on host ``k``; ``wall``: seconds before the
-    whole command is killed (default ``timeout + 60``; longer for training)."""
-    h = c[k]
-    argv = [
-        "fsmingle",
-        "run" if cmd else "env",
-        "--dir",
-        c.rdzv,
-        "--job-id",
-        job,
-        "--nnodes",
-        str(nnodes),
-        "--timeout",
-        f"{timeout:g}",
-        "--stale-after",
-        STALE,
-    ]
-    argv += ["--", *cmd] if cmd else ["--format", "json"]
-    log = c.logs / f"{job}{tag}-{h.name}.log"
-    with open(log, "w") as f:
-        p = h.popen(
-            ["timeout", "-k", "5", f"{wall or timeout + 60:g}", *argv],
-            env=_ENV,
-            cwd=REPO,
-            stdout=f,
-            stderr=subprocess.STDOUT,
-        )
-    return Part(h, p, log, timeout, time.monotonic(), wall=wall or timeout + 60)
-
-
-def _wait(parts: list[Part]) -> list[Part]:
-    for p in parts:
-        p.wait(p.t0 + p.wall + 10 - time.monotonic())
-    return parts
-
-
-def _dump(parts: list[Part]) -> str:
-    """Every participant's exit and output tail, then the filesystem's own logs (a client that
-    failed under a node says why only there)."""
-    out = [
-        f"===== {p.host.name} rc={p.rc} after {p.elapsed:.1f}s (timeout {p.timeout:g})\n{p.out[-2500:]}" for p in parts
-    ]
-    return "\n".join(out) + (parts[0].host.cluster.fs_backend.diagnostics() if parts else "")
-
-
-def _oracle(c, parts: list[Part], nnodes: int, expect_released: list[Part] | None = None, what: str = "") -> dict:
-    """The invariants of every run (module docstring).  Returns the agreed release."""
-    rel = [p for p in parts if p.rc == 0]
-    info = (f"[{c.fs}] {what}\n" if what else f"[{c.fs}]\n") + _dump(parts)
-    if expect_released is not None:
-        assert sorted(p.host.name for p in rel) == sorted(p.host.name for p in expect_released), info
-    views = [p.released for p in rel]
-    assert all(views), "a participant exited 0 without a release line\n" + info
-    agreed = {(v["master"], v["port"], v["generation"]) for v in views}
-    assert len(agreed) == 1, f"released participants disagree: {agreed}\n{info}"
-    ranks = sorted(v["rank"] for v in views)
-    assert ranks == list(range(nnodes)), (
-        f"node ranks {ranks} are not a permutation of 0..{nnodes - 1} (a dead "
-        f"or missing member in the released world)\n{info}"
-    )
-    assert {v["nnodes"] for v in views} == {nnodes}, info
-    rank0 = next(p for p, v in zip(rel, views) if v["rank"] == 0)
-    assert views[0]["master"] == rank0.host.ip, (
-        f"master {views[0]['master']} is not rank 0's host {rank0.host.ip}\n{info}"
-    )
-    for p in parts:
-        if p.rc not in (0, None):
-            assert p.elapsed < p.timeout + SLACK, f"{p.host.name} failed only after {p.elapsed:.1f}s\n{info}"
-    return views[0]
-
-
-def _assert_named_failure(p: Part) -> None:
-    assert p.rc not in (0, None)
-    assert p.elapsed < p.timeout + SLACK, _dump([p])
-    assert "missing" in p.out.lower(), "the failure does not name what is missing:\n" + _dump([p])
-
-
-def _wait_claimed(c, job: str, n: int, limit: float = 30.0) -> None:
-    """Until ``fsmingle status`` (test process, its own client) counts ``n`` live participants."""
-    deadline = time.monotonic() + limit
-    while time.monotonic() < deadline:
-        p = subprocess.run(
-            [*FSM, "status", job, "--dir", c.rdzv, "--json", "--stale-after", STALE],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
-        try:
-            d = json.loads(p.stdout)
-            d = d[0] if isinstance(d, list) else d
-            present = d.get("present", d.get("participants"))
-            count = len(present) if isinstance(present, (list, dict)) else present
-            if isinstance(count, int) and count >= n:
-                return
-        except (ValueError, KeyError, IndexError, AttributeError, TypeError):
-            pass
-        time.sleep(0.5)
-    # Not fatal: the scenario stays valid (a node killed before it claimed is a no-show); the
-    # test's oracle decides.  Give the participants a moment more, as a user would.
-    time.sleep(2)
-
-
 # ------------------------------------------------------------------------- scenarios
 
 
@@ -255,9 +96,9 @@ def test_ddp_torchrun_across_hosts(fresh):
         str(out),
     ]
     # wall 420 s: torch's import and gloo's start crawl on a loaded 2-core CI machine
-    parts = _wait([_start(c, k, "ddp", 3, timeout=120, cmd=cmd, wall=420) for k in range(3)])
-    assert all(p.rc == 0 for p in parts), _dump(parts)
-    rel = _oracle(c, parts, 3, expect_released=parts)
+    parts = wait([start(c, k, "ddp", 3, timeout=120, cmd=cmd, wall=420) for k in range(3)])
+    assert all(p.rc == 0 for p in parts), dump(parts)
+    rel = oracle(c, parts, 3, expect_released=parts)
     recs = [json.loads((out / f"rank{r}.json").read_text()) for r in range(3)]
     assert len({r["checksum"] for r in recs}) == 1 and all(r["ranks_agree"] for r in recs)
     assert {r["MASTER_ADDR"] for r in recs} == {rel["master"]}
@@ -267,8 +108,8 @@ def test_ten_reruns_same_job_id(fresh):
     c = fresh
     gens = []
     for i in range(10):
-        parts = _wait([_start(c, k, "rerun", 3, timeout=45, tag=f"-{i}") for k in range(3)])
-        rel = _oracle(c, parts, 3, expect_released=parts, what=f"re-run {i + 1} of 10, generations so far {gens}")
+        parts = wait([start(c, k, "rerun", 3, timeout=45, tag=f"-{i}") for k in range(3)])
+        rel = oracle(c, parts, 3, expect_released=parts, what=f"re-run {i + 1} of 10, generations so far {gens}")
         gens.append(rel["generation"])
     # each run is a new world: never the previous run's release (its master is gone)
     assert gens == sorted(set(gens)), gens
@@ -276,32 +117,32 @@ def test_ten_reruns_same_job_id(fresh):
 
 def test_node_killed_while_waiting_is_replaced_from_another_host(fresh):
     c = fresh
-    a = _start(c, 0, "kill", 3, timeout=90)
-    b = _start(c, 1, "kill", 3, timeout=90)
-    _wait_claimed(c, "kill", 2)
+    a = start(c, 0, "kill", 3, timeout=90)
+    b = start(c, 1, "kill", 3, timeout=90)
+    wait_claimed(c, "kill", 2)
     assert c[1].kill_node(), "node1's processes did not all die"
     b.wait(10)
     assert b.rc not in (0, None)
-    late = [_start(c, 2, "kill", 3, timeout=90), _start(c, 3, "kill", 3, timeout=90)]
-    parts = _wait([a, *late])
-    _oracle(c, parts, 3, expect_released=parts)
+    late = [start(c, 2, "kill", 3, timeout=90), start(c, 3, "kill", 3, timeout=90)]
+    parts = wait([a, *late])
+    oracle(c, parts, 3, expect_released=parts)
 
 
 def test_host_losing_its_network_while_waiting(fresh):
     c = fresh
-    a = _start(c, 0, "net", 3, timeout=90)
-    b = _start(c, 1, "net", 3, timeout=90)
-    _wait_claimed(c, "net", 2)
+    a = start(c, 0, "net", 3, timeout=90)
+    b = start(c, 1, "net", 3, timeout=90)
+    wait_claimed(c, "net", 2)
     c[1].link_down()
     try:
         time.sleep(3)  # its client now hangs: its participant is stuck on the mount, as on a real node
         c[1].fuse_abort()  # frees what SIGKILL cannot: every call on that mount fails at once
         b.wait(20)
-        assert b.rc not in (0, None), _dump([b])
+        assert b.rc not in (0, None), dump([b])
         assert b.released is None
-        late = [_start(c, 2, "net", 3, timeout=90), _start(c, 3, "net", 3, timeout=90)]
-        parts = _wait([a, *late])
-        _oracle(c, [*parts, b], 3, expect_released=parts)
+        late = [start(c, 2, "net", 3, timeout=90), start(c, 3, "net", 3, timeout=90)]
+        parts = wait([a, *late])
+        oracle(c, [*parts, b], 3, expect_released=parts)
     finally:
         c[1].link_up()
         c[1].kill_all()
@@ -310,37 +151,79 @@ def test_host_losing_its_network_while_waiting(fresh):
 
 def test_rank0_killed_while_others_wait(fresh):
     c = fresh
-    a = _start(c, 0, "r0", 3, timeout=90)
-    _wait_claimed(c, "r0", 1)
-    b = _start(c, 1, "r0", 3, timeout=90)
-    _wait_claimed(c, "r0", 2)
+    a = start(c, 0, "r0", 3, timeout=90)
+    wait_claimed(c, "r0", 1)
+    b = start(c, 1, "r0", 3, timeout=90)
+    wait_claimed(c, "r0", 2)
     assert c[0].kill_node()
     a.wait(10)
-    late = [_start(c, 2, "r0", 3, timeout=90), _start(c, 3, "r0", 3, timeout=90)]
-    parts = _wait([b, *late])
-    _oracle(c, parts, 3, expect_released=parts)
+    late = [start(c, 2, "r0", 3, timeout=90), start(c, 3, "r0", 3, timeout=90)]
+    parts = wait([b, *late])
+    oracle(c, parts, 3, expect_released=parts)
 
 
 def test_late_node_after_the_release(fresh):
     c = fresh
-    first = _wait([_start(c, k, "late", 2, timeout=45) for k in range(2)])
-    rel = _oracle(c, first, 2, expect_released=first)
-    late = _wait([_start(c, 2, "late", 2, timeout=10)])[0]
+    first = wait([start(c, k, "late", 2, timeout=45) for k in range(2)])
+    rel = oracle(c, first, 2, expect_released=first)
+    late = wait([start(c, 2, "late", 2, timeout=10)])[0]
     # it must not be let into the released world, and must say why it gave up
-    assert late.released is None or late.released["generation"] != rel["generation"], _dump([late])
-    _assert_named_failure(late)
+    assert late.released is None or late.released["generation"] != rel["generation"], dump([late])
+    assert_named_failure(late)
 
 
-def _run_on_hosts(hosts, argvs, timeout: float, what: str) -> list[tuple[str, str]]:
+def _run_on_hosts(hosts, argvs, timeout: float, what: str, *, stall: float | None = None) -> list[tuple[str, str]]:
     """Run ``argvs[k]`` on ``hosts[k]``, all at once (each in its netns, through its own FUSE
-    client), and wait for all; each must exit 0.  Returns ``(stdout, stderr)`` per host, in order."""
+    client), and wait for all; each must exit 0.  Returns ``(stdout, stderr)`` per host, in order.
+
+    ``timeout`` (seconds) bounds the whole run.  With ``stall`` (seconds), for programs that print a
+    line per completed operation, the run may go on up to ``timeout`` as long as some host printed
+    a line in the last ``stall`` seconds: it fails on silence, not on a slow filesystem (CephFS
+    recalls capabilities between clients on every contended name, ~0.8 s a round in
+    ../shared/notes/cephfs.md; under CI's load one hammering took over 240 s while progressing)."""
     procs = [
-        h.popen(argv, env=_ENV, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        h.popen(argv, env=ENV, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for h, argv in zip(hosts, argvs)
     ]
+    outs: list[list[str]] = [[] for _ in procs]
+    errs: list[list[str]] = [[] for _ in procs]
+    last = [time.monotonic()]
+
+    def pump(stream, into, progress):
+        for line in stream:
+            into.append(line)
+            if progress:
+                last[0] = time.monotonic()
+
+    readers = [
+        threading.Thread(target=pump, args=(stream, into, progress), daemon=True)
+        for p, o, e in zip(procs, outs, errs)
+        for stream, into, progress in ((p.stdout, o, True), (p.stderr, e, False))
+    ]
+    for t in readers:
+        t.start()
+    end = time.monotonic() + timeout
+    while any(p.poll() is None for p in procs):
+        now = time.monotonic()
+        silent = stall is not None and now - last[0] > stall
+        if now > end or silent:
+            for p in procs:
+                p.kill()
+            for p in procs:
+                p.wait()
+            why = f"no host printed for {stall:.0f} s" if silent else f"not done in {timeout:.0f} s"
+            pytest.fail(
+                f"{what} {why}; last lines: "
+                + "; ".join(
+                    f"{h.name}: {''.join(o[-2:]).strip()!r} {''.join(e)[-1500:]}" for h, o, e in zip(hosts, outs, errs)
+                )
+            )
+        time.sleep(0.2)
+    for t in readers:
+        t.join(timeout=10)
     ran = []
-    for h, p in zip(hosts, procs):
-        out, err = p.communicate(timeout=timeout)
+    for h, p, o, e in zip(hosts, procs, outs, errs):
+        out, err = "".join(o), "".join(e)
         assert p.returncode == 0, f"{what} {h.name} failed:\n{err[-3000:]}\n{out[-1000:]}"
         ran.append((out, err))
     return ran
@@ -348,6 +231,7 @@ def _run_on_hosts(hosts, argvs, timeout: float, what: str) -> list[tuple[str, st
 
 _RACE = """
 import json, logging, sys, time
+from fsmingle.errors import StorageError
 from fsmingle.fs import readback
 from fsmingle.fs.jobdir import open_job_dir
 rdzv, job, host, t0 = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
@@ -365,7 +249,10 @@ try:
     holder = (st.read("gen-00000001/claim-0") or b"").decode()
 except FileNotFoundError:  # still blind after stat_existing's listings (the protocol retries then)
     holder = ""
-print(json.dumps({"made": made, "won": won, "holder": holder}))
+except StorageError as e:  # the test tells when this may happen (GlusterFS: after an EIO to the racing mkdir)
+    print(json.dumps({"made": made, "won": won, "holder": "", "broken": str(e)}))
+    raise SystemExit(0)
+print(json.dumps({"made": made, "won": won, "holder": holder, "broken": ""}))
 """
 
 
@@ -394,7 +281,7 @@ def test_create_race_loser_finds_the_winners_name(fresh):
         assert gc["upcalls"] is (c.fs == "glusterfs-tuned"), gc
         fix = f"gluster volume set {c.fs_backend.volume} performance.nl-cache off"
         assert fix in (families.gluster_nl_cache_warning(c.shared) or ""), gc
-    blind = 0
+    blind = broken_total = 0
     for i in range(6):
         # The job directory exists first: the race under test is the protocol's (the first
         # generation and its claims).  Hosts racing to create the job directory itself are not
@@ -418,14 +305,31 @@ def test_create_race_loser_finds_the_winners_name(fresh):
         # unknown" (made False) and logs.
         unknown = sum("but the directory is there" in err for _, err in ran)
         assert sum(o["made"] for o in outs) == 1 or (unknown and not any(o["made"] for o in outs)), (outs, unknown)
+        # GlusterFS nfs60 (about 1 racing round in 90 of 4 hosts, CI and here): a client whose racing mkdir
+        # answered EIO could then neither write nor list in that directory -- every publish and listing of
+        # it answered EIO for 11.7 s and more (docs/filesystems/glusterfs.md).  The protocol fails that node
+        # with the storage exit code and a line naming the directory (readback.publish's second try raises);
+        # nothing of it is taken for a holder.  Anywhere else, and without that EIO, a StorageError fails.
+        for h, o, (_, err) in zip(c, outs, ran):
+            if o["broken"]:
+                assert fix and "but the directory is there" in err and "Input/output error" in o["broken"], (
+                    h.name,
+                    o,
+                    err,
+                )
+                assert "gen-00000001" in o["broken"] and "check the shared mount" in o["broken"], o
+        broken = sum(bool(o["broken"]) for o in outs)
+        broken_total += broken
         winners = [h.name for h, o in zip(c, outs) if o["won"]]
-        assert len(winners) == 1, outs  # so is link()
+        # so is link(): one winner -- none only where nobody could write (every other loser blind)
+        assert len(winners) == 1 or (broken and not winners and all(o["holder"] == "" for o in outs)), outs
         if fix:
             assert {o["holder"] for o in outs} <= {*winners, ""}, outs  # blind reads nothing, never another
             blind += sum(o["holder"] == "" for o in outs)
         else:
             assert {o["holder"] for o in outs} == set(winners), outs  # every loser reads the winner's claim
     print(f"[{c.fs}] create race: {blind} blind losers in 6 rounds of {len(c)} hosts")
+    print(f"[{c.fs}] create race: {broken_total} hosts could not write after their mkdir's EIO")
 
 
 _RETIRE = """
@@ -543,7 +447,11 @@ def test_folderstore_hammered_from_every_host(fresh):
     store.set("chain", "0:init")
     worker = str(REPO / "tests" / "folderstore_worker.py")
     ran = _run_on_hosts(
-        list(c), [[sys.executable, worker, path, h.name, "add=15,chain=8,race=5"] for h in c], 240, f"[{c.fs}]"
+        list(c),
+        [[sys.executable, worker, path, h.name, "add=15,chain=8,race=5"] for h in c],
+        900,
+        f"[{c.fs}]",
+        stall=120,  # the worker prints each operation: fail on silence, not on CephFS's slow contention
     )
     outs = [[json.loads(x) for x in out.splitlines() if x.strip()] for out, _ in ran]
     check(outs, store, len(ran), 15, 5)

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 import pytest
-from test_realfs import _dump, _oracle, _start, _wait, _wait_claimed
+from realfs_harness import dump, oracle, start, wait, wait_claimed
 
 from fsmingle.errors import StorageError
 
@@ -57,6 +57,12 @@ def fresh(jc):
         h.kill_all()
 
 
+# What a call on a host whose client was killed can get (os.strerror): ENOTCONN after the kill,
+# ECONNABORTED for a call in flight (fuse_abort_conn), ETIMEDOUT answered by the client before it
+# died, to a call that waited on Redis.
+DEAD_CLIENT = ("Transport endpoint is not connected", "Software caused connection abort", "Connection timed out")
+
+
 def _alive(pid: int) -> bool:
     try:
         return Path(f"/proc/{pid}/status").read_text().split("State:")[1].split()[0] != "Z"
@@ -67,10 +73,10 @@ def _alive(pid: int) -> bool:
 def test_killed_client_fails_its_node_at_once_and_the_others_go_on(fresh):
     c = fresh
     # node1 first: it is rank 0, the coordinator, whose loss the others must also get over
-    b = _start(c, 1, "kcl", 3, timeout=90)
-    _wait_claimed(c, "kcl", 1)
-    a = _start(c, 0, "kcl", 3, timeout=90)
-    _wait_claimed(c, "kcl", 2)
+    b = start(c, 1, "kcl", 3, timeout=90)
+    wait_claimed(c, "kcl", 1, limit=60)
+    a = start(c, 0, "kcl", 3, timeout=90)
+    wait_claimed(c, "kcl", 2, limit=60)
     (pid,) = c[1].fuse_pids
     os.kill(pid, signal.SIGKILL)  # JFS_SUPERVISOR=1: nothing restarts it, as after a crash
     t0 = time.monotonic()
@@ -80,21 +86,29 @@ def test_killed_client_fails_its_node_at_once_and_the_others_go_on(fresh):
     took = time.monotonic() - t0
     # its node: fails at once (not after --timeout) with fsmingle's one line -- the storage exit
     # code, the errno, the directory and what to do -- not a traceback
-    assert b.rc == StorageError.exit_code and b.released is None, _dump([b])
-    assert took < 20, f"node1 took {took:.1f}s to notice its mount died\n" + _dump([b])
-    assert "Traceback" not in b.out, _dump([b])
+    assert b.rc == StorageError.exit_code and b.released is None, dump([b])
+    assert took < 20, f"node1 took {took:.1f}s to notice its mount died\n" + dump([b])
+    assert "Traceback" not in b.out, dump([b])
     line = next((x for x in b.out.splitlines() if x.startswith("fsmingle: error: ")), b.out[-3000:])
-    assert f"{c.rdzv}/kcl" in line and "Transport endpoint is not connected" in line, line
+    # The directory is the job's, or --dir itself when node1 had not opened the job directory yet
+    # (wait_claimed gives up after 30 s, not fatally); the errno is the dead client's: ENOTCONN
+    # for a call made after the kill, ECONNABORTED for one the kernel aborted in flight, or
+    # ETIMEDOUT that the client itself answered a call waiting on a slow Redis (CI, stop 36: a
+    # node1 still opening --dir under load printed "cannot open the rendezvous directory .../rdzv:
+    # Connection timed out").  Each is the one line a user must get; a traceback or a wait is not.
+    assert f"{c.rdzv}: " in line or f"{c.rdzv}/kcl" in line, line
+    assert any(e in line for e in DEAD_CLIENT), line
     assert line.endswith("check the shared mount on this node"), line
     # a node started on that host now fails on its first call, the stat of --dir, the same way
     # (a raw traceback and exit 1 before: CI, stop 35, met it as ETIMEDOUT)
-    n = _start(c, 1, "kcl-late", 2, timeout=30).wait(60)
-    assert n.rc == StorageError.exit_code and "Traceback" not in n.out, _dump([n])
-    assert f"cannot open the rendezvous directory {c.rdzv}: Transport endpoint is not connected" in n.out, _dump([n])
+    n = start(c, 1, "kcl-late", 2, timeout=30).wait(60)
+    assert n.rc == StorageError.exit_code and "Traceback" not in n.out, dump([n])
+    assert f"cannot open the rendezvous directory {c.rdzv}: " in n.out, dump([n])
+    assert any(e in n.out for e in DEAD_CLIENT), dump([n])
     # the others: node1's beacon stops, it is judged dead; two late nodes complete the world
-    late = [_start(c, 2, "kcl", 3, timeout=90), _start(c, 3, "kcl", 3, timeout=90)]
-    parts = _wait([a, *late])
-    _oracle(c, [*parts, b], 3, expect_released=parts)
+    late = [start(c, 2, "kcl", 3, timeout=90), start(c, 3, "kcl", 3, timeout=90)]
+    parts = wait([a, *late])
+    oracle(c, [*parts, b], 3, expect_released=parts)
     # and the host works again with a new client
     c[1].fuse_abort()
     c[1].remount()
@@ -120,16 +134,16 @@ def test_a_client_that_does_not_answer_is_replaced_between_tests(fresh):
 
 def test_redis_restart_under_waiting_participants(fresh):
     c = fresh
-    first = [_start(c, k, "redis", 4, timeout=120) for k in range(3)]
-    _wait_claimed(c, "redis", 3)
+    first = [start(c, k, "redis", 4, timeout=120) for k in range(3)]
+    wait_claimed(c, "redis", 3)
     t0 = time.monotonic()
     c.fs_backend.restart_meta(down=3.0)  # SIGKILL; its append-only file brings the volume back
     # every host's mount answers again, through its own client
     for h in c:
         h.sh(f"ls {c.rdzv}/redis", timeout=60, check=True)
     back = time.monotonic() - t0
-    parts = _wait([*first, _start(c, 3, "redis", 4, timeout=120)])
-    _oracle(c, parts, 4, expect_released=parts, what=f"Redis down 3 s; mounts answered {back:.1f} s after the kill")
+    parts = wait([*first, start(c, 3, "redis", 4, timeout=120)])
+    oracle(c, parts, 4, expect_released=parts, what=f"Redis down 3 s; mounts answered {back:.1f} s after the kill")
 
 
 def test_teardown_leaves_no_client_redis_mount_or_cache(tmp_path):

@@ -1,5 +1,5 @@
 """Issue 24, spares, on the model (the real ``Participant`` on :mod:`fakefs` and :mod:`fakenet`,
-:class:`test_model.World`): a spare's ``--timeout`` is held while it waits for a place, runs in full
+:class:`model_world.World`): a spare's ``--timeout`` is held while it waits for a place, runs in full
 once a world forms with it, and ``--spare-timeout`` bounds the wait.  The world's oracles check
 every step (one world, nobody left out of a release that names it) and every timeout
 (``World._check_exception``: a ``--timeout`` only past the deadline, a ``--spare-timeout`` only
@@ -10,9 +10,11 @@ from __future__ import annotations
 import math
 
 try:
-    from test_model import FakeScheduler, World
+    from model_queue import FakeScheduler
+    from model_world import World
 except ImportError:  # tests/ imported as a package
-    from tests.test_model import FakeScheduler, World
+    from tests.model_queue import FakeScheduler
+    from tests.model_world import World
 
 from fsmingle.errors import RendezvousTimeoutError
 from fsmingle.protocol.participant import State

@@ -8,7 +8,7 @@ import os
 import shutil
 
 import pytest
-from fakefs import AdvancingClock, FakeFS
+from fakefs import AdvancingClock, CountingListings, FakeFS
 
 from fsmingle.errors import CorruptStateError
 from fsmingle.fs.folderstore import FolderKV, key_dir
@@ -84,25 +84,13 @@ def test_a_negative_entry_of_a_version_is_not_waited_out_in_the_model():
     assert fs.now - t0 < 1.0, fs.now - t0  # no negative entry waited out
 
 
-class _CountingView:
-    """Counts a FakeStore view's listings (wraps ``listdir``)."""
-
-    def __init__(self, view):
-        self.n, self._list = 0, view.listdir
-        view.listdir = self
-
-    def __call__(self, name=""):
-        self.n += 1
-        return self._list(name)
-
-
 def test_a_waiter_in_the_model_lists_seldom_in_its_fast_phase():
     """As tests/test_folderstore_wait.py on a real directory, in the model: a waiter whose key is set 0.5 s into
     its wait lists at most once per ``LIST_EVERY`` meanwhile (the directory's signature unchanged) and wakes at its
     first poll after the write.  Fails before (no signature on the fakefs: one listing per 10 ms poll, about 45)."""
     fs = FakeFS()
     writer = FolderKV(fs.view("w"), clock=_Clock(fs))
-    listed = _CountingView(fs.view("r"))
+    listed = CountingListings(fs.view("r"))
     seen = {}
 
     def set_it():

@@ -16,6 +16,7 @@ import threading
 import time
 
 import pytest
+from slurm_tasks import job_state, task_output, wait_task_done
 
 pytest.importorskip("torch")
 
@@ -237,42 +238,37 @@ def _held_torchrun_array(s) -> str:
 def _waiting_on(s, jid: str) -> float:
     """Seconds until task 0's agent says it waits for the held task 1 (its log line)."""
     from helpers import wait_for
-    from test_slurm_queue import _out
 
     t0 = time.monotonic()
     want = f"waiting for peer jobs in the scheduler's queue: missing: job {jid}_1 PENDING (JobHeldUser)"
-    wait_for(lambda: want in _out(s, jid, 0), 120, "task 0's agent waiting on the held task")
+    wait_for(lambda: want in task_output(s, jid, 0), 120, "task 0's agent waiting on the held task")
     return time.monotonic() - t0
 
 
 @pytest.mark.root
 @pytest.mark.slow
 def test_torchrun_array_task_held_past_join_timeout_then_the_training_runs(slurm):
-    from test_slurm_queue import _out, _state, _wait_done
-
     jid = _held_torchrun_array(slurm)
     _waiting_on(slurm, jid)
     time.sleep(JOIN_TIMEOUT_S + 5 + 3)  # join_timeout, torch's 5 s rollback, and some
-    assert _state(slurm, f"{jid}_0") == "RUNNING", _out(slurm, jid, 0)[-3000:]
+    assert job_state(slurm, f"{jid}_0") == "RUNNING", task_output(slurm, jid, 0)[-3000:]
     slurm.scontrol("release", f"{jid}_1")
     for task in (0, 1):
-        assert _wait_done(slurm, jid, task, 150) == "COMPLETED", _out(slurm, jid, task)[-3000:]
-    assert any("world_size=2 ranks_agree=True" in _out(slurm, jid, t) for t in (0, 1))
+        assert wait_task_done(slurm, jid, task, 150) == "COMPLETED", task_output(slurm, jid, task)[-3000:]
+    assert any("world_size=2 ranks_agree=True" in task_output(slurm, jid, t) for t in (0, 1))
 
 
 @pytest.mark.root
 @pytest.mark.slow
 def test_torchrun_array_task_cancelled_while_held_fails_the_waiting_agent_at_once(slurm):
-    from test_slurm_queue import _out, _wait_done
-
     jid = _held_torchrun_array(slurm)
     _waiting_on(slurm, jid)
     t0 = time.monotonic()
     r = slurm.login(["scancel", f"{jid}_1"], timeout=15)
     assert r.returncode == 0, r.stderr
-    assert _wait_done(slurm, jid, 0, 60) == "FAILED", _out(slurm, jid, 0)[-3000:]
+    assert wait_task_done(slurm, jid, 0, 60) == "FAILED", task_output(slurm, jid, 0)[-3000:]
     print(f"task 0 failed {time.monotonic() - t0:.1f} s after scancel")
-    text = _out(slurm, jid, 0)
+    text = task_output(slurm, jid, 0)
     assert f"PeerJobEndedError: rendezvous for job {jid} cannot complete: peer job {jid}_1 CANCELLED" in text, text[
         -3000:
     ]

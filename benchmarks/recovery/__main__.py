@@ -6,12 +6,11 @@ import argparse
 import json
 import os
 import platform
-import statistics
 import subprocess
 import time
-from pathlib import Path
 
 from .harness import FAULTS, PATHS, ROOT, one
+from .table import cut_markdown, markdown, plot, printed_rows, write_results
 
 
 def main(argv=None) -> int:
@@ -51,9 +50,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     rows = []
     if a.from_log:
-        for line in Path(a.from_log).read_text().splitlines():
-            if line.startswith("{"):
-                rows.append(json.loads(line))
+        rows = printed_rows(a.from_log)
         plan = []
     elif a.plan:
         plan = []
@@ -103,80 +100,9 @@ def main(argv=None) -> int:
         table += "\n" + cut_markdown(rows)
     print(table)
     if a.out:
-        out = Path(a.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "results.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
-        (out / "results.md").write_text(table)
+        out = write_results(a.out, dict(meta=meta, rows=rows), table)
         plot([r for r in rows if not r.get("before_fix")], out / "recovery.png")
     return 0
-
-
-def _med(xs):
-    xs = [x for x in xs if x is not None]
-    return f"{statistics.median(xs):.2f}" if xs else "—"
-
-
-def markdown(rows: list[dict]) -> str:
-    keys = sorted({(r["fault"], r["n"], r["path"]) for r in rows}, key=lambda k: (k[0], k[1], PATHS.index(k[2])))
-    lines = [
-        "| fault | N | path | runs ok | detect (s) | release (s) | ready, every rank (s) | first step, every rank (s) | load |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for k in keys:
-        rs = [r for r in rows if (r["fault"], r["n"], r["path"]) == k]
-        ok = [r for r in rs if r["ok"]]
-        lines.append(
-            f"| {k[0]} | {k[1]} | {k[2]} | {len(ok)}/{len(rs)} | {_med(r['detect'] for r in ok)} | "
-            f"{_med(r['release'] for r in ok)} | {_med(r.get('ready') for r in ok)} | {_med(r['first_step'] for r in ok)} | "
-            f"{_med(r['load'] for r in rs)} |"
-        )
-    return "\n".join(lines) + "\n"
-
-
-def cut_markdown(rows: list[dict]) -> str:
-    """What the cut node and the new world did once the link came up again (runs that recovered)."""
-    lines = [
-        "| N | path | runs | cut node, while cut (first run) | cut node, link up again (first run) | "
-        "cut node in a new world | new world stepped after the link came up | another world after |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    keys = sorted({(r["n"], r["path"]) for r in rows if r.get("cut")}, key=lambda k: (k[0], PATHS.index(k[1])))
-    for n, path in keys:
-        cs = [r["cut"] for r in rows if r.get("cut") and (r["n"], r["path"]) == (n, path)]
-        lines.append(
-            f"| {n} | {path} | {len(cs)} | {' '.join(cs[0]['victim_cut']) or '—'} | "
-            f"{' '.join(cs[0]['victim_up']) or '—'} | {sum(c['victim_in_new_world'] for c in cs)}/{len(cs)} | "
-            f"{sum(c['new_world_steps_up'] > 0 for c in cs)}/{len(cs)} | {sum(c['worlds_after_up'] > 0 for c in cs)}/{len(cs)} |"
-        )
-    return "\n".join(lines) + "\n"
-
-
-def plot(rows: list[dict], png: Path) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return
-    faults = sorted({r["fault"] for r in rows})
-    fig, axes = plt.subplots(1, len(faults), figsize=(6 * len(faults), 4), squeeze=False)
-    for ax, fault in zip(axes[0], faults):
-        for path in PATHS:
-            pts = {}
-            for r in rows:
-                if r["fault"] == fault and r["path"] == path and r["ok"]:
-                    pts.setdefault(r["n"], []).append(r["first_step"])
-            if pts:
-                ns = sorted(pts)
-                ax.plot(ns, [statistics.median(pts[n]) for n in ns], marker="o", label=path)
-        ax.set_title(f"{fault}: fault -> every rank's first step (median)")
-        ax.set_xlabel("nodes (N)")
-        ax.set_ylabel("seconds")
-        ax.set_xscale("log", base=2)
-        ax.legend()
-    fig.tight_layout()
-    fig.savefig(png, dpi=90)
 
 
 if __name__ == "__main__":

@@ -149,14 +149,8 @@ def _rss(q) -> int:
 
 
 def markdown(rows: list[dict]) -> str:
-    import statistics
-
-    def med(xs):
-        xs = [x for x in xs if x is not None]
-        return statistics.median(xs) if xs else None
-
-    def f(x):
-        return "—" if x is None else f"{x:.2f}"
+    from .table import median as med
+    from .table import two_places as f
 
     lines = [
         "| N | path | runs ok | agents up (s) | round (s) | confirmed (s) | every worker's first line (s) | "
@@ -192,7 +186,8 @@ def markdown(rows: list[dict]) -> str:
 
 def main(argv=None) -> int:
     import argparse
-    from pathlib import Path
+
+    from .table import printed_rows, write_results
 
     ap = argparse.ArgumentParser(prog="python -m benchmarks.recovery.join", description=__doc__.split("\n")[0])
     ap.add_argument("--n", default="8,16,32", help="agent counts, comma-separated")
@@ -204,7 +199,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     rows = []
     if a.from_log:
-        rows = [json.loads(x) for x in Path(a.from_log).read_text().splitlines() if x.startswith("{")]
+        rows = printed_rows(a.from_log)
     else:
         for n in [int(x) for x in a.n.split(",")]:
             for rep in range(a.reps):
@@ -218,10 +213,7 @@ def main(argv=None) -> int:
     table = markdown(rows)
     print(table)
     if a.out:
-        out = Path(a.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "results.json").write_text(json.dumps(rows, indent=1))
-        (out / "results.md").write_text(table)
+        write_results(a.out, rows, table)
     return 0
 
 

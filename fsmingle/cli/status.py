@@ -110,7 +110,7 @@ def job_summary(base: str, job: str, stale_after: float = 30.0, warnings: WarnOn
         r = info.release
         from .stragglers import members_of
 
-        world = members_of(store, r) if r.state == "released" else None
+        world = members_of(store, r) if r.released else None
         rel = {
             "state": r.state,
             "master_addr": r.master_addr,

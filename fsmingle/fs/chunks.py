@@ -33,7 +33,7 @@ def encode_release(rel: Release) -> tuple[bytes, list[bytes]]:
     digests), then create ``release.json`` exclusively: the decision stays one
     atomic create whatever the world size.
     """
-    if rel.state != "released" or len(rel.members) <= MEMBERS_PER_CHUNK:
+    if not rel.released or len(rel.members) <= MEMBERS_PER_CHUNK:
         return encode(rel), []
     chunks = []
     for k in range(0, len(rel.members), MEMBERS_PER_CHUNK):

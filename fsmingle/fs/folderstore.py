@@ -39,6 +39,7 @@ from .folderstore_log import (
     State,
     Version,
     as_bytes,
+    epoch_cap,
     epoch_number,
     key_dir,
     new_epoch_name,
@@ -69,17 +70,22 @@ class FolderKV:
             a callable is asked at each operation); ``wait_for`` takes its own.
         timeout_error: builds the timeout's exception from its message (:class:`FolderStoreTimeout`).
         retire_grace (float): seconds a retired epoch's files are kept (``Store.retire``; ``LIE_LIMIT``).
+        crowd (int): processes of the job that may wait at once (``world_size``; 1: unknown): a young wait of a
+            crowd over ``folderstore_wait.CROWD`` polls less often (:func:`.folderstore_wait.fast_pause`).
     """
 
     def __init__(self, store: Store, clock=time, poll_min: float = POLL_MIN, poll_max: float = POLL_MAX, rng=None,
                  timeout=None, timeout_error: Callable[[str], Exception] = FolderStoreTimeout,
-                 retire_grace: float = LIE_LIMIT):  # fmt: skip
+                 retire_grace: float = LIE_LIMIT, crowd: int = 1):  # fmt: skip
         self.store, self.clock = store, clock
         self.poll_min, self.poll_max = poll_min, max(poll_min, poll_max)
         self.rng = rng or random.Random(secrets.randbits(64))
         self.timeout, self.timeout_error = timeout, timeout_error
         self.seal_at = SEAL_AT  # versions per epoch (tests lower it to compact often)
+        self.seal_max = None  # a grown epoch's largest capacity (None: folderstore_add.SEAL_GROW x seal_at, 128)
+        self.grow_after = 1  # lost slots of the last delta's writer that grow the next epoch (0: every delta seal)
         self.retire_grace = retire_grace  # seconds a retired epoch's files are kept (Store.retire)
+        self.crowd = max(1, crowd)
         self._made: set[str] = set()  # key directories this process made or found (mkdir)
         # key dir -> (epoch number, epoch, version) newest this process saw or wrote: never go back
         self._seen: dict[str, tuple[int, str, int]] = {}
@@ -192,6 +198,9 @@ class FolderKV:
             if st is not None:
                 return st
             fresh = True
+            if missing == kd and kd not in self._made:  # no epoch 0 listed: its maker stalled, or our mkdir met a lie
+                with contextlib.suppress(FileNotFoundError):  # still lying: again next time
+                    self.adopt(kd)  # (never retired: this mkdir never re-creates a retired epoch)
             epoch_gone = missing not in gone and EPOCH_RE.match(missing.rpartition("/")[2])  # retired: no pause
             self._unreadable(op, missing, since, 0.0 if epoch_gone else pause)  # the deadline is kept either way
             pause = pause if epoch_gone else min(pause * 2, self.poll_max)
@@ -336,8 +345,8 @@ class FolderKV:
             if len(value) > MAX_VALUE:
                 raise ValueError(f"FolderStore values are at most {MAX_VALUE} bytes; {key[:40]!r} got {len(value)}")
             seal = None
-            if st.n + 1 >= (SEAL_AT0 if st.ep == EPOCH0 else self.seal_at):
-                seal = self._new_epoch(kd, st.ep)
+            if st.n + 1 >= self.cap(st.ep):
+                seal = self._new_epoch(kd, st.ep)  # a read-modify-write's epoch: the default capacity
             new = Version(key, kind, token, value, seal)
             got = self._link(f"{kd}/{st.ep}", st.n + 1, new, key, op)
             if got is new:
@@ -407,11 +416,18 @@ class FolderKV:
                 won = read_retired(self, d, n, key)
                 return None if won is None else new if won.token == new.token else won
 
-    def _new_epoch(self, kd: str, cur: str) -> str:
+    def cap(self, ep: str) -> int:
+        """Versions epoch ``ep`` holds, the last one its seal: 2 for epoch 0, else what its name says (the default
+        ``seal_at`` for a name without a capacity): the same for every process (names are immutable, never reused).
+        Raises ``CorruptStateError`` for a name saying a capacity under 2."""
+        return SEAL_AT0 if ep == EPOCH0 else epoch_cap(ep, self.seal_at)
+
+    def _new_epoch(self, kd: str, cur: str, cap: int | None = None) -> str:
         """mkdir the epoch the seal about to be linked will name: numbered above every epoch listed,
-        under a name never used (a stale writer's mkdir can never re-create a retired one)."""
+        under a name never used (a stale writer's mkdir can never re-create a retired one); ``cap``: its
+        capacity, written into the name unless it is the default."""
         top = max([epoch_number(cur), *(num for num, _ in self._epochs(kd))])
-        name = new_epoch_name(top + 1)
+        name = new_epoch_name(top + 1, None if cap in (None, self.seal_at) else cap)
         self.store.mkdir(f"{kd}/{name}")
         return name
 

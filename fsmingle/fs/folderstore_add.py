@@ -12,7 +12,8 @@ The value of a delta at version m is the value at m-1 plus its amount (missing o
 delta onto a value that is not an integer leaves it unchanged (every reader agrees: the versions
 are immutable) and its ``add`` raises ``ValueError``.  What stays a full version (the classic
 read-modify-write of :meth:`FolderKV._update`): epoch 0's versions, version 1 of every epoch and
-every seal -- so a walk back from a delta ends inside its epoch, at most ``SEAL_AT`` versions down,
+every seal -- so a walk back from a delta ends inside its epoch, at most its capacity (32; a contended
+counter's up to 128, named in the epoch: ``_seal_now``) versions down,
 and readers cache the values they computed (versions are immutable; epoch names never reused).
 The argument: ``docs/folderstore.md``, "Adds without a read-modify-write".
 """
@@ -26,11 +27,13 @@ import secrets
 
 from ..errors import CorruptStateError, StorageError
 from .folderstore_log import _UNREADABLE, EPOCH0, HINT_RE, VERSION_RE, Op, State, Version, hint_name, version_name
+from .folderstore_wait import fast_pause
 from .refusal import unsupported
 from .store import UNTRUSTED, _nlink, _tmp_name, _unlink_quiet, storage_error
 
 _RETRY = (errno.EIO, errno.ETIMEDOUT, errno.EAGAIN)  # effect unknown: link again, EEXIST tells (nlink)
 SEAL_WAIT = 4  # polls (POLL_MIN each, jittered) an adder that finds an epoch full waits for its last delta's seal
+SEAL_GROW = 4  # a contended counter's epochs grow, doubling, up to SEAL_GROW x seal_at (128 versions)
 CACHE = 4096  # computed values of delta versions kept per process (dropped whole when full)
 # An integer add sees has fewer digits than this: under Python's default int_max_str_digits (4300), so str() of a
 # sum never raises in a reader's walk back, and the same bound in every process whatever its own limit.
@@ -209,11 +212,28 @@ def _link_slots(kv, d: str, first: int, last: int, new: Version, key: str, op: O
         _unlink_quiet(tmp)
 
 
+def loss_pause(kv, lost: int, took: float) -> float:
+    """Seconds a contended adder pauses after its ``lost``-th lost race in a row, its last lost race (the
+    ``link()`` answered EEXIST and the ``stat`` of its link count) having taken ``took`` seconds: about
+    ``2 ** (lost - 1)`` such races (jittered x0.5..1.5), at most the young-wait pause of its job
+    (:func:`.folderstore_wait.fast_pause`: ``poll_min``, more for a job of over ``CROWD``).
+
+    Why: N adders of one counter all aim at the same next free version; every race lost is a ``link()`` and
+    a ``stat`` through the mount for nothing.  At 256 ranks on cached FUSE mounts that was ~17 losses per
+    add and most of a barrier's CPU on 2 cores (docs/folderstore.md, "Losers pause").  A pause measured in
+    the mount's own ``link()`` time scales with the filesystem and its load (microseconds on a local disk,
+    milliseconds through a busy FUSE daemon) -- binary exponential backoff, as Ethernet's (IEEE 802.3 4.2.3.2.5).
+    Only *when* the next ``link()`` comes changes: nothing was linked by the lost race (its link count said
+    so), and the pause ends at the deadline (``_nap``), where the add raises having taken no effect."""
+    return min(fast_pause(kv), max(took, 1e-6) * 2 ** min(lost - 1, 16)) * (0.5 + kv.rng.random())
+
+
 def _posix_slots(kv, root: str, d: str, tmp: str, first: int, last: int, new: Version, key: str, op: Op) -> int | None:
     """:func:`_link_slots` on a real directory, our version written as ``tmp``: the same answers."""
     m, pause, lost, tries = first, kv.poll_min, 0, 0
     while m <= last:
         target, tries = os.path.join(root, d, version_name(m)), tries + 1
+        t0 = kv.clock.monotonic()
         try:
             os.link(tmp, target)
         except FileExistsError:
@@ -232,6 +252,7 @@ def _posix_slots(kv, root: str, d: str, tmp: str, first: int, last: int, new: Ve
             # races one name at a time: a listing (a lower bound of the top, stale or not) after the 1st, 2nd,
             # 4th, 8th... loss in a row jumps them (log2 listings where a stale one does not help).
             lost += 1
+            kv._nap(op, loss_pause(kv, lost, kv.clock.monotonic() - t0), f"{lost} races lost in {kv.store.path(d)}")
             m = max(m + 1, kv._listed(d) + 1) if lost & (lost - 1) == 0 else m + 1
             continue
         except FileNotFoundError:  # the epoch was retired: the caller resolves afresh -- unless an earlier
@@ -272,15 +293,16 @@ def delta_add(kv, key: str, kd: str, amount: int, st: State, op: Op) -> int | St
     """
     if st.ep == EPOCH0 or st.n < 1 or st.ver is None:
         return None  # epoch 0 and version 1 stay full versions
-    if st.n + 1 >= kv.seal_at:  # so does every seal: the last delta's writer makes it (below); wait a moment
+    cap = kv.cap(st.ep)  # this epoch's own capacity: from its name (docs/folderstore.md, "Grown epochs")
+    if st.n + 1 >= cap:  # so does every seal: the last delta's writer makes it (below); wait a moment
         return _await_seal(kv, key, kd, st, op)
     d = f"{kd}/{st.ep}"
     new = Version(key, "add", secrets.token_hex(8), str(amount).encode())
-    m = _link_slots(kv, d, st.n + 1, kv.seal_at - 1, new, key, op)
+    m = _link_slots(kv, d, st.n + 1, cap - 1, new, key, op)
     if m is None:
         return None  # the epoch is gone: the read-modify-write's link() fails too, and resolves afresh
     if m == 0:  # every version below the seal is taken: where the log stands now (the seal is next)
-        kv._saw(kd, st.ep, kv.seal_at - 1)
+        kv._saw(kd, st.ep, cap - 1)
         return kv._resolve(key, kd, op)
     kv._saw(kd, st.ep, m)
     kv._vals[(d, st.n)] = st.ver  # the walk back from ours stops at where we started
@@ -305,22 +327,30 @@ def delta_add(kv, key: str, kd: str, amount: int, st: State, op: Op) -> int | St
     base = as_int(below.value if below.live else None)
     if base is None or abs(base + amount) >= _BOUND:  # linearized at our link(): an add that changes nothing
         raise ValueError(f"add: the value of {key!r} is not an integer: {below.value[:40]!r}")
-    if m == kv.seal_at - 1:
-        _seal_now(kv, kd, st.ep, v, op)
+    if m == cap - 1:
+        # Contended (our delta passed slots others took): the next epoch holds more, so that N adders cross fewer
+        # epochs; a quiet counter's stay at the default (item 1's bound).  Either way in the name, never reused.
+        grow = m - (st.n + 1) >= kv.grow_after
+        top = kv.seal_max or SEAL_GROW * kv.seal_at
+        _seal_now(kv, kd, st.ep, cap, v, op, max(cap, min(2 * cap, top)) if grow else kv.seal_at)
     return base + amount
 
 
-def _seal_now(kv, kd: str, ep: str, v: Version, op: Op) -> None:
-    """The writer of an epoch's last delta (version ``SEAL_AT``-1, value ``v``, computed) seals it at once: a
+def _seal_now(kv, kd: str, ep: str, cap: int, v: Version, op: Op, nxt_cap: int) -> None:
+    """The writer of an epoch's last delta (version ``cap``-1, value ``v``, computed) seals it at once (version
+    ``cap``), naming a new epoch of capacity ``nxt_cap``: a
     read-modify-write that changes nothing (the seal carries ``v``'s value) -- linearized at its ``link()`` as no
     operation.  Else every adder that found the epoch full would make an epoch and race for the seal's slot (at
     256 ranks ~40 per epoch, each a mkdir, a lost link() and a retirement).  Our add took effect: nothing here
     may fail it (a failed seal is made by the next writer, as before)."""
+    # Every Exception, on purpose: StorageError, the store's timeout, even CorruptStateError met while sealing fail
+    # the seal, never the add that already took effect (a caller retrying a failed add counts it twice); the next
+    # writer meets the same error in its own operation, where it is reported.
     with contextlib.suppress(Exception):
-        nxt = kv._new_epoch(kd, ep)
+        nxt = kv._new_epoch(kd, ep, nxt_cap)
         seal = Version(v.key, "set", secrets.token_hex(8), v.value, nxt)
-        if kv._link(f"{kd}/{ep}", kv.seal_at, seal, v.key, op) is seal:
-            kv._saw(kd, ep, kv.seal_at)
+        if kv._link(f"{kd}/{ep}", cap, seal, v.key, op) is seal:
+            kv._saw(kd, ep, cap)
             kv._seal[kd] = (nxt, seal)
             kv._sealed(kd, ep, nxt, seal)
         else:

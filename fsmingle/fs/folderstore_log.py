@@ -34,7 +34,9 @@ VERSION_RE = re.compile(r"^v-(\d{12})$")
 # A delta's hint: its slot, token and amount in a name, so that one listing tells every hinted delta's amount.
 HINT_RE = re.compile(r"^a-(\d{12})-([0-9a-f]{16})-(-?\d{1,64})$")
 KEY_RE = re.compile(r"^(k-[0-9a-f]*|h-[0-9a-f]{64})$")
-EPOCH_RE = re.compile(r"^e-(\d{12})(?:-[0-9a-f]{16})?$")
+# A later epoch's name may end in its capacity (``-c<versions>``, its seal's slot): chosen by the writer that made it
+# and read from the name by every writer and reader (names are never reused); no suffix: the release's SEAL_AT.
+EPOCH_RE = re.compile(r"^e-(\d{12})(?:-[0-9a-f]{16}(?:-c([1-9]\d{0,3}))?)?$")
 EPOCH0 = "e-000000000000"
 MAX_HEX_KEY = 100  # bytes of key spelled in hex in the directory name (200 characters + "k-": under NAME_MAX 255)
 MAX_RECORD = 1 << 21  # PosixStore.read refuses files over 2 MiB (as untrusted): no version file may be larger
@@ -105,9 +107,24 @@ def epoch_number(name: str) -> int:
     return int(m.group(1)) if m else -1
 
 
-def new_epoch_name(number: int) -> str:
-    """A name no directory ever had: a later epoch is never re-created by a stale writer (ABA)."""
-    return f"e-{number:012d}-{secrets.token_hex(8)}"
+def new_epoch_name(number: int, cap: int | None = None) -> str:
+    """A name no directory ever had: a later epoch is never re-created by a stale writer (ABA); ``cap``: its
+    capacity (the slot of its seal) in the name, None for the store's default (an old name's meaning)."""
+    return f"e-{number:012d}-{secrets.token_hex(8)}" + ("" if cap is None else f"-c{cap}")
+
+
+def epoch_cap(name: str, default: int) -> int:
+    """The capacity of epoch ``name`` (versions it holds, the last one its seal): from its name, else ``default``.
+
+    Raises:
+        CorruptStateError: a capacity under 2 (no writer makes one: version 1 is full, a seal follows it).
+    """
+    m = EPOCH_RE.match(name)
+    if m is None or m.group(2) is None:
+        return default
+    if int(m.group(2)) < 2:
+        raise CorruptStateError(f"epoch {name} names a capacity under 2 (not a FolderStore epoch); remove the store")
+    return int(m.group(2))
 
 
 def as_bytes(v) -> bytes:

@@ -58,7 +58,9 @@ def folder_store_class():
         Args:
             path (str): the store directory, unique to this run (``Rendezvous.folder_store()`` gives
                 ``<dir>/<job>/gen-N/store``); created owner-only if missing, its parent must exist.
-            world_size (int | None): accepted for ``FileStore`` compatibility; the store needs none.
+            world_size (int | None): processes of the job (None or < 1: unknown); only how often a young
+                ``wait`` looks depends on it (``folderstore_wait.fast_pause``: 255 waiters of a 256-rank barrier
+                must not each poll every 10 ms on 2 cores).
             timeout (timedelta): default timeout of ``get`` and ``wait`` (``set_timeout`` changes it).
             poll_max (float): longest pause between two looks of a waiting ``get``/``wait`` (seconds).
             retire_grace (float): seconds a compacted key's old versions are kept before they are
@@ -90,6 +92,7 @@ def folder_store_class():
                 timeout=self._seconds,
                 timeout_error=self._store_error,
                 retire_grace=retire_grace,
+                crowd=world_size or 1,  # None: unknown; FolderKV takes any crowd < 1 as 1
             )
 
         def __repr__(self):

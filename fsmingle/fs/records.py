@@ -22,14 +22,15 @@ from __future__ import annotations
 import base64
 import dataclasses
 import functools
-import ipaddress
 import json
 import re
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 from ..errors import RecordError
 from .beacon_fields import _vouch, encode_vouch, job_ids, queue_word  # noqa: F401  (encode_vouch: re-exported)
+from .endpoint import validate_addr, validate_port
 
 SCHEMA_VERSION = 2  # 2: protocol v2 (direct channel); a v1 node must not join a v2 world
 MODES = ("node", "rank")
@@ -38,39 +39,6 @@ _SECRET_RE = re.compile(r"^[0-9a-f]{64}$")
 _MAX_RECORD_BYTES = 1 << 20  # the guard against hostile files; big releases are chunked below it
 MEMBERS_PER_CHUNK = 4096  # ~200 bytes per member: a chunk stays well below 1 MiB
 _DIGEST_RE = re.compile(r"^[0-9a-f]{64}$")
-
-
-def validate_addr(addr: str) -> str:
-    """Return ``addr`` normalised if it is a literal IPv4/IPv6 address.
-
-    Args:
-        addr (str): e.g. ``"10.1.2.3"`` or ``"fe80::1"``.
-
-    Returns:
-        str: the canonical text form.
-
-    Raises:
-        RecordError: if it is not an IP literal.  Hostnames are refused on
-            purpose: pods and compute nodes often cannot resolve each other.
-    """
-    try:
-        return str(ipaddress.ip_address(str(addr).split("%")[0]))
-    except ValueError:
-        raise RecordError(f"{addr!r} is not an IP address (hostnames are not accepted)") from None
-
-
-def validate_port(port: Any, *, allow_zero: bool = False) -> int:
-    """Return ``port`` if it is an int in 1..65535 (0 too if ``allow_zero``).
-
-    Raises:
-        RecordError: otherwise.
-    """
-    if isinstance(port, bool) or not isinstance(port, int):
-        raise RecordError(f"port {port!r} is not an integer")
-    low = 0 if allow_zero else 1
-    if not low <= port <= 65535:
-        raise RecordError(f"port {port} is outside {low}..65535")
-    return port
 
 
 @dataclass(frozen=True)
@@ -209,12 +177,19 @@ class Member:
     arrival: float = 0.0
 
 
+class ReleaseState(StrEnum):
+    """A generation's decision (``release.json``'s ``state``): a ``str``, so the JSON and older readers see the same words."""
+
+    RELEASED = "released"  # the world is fixed: members, master address and port
+    RESTART = "restart"  # voided: everyone moves to the next generation
+
+
 @dataclass(frozen=True)
 class Release:
     """The one decision of a generation (``release.json``).
 
     Attributes:
-        state (str): ``"released"`` or ``"restart"``.
+        state (ReleaseState): released or voided (restart); see :attr:`released`.
         master_addr (str | None), master_port (int | None): set when released.
         members (tuple[Member, ...]): ordered by rank, ``size`` entries, when
             released -- or empty when they are stored apart (see ``member_chunks``).
@@ -232,7 +207,7 @@ class Release:
 
     job_id: str
     generation: int
-    state: str
+    state: ReleaseState
     mode: str
     size: int
     master_addr: str | None
@@ -244,6 +219,11 @@ class Release:
     member_chunks: tuple[str, ...] = ()
     jobs: tuple[str, ...] = ()
     kind: str = field(default="release", init=False)
+
+    @property
+    def released(self) -> bool:
+        """True if this decision released a world (False: a restart)."""
+        return self.state == ReleaseState.RELEASED
 
 
 def member_dict(m: Member) -> dict:
@@ -445,13 +425,14 @@ def decode(data: bytes, expect: type) -> Any:
             spare=d.get("spare") is True,
             **common,
         )
-    state = _req(d, "state", str)
-    if state not in ("released", "restart"):
-        raise RecordError(f"state {state!r} is not 'released' or 'restart'")
+    word = _req(d, "state", str)
+    if word not in tuple(ReleaseState):
+        raise RecordError(f"state {word!r} is not 'released' or 'restart'")
+    state = ReleaseState(word)
     members: list[Member] = []
     master_addr = master_port = None
     chunks: tuple[str, ...] = ()
-    if state == "released":
+    if state is ReleaseState.RELEASED:
         master_addr = validate_addr(_req(d, "master_addr", str))
         master_port = validate_port(_req(d, "master_port", int))
         raw_chunks = d.get("member_chunks") or []

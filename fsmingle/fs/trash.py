@@ -13,6 +13,7 @@ grace meant to outlast entry caches of a minute (``Store.retire`` says why files
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
 import secrets
 import shutil
@@ -23,6 +24,18 @@ _MS_DIGITS = 14
 SWEEP_GAP = 10.0  # seconds between two sweeps of one root by one process
 _last_sweep: dict[str, float] = {}  # root -> monotonic time of this process's last sweep of it
 _kept: dict[tuple[str, str], str] = {}  # (root, retired directory) -> its trash entry (read_kept)
+_NAME_MAX = 255  # bytes of one name (ext4, XFS, NFS, Lustre): a trash entry's name must fit
+
+
+def _tail(name: str) -> str:
+    """How a trash entry's name ends for retired directory ``name``: the name itself (``/`` as ``_``), or where
+    that would make the entry's name over ``NAME_MAX`` (a FolderStore key of 96-100 bytes: ``k-`` and 200 hex,
+    then its epoch), ``s-`` and the SHA-256 of it -- else the ``rename()`` fails with ENAMETOOLONG and the
+    directory is never retired (such a key kept every epoch it ever made)."""
+    flat = name.replace("/", "_")
+    if len(PREFIX) + _MS_DIGITS + 10 + len(flat) <= _NAME_MAX:  # 10: the two "-" and 8 hex of move_aside
+        return flat
+    return "s-" + hashlib.sha256(flat.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def move_aside(root: str, name: str, keep_for: float = 0.0) -> bool:
@@ -35,7 +48,7 @@ def move_aside(root: str, name: str, keep_for: float = 0.0) -> bool:
         OSError: the rename failed otherwise (the caller names it: ``PosixStore.retire``).
     """
     expiry_ms = int((time.time() + keep_for) * 1000)
-    aside = os.path.join(root, f"{PREFIX}{expiry_ms:0{_MS_DIGITS}d}-{secrets.token_hex(4)}-{name.replace('/', '_')}")
+    aside = os.path.join(root, f"{PREFIX}{expiry_ms:0{_MS_DIGITS}d}-{secrets.token_hex(4)}-{_tail(name)}")
     try:
         os.rename(os.path.join(root, name), aside)
     except OSError as e:
@@ -57,7 +70,7 @@ def find(root: str, name: str) -> str | None:
     """The trash entry (a name in ``root``) under which retired directory ``name`` is kept, or None (deleted
     already, or never retired).  A FolderStore writer whose version may have landed in an epoch retired since
     reads it back there (``fsmingle.fs.folderstore_add.read_retired``): one listing of ``root``."""
-    tail = "-" + name.replace("/", "_")
+    tail = "-" + _tail(name)
     try:
         names = os.listdir(root)
     except OSError:

@@ -17,6 +17,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass
+from enum import StrEnum
 
 import filelock
 
@@ -31,14 +32,23 @@ log = logging.getLogger("fsmingle.clean")
 LOCK_NAME = ".clean.lock"
 
 
+class GenerationState(StrEnum):
+    """Where a generation stands for ``clean`` and ``status`` (a ``str``: the words they print)."""
+
+    RELEASED = "released"
+    RESTART = "restart"  # voided
+    WAITING = "waiting"  # live participants, or liveness unknown
+    STALE = "stale"  # nobody alive
+    EMPTY = "empty"  # no beacon, no claim
+
+
 @dataclass(frozen=True)
 class GenerationInfo:
     """What ``clean`` and ``status`` know of one generation.
 
     Attributes:
         generation (int): its number.
-        state (str): ``released``, ``restart`` (voided), ``waiting`` (live
-            participants), ``stale`` (nobody alive), ``empty``.
+        state (GenerationState): its decision, or whether anyone is alive there.
         release (Release | None): its decision, if any.
         beacons (list[Beacon]): readable beacons.
         alive (dict[str, bool | None]): instance -> liveness verdict.
@@ -46,7 +56,7 @@ class GenerationInfo:
     """
 
     generation: int
-    state: str
+    state: GenerationState
     release: Release | None
     beacons: list
     alive: dict
@@ -113,22 +123,22 @@ def inspect(store: Store, g: int, stale_after: float = 0.0, clock=time, warnings
         for i in unknown:
             alive[i] = False
     if rel is not None:
-        state = rel.state
+        state = GenerationState.RELEASED if rel.released else GenerationState.RESTART
     elif not beacons and not claims:
-        state = "empty"
+        state = GenerationState.EMPTY
     elif any(v for v in alive.values()):
-        state = "waiting"
+        state = GenerationState.WAITING
     elif all(v is False for v in alive.values()):
-        state = "stale"
+        state = GenerationState.STALE
     else:
-        state = "waiting"  # unknown liveness: assume someone may be there
+        state = GenerationState.WAITING  # unknown liveness: assume someone may be there
     return GenerationInfo(g, state, rel, list(beacons.values()), alive, claims)
 
 
 def _made_ahead(store: Store, gens: list[int]) -> bool:
     """True if the newest generation follows a decided one: made ahead by its decider
     (``Participant.prepare_next``), where the next run will meet."""
-    return len(gens) > 1 and gens[-2] == gens[-1] - 1 and inspect(store, gens[-2]).state in ("released", "restart")
+    return len(gens) > 1 and gens[-2] == gens[-1] - 1 and inspect(store, gens[-2]).release is not None
 
 
 def clean_job(
@@ -158,13 +168,15 @@ def clean_job(
     out = []
     for g in reversed(gens):
         info = inspect(store, g, stale_after=0.0)
-        if info.state in ("released", "restart"):
+        if info.release is not None:
             decided.append(g)
             if len(decided) > keep_decided:
                 out.append((g, f"{info.state} generation"))
-        elif info.state == "empty" and g == gens[-1] and below is None and _made_ahead(store, gens):
+        elif info.state is GenerationState.EMPTY and g == gens[-1] and below is None and _made_ahead(store, gens):
             continue  # the next generation, made ahead by whoever decided the last one: not stale
-        elif info.state in ("stale", "empty") or (stale_after > 0 and inspect(store, g, stale_after).state == "stale"):
+        elif info.state in (GenerationState.STALE, GenerationState.EMPTY) or (
+            stale_after > 0 and inspect(store, g, stale_after).state is GenerationState.STALE
+        ):
             out.append((g, "no live participants"))
     if not dry_run:
         for g, why in out:
@@ -185,22 +197,38 @@ def retire_decided_below(store: Store, g: int, limit: int = CLEAN_PER_CALL) -> l
 
     ``g`` (the caller's, being joined) and ``g - 1`` (the previous one: a participant slow to
     read its release still finds it) are never touched, nor is any undecided generation
-    (``fsmingle clean`` judges those by their participants' liveness).  At most ``2 * limit``
-    decision lookups per call.
+    (``fsmingle clean`` judges those by their participants' liveness), nor the newest one
+    released among those looked at: its world may still run with a member that has not read
+    that release yet (stopped in its commit window: SIGSTOP, swap), while late participants
+    (a restarted node, a re-run) void the generations above it at their ``--timeout``; retired,
+    that member would find no decision and rejoin although the release names it (found by
+    ``tests/adversary_retired_enum.py``).  A newer release supersedes it: retired at a later
+    call.  At most ``2 * limit`` decision lookups per call.
 
     Returns:
         list[int]: the generations retired.
     """
     if g <= 2:
         return []
+    old = [x for x in generations(store) if x < g - 1][: 2 * limit]
+    decisions = [(x, store.read(release_name(x))) for x in old]
+    released = [x for x, data in decisions if data is not None and _released(data)]
+    keep = max(released, default=None)
     out: list[int] = []
-    old = [x for x in generations(store) if x < g - 1]
-    for x in old[: 2 * limit]:
+    for x, data in decisions:
         if len(out) >= limit:
             break
-        if store.read(release_name(x)) is not None and store.retire(gen_name(x)):
+        if data is not None and x != keep and store.retire(gen_name(x)):
             out.append(x)
     return out
+
+
+def _released(data: bytes) -> bool:
+    """True if a decision record says released -- or cannot be read (kept: it may be one)."""
+    try:
+        return decode(data, Release).released
+    except RecordError:
+        return True
 
 
 def locked_cleaner(store: PosixStore, lease_duration: float = 30.0):

@@ -198,7 +198,7 @@ class Joining:
             # Jobs that joined an earlier generation: one that ended left a place for a spare or a
             # re-run, it did not "end without joining" (protocol/queue.py; every decision carries them).
             self.wiring.queue.learn_jobs(rel.jobs)
-        if isinstance(rel, Release) and rel.state == "released" and self.spare_of(g, rel):
+        if isinstance(rel, Release) and rel.released and self.spare_of(g, rel):
             self.spares.spare_for = g  # a spare: takes a place when the running world comes back for one
             self.become_spare()
             self.set_note(

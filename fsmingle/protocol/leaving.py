@@ -32,7 +32,7 @@ class Leaving:
         """My placement in a released record, or None if it does not name this instance at this rank."""
         from .decision import placements
 
-        if rel.state != "released":
+        if not rel.released:
             return None
         mine = [k for k, m in enumerate(rel.members) if m.instance == self.ident.instance]
         if not mine:
@@ -69,8 +69,9 @@ class Leaving:
             gens = [int(m.group(1)) for m in map(GEN_RE.match, names) if m]
             if gen_name(self.view.gen) not in names and max(gens, default=0) >= self.view.gen + 2:
                 # Retired under us: only decided generations two below one being joined are
-                # (cleanup.retire_decided_below), so a world formed after this one's decision
-                # and another generation began; whatever it decided is over.  Reading on would
+                # (cleanup.retire_decided_below), never the newest released one, so a world
+                # formed after this one's decision and another generation began; whatever it
+                # decided is over (a release naming us is kept while no newer one exists).  Reading on would
                 # wait for the --timeout (a member stopped in its commit window: SIGSTOP, swap).
                 # One listing (a snapshot of the directory) shows g + 2 without g only once g
                 # is gone: a listing that lags shows neither.

@@ -218,7 +218,7 @@ class Member(Ending, Sealed):
         rel = p.read_release(p.gen)
         if rel is not None:
             why = rel.reason if isinstance(rel, Release) else f"its decision record is unusable ({rel})"
-            if isinstance(rel, Release) and rel.state == "released":
+            if isinstance(rel, Release) and rel.released:
                 why = "released without this participant"
             p.set_note(f"generation {p.gen} ended: {why}")
             if p.queue is not None:  # an asker (queue_relay) voided on a peer job that ended: fail on it too

@@ -70,7 +70,7 @@ class OutsideWorld:
         r = self.ident.want_rank
         rel = self._poll_decision()
         if rel is not None:
-            if rel.state == "released":
+            if rel.released:
                 return self._released_while_contesting(r, rel)
             self.rejoin()
             return None
@@ -179,7 +179,7 @@ class OutsideWorld:
     def _step_world_full(self) -> Placement | None:
         rel = self._poll_decision()
         if rel is not None:
-            if rel.state == "released" and self.spare_of(self.view.gen, rel):
+            if rel.released and self.spare_of(self.view.gen, rel):
                 self.spares.spare_for = self.view.gen
                 self.set_note(
                     f"generation {self.view.gen} was released to {self.ident.size} participants without this one "

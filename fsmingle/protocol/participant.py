@@ -54,7 +54,7 @@ from ..fs.layout import (
     master_dir,
     release_name,
 )
-from ..fs.records import Beacon, HostId, Release, encode
+from ..fs.records import Beacon, HostId, Release, ReleaseState, encode
 from ..fs.store import Store
 from .decision import Placement
 from .genreader import GenerationReader
@@ -262,7 +262,7 @@ class Participant(Joining, Leaving, GenerationReader, OutsideWorld, Rank0Shyness
         rel = Release(
             job_id=self.ident.job_id,
             generation=g,
-            state="restart",
+            state=ReleaseState.RESTART,
             mode=self.ident.mode,
             size=self.ident.size,
             master_addr=None,

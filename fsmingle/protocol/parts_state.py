@@ -200,6 +200,9 @@ class Timers:
             (:mod:`fsmingle.protocol.partition`).
         retired_check (float): when a node in DECIDING may list the job directory next, to see its
             generation retired under it (:mod:`fsmingle.protocol.leaving`: once per ``stale_after``).
+            Kept across generations on purpose: a node that enters DECIDING again soon (a chain of voids)
+            still lists the whole job directory at most once per ``stale_after``; its first look in the
+            new generation comes at most ``stale_after`` late, the bound that rule answers within anyway.
     """
 
     started: float

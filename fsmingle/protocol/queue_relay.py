@@ -154,7 +154,7 @@ class Relay:
                 # --timeout for ever.
                 word["hold"] = False
             q.from_wire(word)
-        elif b is None and isinstance(rel := p.read_release(p.gen), Release) and rel.state == "restart":
+        elif b is None and isinstance(rel := p.read_release(p.gen), Release) and not rel.released:
             q.from_void(rel.reason)  # its beacon is gone: it withdrew; on an ended peer job, fail now
         else:
             if b is not None:  # it gives no word (rank 0 is there, a lower rank asks, an older version)

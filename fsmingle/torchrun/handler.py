@@ -232,7 +232,9 @@ class FsRendezvousHandler(DynamicRendezvousHandler):
         epoch, rnd, addr, port = self._round
         st = self._state_holder.state
         others = (set(st.participants) | st.wait_list | st.redundancy_list) - {self._this_node}
-        targets = sorted({(n.addr, port) for n in others} | ({(addr, port)} if addr != self._this_node.addr else set()))
+        # Never this node's own address (another agent of this host, or rank 0 here): a connect to it stays on the
+        # host (loopback: accepted or refused, both "reachable"), so a cut host would always reach "someone".
+        targets = sorted(({(n.addr, port) for n in others} | {(addr, port)}) - {(self._this_node.addr, port)})
         if not targets or reaches_any(targets):  # alone in the state: nobody to tell us apart from
             log.warning("round %d of lineage %d is lost (%s); joining the next round", rnd, epoch, why)
             return

@@ -18,7 +18,7 @@ import logging
 from ...errors import FsmingleError
 from ...fs.chunks import encode_release
 from ...fs.layout import member_chunk_name, release_name, store_dir
-from ...fs.records import Member, Release
+from ...fs.records import Member, Release, ReleaseState
 from ...net.mesh import mesh_probe
 from ..decision import order_members, placements
 from ..member_list import member_parts
@@ -154,7 +154,7 @@ class Releasing:
         rel = self.prepared = Release(
             job_id=p.job_id,
             generation=p.gen,
-            state="released",
+            state=ReleaseState.RELEASED,
             mode=p.mode,
             size=p.size,
             master_addr=master.addr,
@@ -200,9 +200,9 @@ class Releasing:
             # EEXIST: our own release if the first reply was lost (a retransmitted
             # link(), nfs(5)) -- read it back; anything else is somebody's void.
             got = p.read_release(p.gen)
-            if isinstance(got, Release) and got.state == "released" and got.writer == p.instance:
+            if isinstance(got, Release) and got.released and got.writer == p.instance:
                 pass  # ours: the release stands
-            elif isinstance(got, Release) and got.state == "restart":
+            elif isinstance(got, Release) and not got.released:
                 self._end(f"voided by another participant before the release: {got.reason}", write=False)
                 return None
             else:
@@ -256,7 +256,7 @@ class Releasing:
             # Decided first by another (a spare or a contester that saw a holder die): its reason
             # is what happened; ours (a newer generation in use, say) is only how we noticed.
             rel = p.read_release(p.gen)
-            if isinstance(rel, Release) and rel.state == "restart" and rel.writer != p.instance and rel.reason:
+            if isinstance(rel, Release) and not rel.released and rel.writer != p.instance and rel.reason:
                 why = rel.reason
         self.leaving(why)
         unconnected = self._unconnected()
