@@ -177,10 +177,8 @@ def _test_modules_imported(src: str) -> set[str]:
 def test_no_test_module_imports_a_test_module(path):
     # What tests share lives in harness modules (docs/architecture.md, "the tests' harness"): a test
     # module imported by another runs its module-level code twice and collects its fixtures in two places.
-    src = (Path(__file__).resolve().parent / path).read_text()
-    assert not _test_modules_imported(src), (
-        f"tests/{path} imports {sorted(_test_modules_imported(src))}: move what it shares to a harness module"
-    )
+    imported = _test_modules_imported((Path(__file__).resolve().parent / path).read_text())
+    assert not imported, f"tests/{path} imports {sorted(imported)}: move what it shares to a harness module"
 
 
 def test_the_test_import_checker_sees_one():
