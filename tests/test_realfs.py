@@ -307,7 +307,7 @@ def test_create_race_loser_finds_the_winners_name(fresh):
         assert sum(o["made"] for o in outs) == 1 or (unknown and not any(o["made"] for o in outs)), (outs, unknown)
         # GlusterFS nfs60 (about 1 racing round in 90 of 4 hosts, in this machine's full suite): a client whose racing mkdir
         # answered EIO could then neither write nor list in that directory -- every publish and listing of
-        # it answered EIO for 11.7 s and more (docs/filesystems/glusterfs.md).  The protocol fails that node
+        # it answered EIO for 180 s and more (docs/filesystems/glusterfs.md).  The protocol fails that node
         # with the storage exit code and a line naming the directory (readback.publish's second try raises);
         # nothing of it is taken for a holder.  Anywhere else, and without that EIO, a StorageError fails.
         for h, o, (_, err) in zip(c, outs, ran):
