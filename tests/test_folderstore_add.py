@@ -310,3 +310,65 @@ def test_an_epoch_name_says_its_capacity_and_an_old_name_the_default():
     with pytest.raises(CorruptStateError):
         epoch_cap("e-000000000003-0123456789abcdef-c1", 32)
     assert not EPOCH_RE.match("e-000000000003-0123456789abcdef-c0128") and not EPOCH_RE.match("e-000000000003-c8")
+
+
+class _Lagging(PosixStore):
+    """A client whose directory cache lags from :meth:`freeze` on: each directory lists what it listed then, and a
+    version made since reads as absent (a lookup that lies) -- while its own ``link()`` calls reach the server."""
+
+    frozen: dict | None = None
+
+    def freeze(self) -> None:
+        self.frozen = {}
+
+    def listdir(self, name=""):
+        if self.frozen is None:
+            return super().listdir(name)
+        return self.frozen.setdefault(name, super().listdir(name))
+
+    def read(self, name):
+        d, _, base = name.rpartition("/")
+        if self.frozen is not None and base.startswith("v-") and base not in self.listdir(d):
+            return None
+        return super().read(name)
+
+
+def test_an_add_that_took_effect_says_so_when_its_answer_times_out(tmp_path):
+    """B's add loses its race to A's delta (B's listing lags), links its own delta in the next version, and then
+    cannot read A's -- the version below its own, needed for its answer -- until its 1 s timeout: the timeout must
+    say that the add took effect (a caller that adds again would count it twice), and the count holds it.  Before:
+    "Timeout after 1 s adding to 'ctr': ... is listed but unreadable ...", which reads as an add that did nothing."""
+    from fsmingle.fs.folderstore_log import FolderStoreTimeout
+
+    lag = _Lagging(str(tmp_path))
+    a, b = FolderKV(PosixStore(str(tmp_path))), FolderKV(lag, timeout=1.0, clock=_TickClock())
+    for kv in (a, b, a, b):  # past epoch 0 (its seal) and version 1 of epoch 1: where deltas go
+        kv.add("ctr", 1)
+    lag.freeze()
+    assert b.try_get("ctr", fresh=False) == b"4"  # B's listings stop here
+    assert a.add("ctr", 1) == 5
+    with pytest.raises(FolderStoreTimeout, match=r"the add took effect as .*v-\d+; only its answer is missing"):
+        b.add("ctr", 1)
+    assert a.add("ctr", 0) == 6  # B's add is counted once
+
+
+def test_a_write_whose_effect_stays_unknown_says_so_at_its_timeout(tmp_path):
+    """Every create of a version answers EIO after it took effect (a soft mount whose replies are lost): ``set``
+    creates it again with the same token until its 1 s timeout, and the timeout must say that whether the write
+    took effect is unknown (read the key before writing again).  Before: only "creating ... keeps failing"."""
+    import errno
+
+    from fsmingle.fs.folderstore_log import FolderStoreTimeout
+    from fsmingle.fs.store import storage_error
+
+    class LostReplies(PosixStore):
+        def create(self, name, data, fsync=True):
+            if "/v-" in name:
+                super().create(name, data, fsync)  # the effect: made, or EEXIST for the same token's earlier try
+                raise storage_error(OSError(errno.EIO, "Input/output error"), "create", self.path(name))
+            return super().create(name, data, fsync)
+
+    kv = FolderKV(LostReplies(str(tmp_path)), timeout=1.0, clock=_TickClock())
+    with pytest.raises(FolderStoreTimeout, match=r"keeps failing: .* \(whether it took effect is unknown"):
+        kv.set("k", b"v")
+    assert FolderKV(PosixStore(str(tmp_path))).try_get("k") == b"v"  # it did, here

@@ -391,7 +391,8 @@ class FolderKV:
                     raise
                 # The effect is unknown (a soft mount's timeout, a reply lost for good): create it
                 # again with the same token -- EEXIST then reads back whose it is.
-                self._nap(op, pause, f"creating {self.store.path(name)} keeps failing: {e}")
+                unknown_effect = "whether it took effect is unknown: read the key before writing again"
+                self._nap(op, pause, f"creating {self.store.path(name)} keeps failing: {e} ({unknown_effect})")
                 pause, unknown = min(pause * 2, self.poll_max), True
                 continue
             if made:

@@ -289,7 +289,8 @@ def delta_add(kv, key: str, kd: str, amount: int, st: State, op: Op) -> int | St
 
     Raises:
         ValueError: the value the delta landed on is not an integer (the delta changes nothing).
-        the timeout error: a version below ours stayed unreadable until the deadline.
+        the timeout error: no free version was won by the deadline (no effect); or ours was, and a version below it
+            stayed unreadable until the deadline -- the message then says the add took effect (do not add again).
     """
     if st.ep == EPOCH0 or st.n < 1 or st.ver is None:
         return None  # epoch 0 and version 1 stay full versions
@@ -305,6 +306,11 @@ def delta_add(kv, key: str, kd: str, amount: int, st: State, op: Op) -> int | St
         kv._saw(kd, st.ep, cap - 1)
         return kv._resolve(key, kd, op)
     kv._saw(kd, st.ep, m)
+    # Our add took effect at this link(): a timeout from here on (a version below ours that stays unreadable) must
+    # not read as "no effect" -- a caller that adds again would count it twice.  The message says so.
+    op.what += (
+        f" (the add took effect as {kv.store.path(d)}/{version_name(m)}; only its answer is missing: do not add again)"
+    )
     kv._vals[(d, st.n)] = st.ver  # the walk back from ours stops at where we started
     if any((d, k) not in kv._hints and (d, k) not in kv._vals for k in range(st.n + 1, m)):
         with contextlib.suppress(OSError):  # best effort (EIO: the walk reads instead); our add took effect
