@@ -65,8 +65,8 @@ def vname(m: int) -> str:
 class Proto:
     """One rank's view of the counter directory ``d``: hints and values it learnt (immutable: cached)."""
 
-    def __init__(self, d: str, rng: random.Random, crowd: int = 1, poll: float | None = None) -> None:
-        self.d, self.rng = d, rng
+    def __init__(self, d: str, rng: random.Random, crowd: int = 1, poll: float | None = None, race: float = 0) -> None:
+        self.d, self.rng, self.race = d, rng, race
         self.poll = poll or min(0.25, POLL * max(1.0, crowd / 16))  # folderstore_wait.fast_pause
         self.amount: dict[int, int] = {}  # slot -> amount of its delta or batch (from hints or reads)
         self.names: list[str] = []
@@ -160,6 +160,9 @@ class Proto:
                 raise AssertionError("claimed but not in the batch: the prototype has no closers")
             if req not in names:  # claimed after our listing was made, or a listing that lags: look again
                 continue
+            unclaimed = sum(1 for n in names if REQ_RE.match(n))
+            if self.race and self.rng.random() >= self.race / unclaimed:
+                continue  # about ``race`` of the unclaimed requesters race for the next slot; the rest wait
             # Unclaimed: try to win the next slot for a batch (a loser looks again after a pause: carried?).
             m, btok = self.top() + 1, secrets.token_hex(8)
             if not self.make(vname(m), f"b {btok}".encode()):
@@ -282,13 +285,13 @@ class Mailbox(Proto):
             # Our own box was claimed by another winner (our listing lagged): its content tells our answer.
 
 
-def _rank(kind: str, where: str, n: int, r: int, bar, q, poll: float | None) -> None:
+def _rank(kind: str, where: str, n: int, r: int, bar, q, poll: float | None, race: float) -> None:
     try:
         counter.bind(r)
         trace: list = []
         rng = random.Random(secrets.randbits(64))
         if kind in ("proto", "mailbox"):
-            p = (Proto if kind == "proto" else Mailbox)(os.path.join(where, "proto"), rng, n, poll)
+            p = (Proto if kind == "proto" else Mailbox)(os.path.join(where, "proto"), rng, n, poll, race)
             do = lambda: p.add(1)
             trace = p.trace
         else:
@@ -347,7 +350,7 @@ def phases(outs: list[dict], t_last: float) -> dict:
     }
 
 
-def run_one(kind: str, mounts: list[str], n: int, poll: float | None = None) -> dict:
+def run_one(kind: str, mounts: list[str], n: int, poll: float | None = None, race: float = 0.0) -> dict:
     os.makedirs(os.path.join(mounts[0], "proto"), exist_ok=True)
     if kind in ("proto", "mailbox"):
         with open(os.path.join(mounts[0], "proto", vname(1)), "w") as f:
@@ -355,7 +358,7 @@ def run_one(kind: str, mounts: list[str], n: int, poll: float | None = None) -> 
     ctx = mp.get_context("fork")
     bar, q = ctx.Barrier(n), ctx.Queue()
     d0 = daemon_cpu()
-    ps = [ctx.Process(target=_rank, args=(kind, mounts[r % len(mounts)], n, r, bar, q, poll)) for r in range(n)]
+    ps = [ctx.Process(target=_rank, args=(kind, mounts[r % len(mounts)], n, r, bar, q, poll, race)) for r in range(n)]
     for p in ps:
         p.start()
     outs = [q.get(timeout=300) for _ in range(n)]
@@ -405,12 +408,17 @@ def main() -> None:
     ap.add_argument("--poll", type=float, action="append", help="a requester's pause (s); several: one row each")
     ap.add_argument("--design", nargs="+", default=["proto"], choices=["proto", "mailbox"], help="prototype variants")
     ap.add_argument("--quiet-load", type=float, default=2.0, help="wait (up to 120 s) for the 1-minute load under this")
+    ap.add_argument(
+        "--race", type=float, action="append", help="about how many unclaimed requesters race per look (0: all)"
+    )
     a = ap.parse_args()
     install_counting_os(counter)  # FolderKV's calls, counted as the prototype's are
     rows = []
     for rnd in range(a.rounds):
-        kinds = [("folder", None)] + [(d, p) for d in a.design for p in a.poll or [None]]
-        for kind, poll in kinds if rnd % 2 == 0 else kinds[::-1]:
+        kinds = [("folder", None, 0.0)] + [
+            (d, p, x) for d in a.design for p in a.poll or [None] for x in a.race or [0.0]
+        ]
+        for kind, poll, race in kinds if rnd % 2 == 0 else kinds[::-1]:
             for _ in range(120):
                 if os.getloadavg()[0] < a.quiet_load:
                     break
@@ -419,7 +427,13 @@ def main() -> None:
             ms = MountSet(root, a.mounts, FS_OPTS[a.fs])
             try:
                 load = round(os.getloadavg()[0], 2)
-                row = {"round": rnd + 1, "load_before": load, "poll": poll, **run_one(kind, ms.mounts, a.n, poll)}
+                row = {
+                    "round": rnd + 1,
+                    "load_before": load,
+                    "poll": poll,
+                    "race": race,
+                    **run_one(kind, ms.mounts, a.n, poll, race),
+                }
             finally:
                 ms.close()
                 shutil.rmtree(root, ignore_errors=True)
