@@ -2,14 +2,16 @@
 
 FolderStore's contended ``add`` links a delta version in the next free slot of its key's epoch; N adders of one
 counter race for one name at a time, ~60 metadata calls per add at 256 ranks on four cached mounts
-(``benchmarks/folderstore_sites.py``).  *Combining* (docs/folderstore.md, "Combining: the design"): an adder that
+(``benchmarks/bench_folderstore.py``).  *Combining* (docs/folderstore.md, "Combining adds"): an adder that
 loses its first race leaves a **request** (``q-<token>-<amount>``, a name of its own: no race) and whoever next wins
 a slot carries every request it lists in one **batch**.  This module runs that protocol's fault-free path -- the
 part that decides the speed -- on real mounts, beside the real ``FolderKV.add`` in the same run:
 
 * a version ``v-<m>`` holds ``d <amount>`` (a delta) or ``b <batch token>`` (a batch's slot, won *before* its
   content is fixed); ``v-1`` holds the start value;
-* a slot's winner claims requests by ``rename(q-T-a, r-T-a-<m>-<B>)`` (one rename of a name succeeds), then makes
+* a slot's winner claims requests by ``rename(q-T-a, r-T-a-<m>-<B>)`` (one rename of a name succeeds; the first
+  draft's claim -- the design claims by an exclusive ``link()`` to a name never freed, since a rename frees the
+  request's name for a retransmitted create: ``results/combine-proto/attack.md``; one call either way), then makes
   the batch's content ``c-<B>`` (the claimed tokens in order; exclusive ``link()`` of a complete file) and its hint
   ``a-<m>-<B>-<sum>`` (a name: the batch's amount, read from listings);
 * a requester finds its claim by listing, then its batch's content by listing, reads it once, and answers the value
@@ -17,8 +19,9 @@ part that decides the speed -- on real mounts, beside the real ``FolderKV.add`` 
 
 Left out because no fault happens in a timed run (the design covers them): epochs and seals (one directory, slots
 without a bound), timeouts and the closing of a batch whose winner died (``c-<B>`` made empty by a waiter), lost
-replies.  Every run checks that the N answers are exactly 1..N (each add counted once, answers unique) and that the
-final value is N.
+replies.  Every run checks that the N answers are exactly 1..N (each add counted once, answers unique).
+:class:`Mailbox` is the variant whose requests are directories of their own (polled alone); ``--race K`` lets about K
+unclaimed requesters race for a slot at each look; each row's ``phases`` say where the adds' time went.
 
 ``python -m benchmarks.combine_proto --n 256 --rounds 3`` (four 2 s-cached bindfs mounts; alternates the prototype
 and ``FolderKV.add``): time from the last arrival to the last add's answer, metadata calls per add, CPU seconds of
