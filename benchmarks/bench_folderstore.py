@@ -32,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from datetime import timedelta
 
 import torch.distributed as dist
@@ -205,9 +206,9 @@ def timeline(outs: list[dict]) -> dict:
     }
 
 
-def daemon_cpu() -> float:
-    """CPU seconds (user + system) of every bindfs daemon on the machine (the benchmark's mounts' FUSE servers)."""
-    tck, total = os.sysconf("SC_CLK_TCK"), 0.0
+def bindfs_stats() -> Iterator[list[str]]:
+    """The fields after the command in ``/proc/<pid>/stat`` of every bindfs daemon on the machine (the benchmark's
+    mounts' FUSE servers); a process gone between the listing and the read is skipped."""
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
             continue
@@ -217,9 +218,13 @@ def daemon_cpu() -> float:
         except OSError:
             continue
         if st[st.index("(") + 1 : st.rindex(")")] == "bindfs":
-            fields = st[st.rindex(")") + 2 :].split()
-            total += (int(fields[11]) + int(fields[12])) / tck
-    return total
+            yield st[st.rindex(")") + 2 :].split()
+
+
+def daemon_cpu() -> float:
+    """CPU seconds (user + system) of every bindfs daemon on the machine."""
+    tck = os.sysconf("SC_CLK_TCK")
+    return sum(((int(fields[11]) + int(fields[12])) / tck for fields in bindfs_stats()), 0.0)  # 0.0 when none
 
 
 def waiting_cost(where: str, seconds: float = 6.0) -> dict:

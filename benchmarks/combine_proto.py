@@ -41,10 +41,12 @@ import shutil
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
+from functools import partial
 
 from fsmingle.fs.lookup import dir_signature
 
-from .bench_folderstore import daemon_cpu
+from .bench_folderstore import bindfs_stats, daemon_cpu
 from .opkinds import METADATA
 from .rdzv.filesystems import FS_OPTS, MountSet
 from .rdzv.fsops import OpCounter, _CountingOs, install_counting_os
@@ -119,7 +121,7 @@ class Proto:
         while f"c-{token}" not in self.names:
             time.sleep(self.poll * (0.5 + self.rng.random()))
             self.listing()
-        return [(t, int(a)) for t, a in (line.split() for line in self.read(f"c-{token}").decode().splitlines())]
+        return _pairs(self.read(f"c-{token}"))
 
     def value_below(self, m: int) -> int:
         """The value at slot ``m`` - 1: the start value plus every amount below, hints first, else read."""
@@ -142,6 +144,54 @@ class Proto:
             self.mark("delta won")
             return self.value_below(m) + amount
         self.mark("first race lost")
+        return self.combined(amount, token)
+
+    def _win_slot(self) -> tuple[int, str, list[str]] | None:
+        """Race for the next slot for a batch: (slot, batch token, a listing made after the win), or None when lost
+        (the loser looks again after a pause: carried meanwhile?)."""
+        m, btok = self.top() + 1, secrets.token_hex(8)
+        if not self.make(vname(m), f"b {btok}".encode()):
+            self.mark("slot lost")
+            return None
+        self.mark("slot won")
+        return m, btok, self.listing()  # after our win: the requests made since, fewer already claimed
+
+    def _sweep(self, names: list[str], own: str, claim: Callable[[str, int], bool]) -> list[str]:
+        """Claim our own request, then others' from a random place on (concurrent winners sweep different parts),
+        at most MAX_BATCH, stopping after STOP_AFTER claims in a row found taken: another winner is sweeping here.
+        ``claim(q, k)`` (``k``: claimed so far) is False when ``q`` was taken; the requests claimed, in order."""
+        others = [n for n in names if REQ_RE.match(n) and n != own]
+        at = self.rng.randrange(len(others)) if others else 0
+        got, taken = [], 0
+        for q in [own, *others[at:], *others[:at]][:MAX_BATCH]:
+            if claim(q, len(got)):
+                got.append(q)
+                taken = 0
+            else:
+                taken += 1
+                if taken >= STOP_AFTER:
+                    break
+        return got
+
+    def _rename_claim(self, m: int, btok: str, q: str, _held: int) -> bool:
+        """Claim request ``q`` for slot ``m``'s batch ``btok`` (one rename of a name succeeds)."""
+        t, a = REQ_RE.match(q).groups()
+        try:
+            cos.rename(os.path.join(self.d, q), os.path.join(self.d, f"r-{t}-{a}-{m:012d}-{btok}"))
+            return True
+        except FileNotFoundError:
+            return False  # another winner's claim (or its requester's withdrawal in the full protocol)
+
+    def _publish(self, m: int, btok: str, got: list[str]) -> None:
+        """Slot ``m``'s batch: its content ``c-<B>`` (the claimed requests' tokens and amounts, in order) and its hint."""
+        pairs = [(t, int(a)) for t, a in (REQ_RE.match(q).groups() for q in got)]
+        self.make(f"c-{btok}", "".join(f"{t} {a}\n" for t, a in pairs).encode())
+        total = sum(a for _, a in pairs)
+        cos.link(os.path.join(self.d, f"c-{btok}"), os.path.join(self.d, f"a-{m:012d}-{btok}-{total}"))
+        self.amount[m] = total
+
+    def combined(self, amount: int, token: str) -> int:
+        """After a lost first race: a request (a file), carried by whichever batch claims it (ours, if we win a slot)."""
         req = f"q-{token}-{amount}"
         fd = cos.open(os.path.join(self.d, req), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         cos.close(fd)
@@ -153,54 +203,24 @@ class Proto:
             if mine is not None:
                 slot, btok = int(mine.group(3)), mine.group(4)
                 self.mark("claim seen")
-                prefix = 0
-                for t, a in self.batch(btok):
-                    prefix += a
-                    if t == token:
-                        self.mark("content read")
-                        cos.unlink(os.path.join(self.d, mine.group(0)))  # keeps the others' listings short
-                        return self.value_below(slot) + prefix
-                raise AssertionError("claimed but not in the batch: the prototype has no closers")
+                prefix = _prefix(self.batch(btok), token)
+                self.mark("content read")
+                cos.unlink(os.path.join(self.d, mine.group(0)))  # keeps the others' listings short
+                return self.value_below(slot) + prefix
             if req not in names:  # claimed after our listing was made, or a listing that lags: look again
                 continue
             unclaimed = sum(1 for n in names if REQ_RE.match(n))
             if self.race and self.rng.random() >= self.race / unclaimed:
                 continue  # about ``race`` of the unclaimed requesters race for the next slot; the rest wait
-            # Unclaimed: try to win the next slot for a batch (a loser looks again after a pause: carried?).
-            m, btok = self.top() + 1, secrets.token_hex(8)
-            if not self.make(vname(m), f"b {btok}".encode()):
-                self.mark("slot lost")
+            if (won := self._win_slot()) is None:
                 continue
-            self.mark("slot won")
-            names = self.listing()  # after our win: the requests made since, fewer already claimed
-            # Others' requests from a random place on (concurrent winners sweep different parts), stopping after
-            # STOP_AFTER claims in a row found taken: another winner is sweeping here.
-            others = [n for n in names if REQ_RE.match(n) and n != req]
-            at = self.rng.randrange(len(others)) if others else 0
-            reqs = [req, *others[at:], *others[:at]][:MAX_BATCH]
-            got, taken = [], 0
-            for q in reqs:
-                t, a = REQ_RE.match(q).groups()
-                try:
-                    cos.rename(os.path.join(self.d, q), os.path.join(self.d, f"r-{t}-{a}-{m:012d}-{btok}"))
-                except FileNotFoundError:
-                    taken += 1  # another winner's claim (or its requester's withdrawal in the full protocol)
-                    if taken >= STOP_AFTER:
-                        break
-                    continue
-                taken = 0
-                got.append((t, int(a)))
+            m, btok, names = won
+            got = self._sweep(names, req, partial(self._rename_claim, m, btok))
             self.mark(f"swept {len(got)}")
-            self.make(f"c-{btok}", "".join(f"{t} {a}\n" for t, a in got).encode())
-            total = sum(a for _, a in got)
-            cos.link(os.path.join(self.d, f"c-{btok}"), os.path.join(self.d, f"a-{m:012d}-{btok}-{total}"))
-            self.amount[m] = total
+            self._publish(m, btok, got)
             base = self.value_below(m)
-            prefix = 0
-            for t, a in got:
-                prefix += a
-                if t == token:
-                    return base + prefix
+            if got and got[0] == req:
+                return base + amount
             # Our own request was claimed by another winner (our listing lagged): its claim tells our answer.
 
 
@@ -211,15 +231,16 @@ class Mailbox(Proto):
     ``q-…/content``.  A requester polls only its own directory (``statx`` past the attribute cache; a listing of it
     only when it changed), and lists the epoch directory only to race for a slot while unclaimed."""
 
-    def add(self, amount: int) -> int:
-        token = secrets.token_hex(8)
-        self.listing()
-        m = self.top() + 1
-        if self.make(vname(m), f"d {amount}".encode()):  # uncontended: one delta, as FolderKV's
-            cos.link(os.path.join(self.d, vname(m)), os.path.join(self.d, f"a-{m:012d}-{token}-{amount}"))
-            self.mark("delta won")
-            return self.value_below(m) + amount
-        self.mark("first race lost")
+    def _link_claim(self, tmp: str, q: str, held: int) -> bool:
+        """Claim box ``q`` by an exclusive link of ``tmp`` (our ``<m> <B>``, 1 + ``held`` links so far) as its claim."""
+        try:
+            cos.link(tmp, os.path.join(self.d, q, "claim"))
+        except FileExistsError:
+            if cos.stat(tmp).st_nlink <= 1 + held:  # not a retransmitted LINK of ours: claimed by another
+                return False
+        return True
+
+    def combined(self, amount: int, token: str) -> int:
         box = f"q-{token}-{amount}"
         boxp = os.path.join(self.d, box)
         cos.mkdir(boxp)
@@ -236,56 +257,44 @@ class Mailbox(Proto):
                     claim = (int(slot), btok)
                     self.mark("claim seen")
                 if "content" in inside:
-                    prefix = 0
-                    for line in self.read(f"{box}/content").decode().splitlines():
-                        t, a = line.split()
-                        prefix += int(a)
-                        if t == token:
-                            self.mark("content read")
-                            return self.value_below(claim[0]) + prefix
-                    raise AssertionError("claimed but not in the batch: the prototype has no closers")
+                    prefix = _prefix(_pairs(self.read(f"{box}/content")), token)
+                    self.mark("content read")
+                    return self.value_below(claim[0]) + prefix
             if claim is not None:
                 continue
-            # Unclaimed: try to win the next slot for a batch (a loser looks again after a pause: carried?).
-            self.listing()
-            m, btok = self.top() + 1, secrets.token_hex(8)
-            if not self.make(vname(m), f"b {btok}".encode()):
-                self.mark("slot lost")
+            self.listing()  # unclaimed: which slot is next
+            if (won := self._win_slot()) is None:
                 continue
-            self.mark("slot won")
-            names = self.listing()  # after our win: the requests made since, fewer already claimed
-            others = [n for n in names if REQ_RE.match(n) and n != box]
-            at = self.rng.randrange(len(others)) if others else 0
-            boxes = [box, *others[at:], *others[:at]][:MAX_BATCH]
+            m, btok, names = won
             tmp = os.path.join(self.d, f".tmp-{secrets.token_hex(6)}")
             fd = cos.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             cos.write(fd, f"{m} {btok}".encode())
             cos.close(fd)
-            got, taken, links = [], 0, 1
-            for q in boxes:
-                try:
-                    cos.link(tmp, os.path.join(self.d, q, "claim"))
-                except FileExistsError:
-                    if cos.stat(tmp).st_nlink <= links:  # not a retransmitted LINK of ours: claimed by another
-                        taken += 1
-                        if taken >= STOP_AFTER:
-                            break
-                        continue
-                links, taken = links + 1, 0
-                got.append(q)
+            got = self._sweep(names, box, partial(self._link_claim, tmp))
             cos.unlink(tmp)
             self.mark(f"swept {len(got)}")
-            pairs = [REQ_RE.match(q).groups() for q in got]
-            self.make(f"c-{btok}", "".join(f"{t} {a}\n" for t, a in pairs).encode())
-            total = sum(int(a) for _, a in pairs)
-            cos.link(os.path.join(self.d, f"c-{btok}"), os.path.join(self.d, f"a-{m:012d}-{btok}-{total}"))
+            self._publish(m, btok, got)
             for q in got:
                 if q != box:
                     cos.link(os.path.join(self.d, f"c-{btok}"), os.path.join(self.d, q, "content"))
-            self.amount[m] = total
             if got and got[0] == box:
                 return self.value_below(m) + int(amount)
             # Our own box was claimed by another winner (our listing lagged): its content tells our answer.
+
+
+def _pairs(content: bytes) -> list[tuple[str, int]]:
+    """A batch's content: its requests' (token, amount), in order."""
+    return [(t, int(a)) for t, a in (line.split() for line in content.decode().splitlines())]
+
+
+def _prefix(pairs: list[tuple[str, int]], token: str) -> int:
+    """Request ``token``'s share of a batch: the amounts up to and including its own."""
+    prefix = 0
+    for t, a in pairs:
+        prefix += a
+        if t == token:
+            return prefix
+    raise AssertionError("claimed but not in the batch: the prototype has no closers")
 
 
 def _rank(kind: str, where: str, n: int, r: int, bar, q, poll: float | None, race: float) -> None:
@@ -390,17 +399,6 @@ def run_one(kind: str, mounts: list[str], n: int, poll: float | None = None, rac
     return res
 
 
-def _bindfs_alive() -> bool:
-    for pid in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{pid}/comm") as f:
-                if f.read().strip() == "bindfs":
-                    return True
-        except OSError:
-            continue
-    return False
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=256)
@@ -441,7 +439,7 @@ def main() -> None:
                 ms.close()
                 shutil.rmtree(root, ignore_errors=True)
                 for _ in range(100):  # the next row's daemon CPU counts only its own bindfs daemons
-                    if not _bindfs_alive():
+                    if next(bindfs_stats(), None) is None:
                         break
                     time.sleep(0.1)
             print(json.dumps(row), flush=True)

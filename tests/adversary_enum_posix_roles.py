@@ -6,8 +6,11 @@ EIO after the effect on its first three ``link()`` calls of ``_link_slots``.  He
 module of the store (``store``, ``trash``, ``lookup``, ``folderstore_log``, ``folderstore_add``), by :class:`_Os`,
 which counts A's calls and puts ONE fault of :data:`FAULTS` on the ``j``-th, for every ``j``: ``eio-before`` (any
 call), ``eio-after`` (a ``link``, ``mkdir``, ``rename``, ``unlink``, ``rmdir`` or creating ``open`` that took
-effect), ``lost`` (a ``link()`` that took effect answers EEXIST), ``crash`` (the process dies in that call: the
-operation is pending), ``neg`` (a lookup of that name -- ``open``, ``stat`` -- answers ENOENT for ``HIDE`` s: a kernel
+effect), ``lost`` (a ``link()`` that took effect answers EEXIST), ``lost-stale`` (the same, and a plain ``stat``
+of the linked file then answers the link count from before: Linux's NFS client keeps a file's cached attributes
+after a LINK that answered an error, ``_nfs4_proc_link``; the ``statx`` forced past the cache, one more counted call
+here, answers the server's), ``crash`` (the process dies in that call: the
+operation is pending), ``neg`` (a lookup of that name -- ``open``, ``stat``, ``statx`` -- answers ENOENT for ``HIDE`` s: a kernel
 negative dentry, cured at once by an exclusive ``mkdir`` of the name, as ``fuse_dentry_revalidate`` does for
 ``LOOKUP_EXCL``), ``stale`` (a listing answers what this process's previous listing of that directory answered);
 optionally with an intruder (node B: an add, adds that seal and retire the epoch, a set, a delete) run at that call.
@@ -19,6 +22,7 @@ no timeout.  ``python tests/adversary_enum_posix_roles.py [ci|big]`` prints the 
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import os
 import re
@@ -40,8 +44,8 @@ from fsmingle.fs.store import PosixStore
 MODULES = (store, trash, lookup, folderstore_log, folderstore_add)
 ROLES = ("add", "set", "cas", "del")
 INTRUDERS = (None, "add", "seal", "set", "del")
-FAULTS = (None, "eio-before", "eio-after", "lost", "crash", "neg", "stale")
-CALLS = ("link", "mkdir", "rename", "unlink", "remove", "rmdir", "listdir", "open", "stat", "lstat")
+FAULTS = (None, "eio-before", "eio-after", "lost", "lost-stale", "crash", "neg", "stale")
+CALLS = ("link", "mkdir", "rename", "unlink", "remove", "rmdir", "listdir", "open", "stat", "lstat", "statx")
 MUTATING = ("link", "mkdir", "rename", "unlink", "remove", "rmdir")
 HIDE = 0.05  # seconds a negative dentry lasts (poll_max 0.02: a few pauses)
 TIMEOUT = 20.0
@@ -65,6 +69,8 @@ class _Os:
         # cached listing).  Without this, `big` failed 1 of 28,322 runs: a stale listing right after _probe.
         self.changed: set[str] = set()
         self.free_slot: list[str] = []
+        self.kept: dict[str, int] = {}  # file -> the link count a plain stat of it answers (kept past a failed LINK)
+        self.real_statx = lookup._STATX
 
     def __getattr__(self, name):
         return getattr(os, name)
@@ -86,7 +92,7 @@ class _Os:
             raise Crash(f"died in {call} {path}")
         if f == "eio-before":
             raise OSError(errno.EIO, "Input/output error (injected before the effect)", path)
-        if f == "neg" and call in ("open", "stat", "lstat"):
+        if f == "neg" and call in ("open", "stat", "lstat", "statx"):
             self.neg[path] = time.monotonic() + HIDE
         return f
 
@@ -101,13 +107,18 @@ class _Os:
         out = fn()
         if f == "eio-after" and call in MUTATING:
             raise OSError(errno.EIO, "Input/output error (injected after the effect)", path)
-        if f == "lost" and call == "link":
+        if f in ("lost", "lost-stale") and call == "link":
             raise FileExistsError(errno.EEXIST, "File exists (a retransmitted LINK)", path)
         return out
 
     def link(self, src, dst, **kw):
         self._changes(dst)
-        return self._effect(self._at("link", dst), "link", dst, lambda: os.link(src, dst, **kw))
+        f = self._at("link", dst)
+        if f == "lost-stale":
+            self.kept[str(src)] = os.stat(src).st_nlink  # the count cached before this LINK, kept past its EEXIST
+        out = self._effect(f, "link", dst, lambda: os.link(src, dst, **kw))
+        self.kept.pop(str(src), None)  # a LINK that succeeded: its reply carries the file's fresh attributes
+        return out
 
     def mkdir(self, path, *a, **kw):
         f = self._at("mkdir", path)
@@ -156,7 +167,21 @@ class _Os:
     def stat(self, path, *a, **kw):
         self._at("stat", path)
         self._hidden(path)
-        return os.stat(path, *a, **kw)
+        st = os.stat(path, *a, **kw)
+        if str(path) in self.kept:
+            return os.stat_result((*st[:3], self.kept[str(path)], *st[4:10]))
+        return st
+
+    def statx(self, dirfd, path, flags, mask, buf):
+        """``lookup._STATX`` (libc's ``statx``, forced past the cache): a counted call; a fault sets errno."""
+        p = os.fsdecode(path)
+        try:
+            self._at("statx", p)
+            self._hidden(p)
+        except OSError as e:
+            ctypes.set_errno(e.errno)
+            return -1
+        return self.real_statx(dirfd, path, flags, mask, buf)
 
     def lstat(self, path, *a, **kw):
         self._at("lstat", path)
@@ -170,11 +195,14 @@ def one(seal_at, prefix, role, j, intruder, fault):
     real = [m.os for m in MODULES]
     for m in MODULES:
         m.os = px
+    if px.real_statx is not None:
+        lookup._STATX = px.statx
     try:
         return _one(px, seal_at, prefix, role, j, intruder, fault)
     finally:
         for m, o in zip(MODULES, real, strict=True):
             m.os = o
+        lookup._STATX = px.real_statx
 
 
 def _one(px, seal_at, prefix, role, j, intruder, fault):

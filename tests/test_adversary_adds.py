@@ -81,26 +81,68 @@ class _LostReply:
 
 def test_an_add_whose_lost_reply_is_followed_by_a_failed_stat_counts_once(root, monkeypatch):
     """The delta's link() into version 2 takes effect and answers EEXIST; the stat of its own temporary (the link
-    count that says "ours") then fails once (EIO on a soft mount, ESTALE): ``_nlink`` answers 0, which
+    count that says "ours") then fails once (EIO on a soft mount, ESTALE): ``link_count`` answers 0, which
     ``_link_slots`` takes for "lost to another writer", and links the same temporary again as version 3.  The add of
     100 is counted twice (3 -> 203, and it returns 203).  ``PosixStore.create`` reads the token back whenever the
     link count does not say 2; the delta's loop must not trust a stat that failed."""
     a = _kv(root, 32)
     for _ in range(3):
         a.add("k", 1)
-    real_nlink, fails = fa._nlink, [1]
+    real_nlink, fails = fa.link_count, [1]
 
     def nlink(path):
         if fails[0]:
             fails[0] = 0
-            return 0  # store._nlink's answer when os.stat raises
+            return 0  # link_count's answer when the stat fails
         return real_nlink(path)
 
     monkeypatch.setattr(fa, "os", _LostReply())
-    monkeypatch.setattr(fa, "_nlink", nlink)
+    monkeypatch.setattr(fa, "link_count", nlink)
     got = a.add("k", 100)
     monkeypatch.undo()
     assert fails == [0]
+    assert _kv(root, 32).add("k", 0) == 103, "the add of 100 was counted twice"
+    assert got == 103
+
+
+class _StaleAfterLostReply(_LostReply):
+    """:class:`_LostReply` on an NFS client that keeps the file's cached attributes after that LINK answered EEXIST:
+    a plain ``stat`` of the temporary answers the link count from before (1), as Linux's client does inside
+    ``acregmin`` (``_nfs4_proc_link``, fs/nfs/nfs4proc.c, updates the attributes only when the LINK succeeded)."""
+
+    def __init__(self):
+        super().__init__()
+        self.kept: dict[str, int] = {}
+
+    def link(self, src, dst):
+        if self.armed:
+            self.kept[src] = os.stat(src).st_nlink  # the client's cached count, kept past the failed LINK
+        super().link(src, dst)
+
+    def stat(self, path, *a, **kw):
+        st = os.stat(path, *a, **kw)
+        if path in self.kept:
+            return os.stat_result((*st[:3], self.kept[path], *st[4:10]))
+        return st
+
+
+def test_an_add_whose_lost_reply_is_followed_by_a_cached_link_count_counts_once(root, monkeypatch):
+    """The delta's link() into version 2 takes effect and answers EEXIST (a retransmitted LINK), and a plain ``stat``
+    of its temporary answers the cached count of 1, not 2 (NFS keeps attributes after a failed LINK).  Trusting it,
+    ``_link_slots`` took the slot for another writer's and linked the same temporary again as version 3: the add of
+    100 counted twice (203).  The count must be read past the attribute cache (``lookup.link_count``: ``statx``
+    with ``AT_STATX_FORCE_SYNC``, which this fake leaves alone: a real system call, as a GETATTR to the server)."""
+    from fsmingle.fs import lookup, store
+
+    a = _kv(root, 32)
+    for _ in range(3):
+        a.add("k", 1)
+    shim = _StaleAfterLostReply()
+    for module in (fa, store, lookup):
+        monkeypatch.setattr(module, "os", shim)
+    got = a.add("k", 100)
+    monkeypatch.undo()
+    assert shim.kept, "the LINK whose reply was lost never came"
     assert _kv(root, 32).add("k", 0) == 103, "the add of 100 was counted twice"
     assert got == 103
 

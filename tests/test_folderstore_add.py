@@ -372,3 +372,53 @@ def test_a_write_whose_effect_stays_unknown_says_so_at_its_timeout(tmp_path):
     with pytest.raises(FolderStoreTimeout, match=r"keeps failing: .* \(whether it took effect is unknown"):
         kv.set("k", b"v")
     assert FolderKV(PosixStore(str(tmp_path))).try_get("k") == b"v"  # it did, here
+
+
+def test_a_delta_whose_link_keeps_failing_says_its_effect_is_unknown_at_its_timeout(tmp_path, monkeypatch):
+    """Every ``link()`` of a delta answers EIO (a soft mount's timeout): ``_link_slots`` links again until the 1 s
+    timeout, and that timeout must say that whether the add took effect is unknown -- a reply lost after the server
+    linked it, with a link count that could not be read, looks the same from here.  Before: only "linking ... keeps
+    failing", which reads as an add that did nothing (a caller that retries counts it twice)."""
+    import errno
+
+    from fsmingle.fs import folderstore_add
+    from fsmingle.fs.folderstore_log import FolderStoreTimeout
+
+    class EioLinks:
+        def __getattr__(self, name):
+            return getattr(os, name)
+
+        def link(self, src, dst, **kw):
+            if "/v-" in dst:
+                raise OSError(errno.EIO, "Input/output error", dst)
+            return os.link(src, dst, **kw)
+
+    a, b = FolderKV(PosixStore(str(tmp_path))), FolderKV(PosixStore(str(tmp_path)), timeout=1.0, clock=_TickClock())
+    for kv in (a, b, a, b):  # past epoch 0 (its seal) and version 1 of epoch 1: where deltas go
+        kv.add("ctr", 1)
+    monkeypatch.setattr(folderstore_add, "os", EioLinks())
+    with pytest.raises(FolderStoreTimeout, match=r"linking .*keeps failing: .* \(whether it took effect is unknown"):
+        b.add("ctr", 1)
+    monkeypatch.undo()
+    assert a.add("ctr", 0) == 4  # here it did not
+
+
+def test_an_add_that_took_effect_says_so_when_its_answer_stays_unreadable_past_the_lie_limit(tmp_path, monkeypatch):
+    """As ``test_an_add_that_took_effect_says_so_when_its_answer_times_out``, with a timeout longer than
+    ``LIE_LIMIT`` (lowered here to 0.5 s): the version below B's stays unreadable until ``CorruptStateError``, which
+    must still say that the add took effect.  Before: "... has been listed but unreadable for 120 s; was the store
+    removed?", naming neither the add nor its effect."""
+    from fsmingle.errors import CorruptStateError
+    from fsmingle.fs import folderstore
+
+    monkeypatch.setattr(folderstore, "LIE_LIMIT", 0.5)
+    lag = _Lagging(str(tmp_path))
+    a, b = FolderKV(PosixStore(str(tmp_path))), FolderKV(lag, timeout=60.0, clock=_TickClock())
+    for kv in (a, b, a, b):
+        kv.add("ctr", 1)
+    lag.freeze()
+    assert b.try_get("ctr", fresh=False) == b"4"
+    assert a.add("ctr", 1) == 5
+    with pytest.raises(CorruptStateError, match=r"After 0.5 s adding .*the add took effect as .*v-\d+.*do not add"):
+        b.add("ctr", 1)
+    assert a.add("ctr", 0) == 6

@@ -253,12 +253,14 @@ def test_a_link_that_copies_is_refused_and_its_copy_removed(tmp_path):
 
 
 def test_the_link_count_is_checked_on_the_first_claim_only(tmp_path):
-    # The probe rides on the first claim: one stat then, none on later claims (each costs the
-    # metadata server, once per participant at 32,768 ranks).
+    # The probe rides on the first claim: one stat then (its link count, read from the server), none on later
+    # claims (each costs the metadata server, once per participant at 32,768 ranks).
+    from fsmingle.fs import store as store_module
+
     store = PosixStore(str(tmp_path))
     stats = []
-    real = os.stat
-    with mock.patch.object(os, "stat", lambda p, *a, **k: stats.append(p) or real(p, *a, **k)):
+    real = store_module.link_count
+    with mock.patch.object(store_module, "link_count", lambda p: stats.append(p) or real(p)):
         assert store.create("rank-00000.claim", b"{}") and store.create("rank-00001.claim", b"{}")
     assert len(stats) == 1
     assert sorted(os.listdir(tmp_path)) == ["rank-00000.claim", "rank-00001.claim"]

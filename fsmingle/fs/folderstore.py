@@ -28,6 +28,7 @@ from ..errors import CorruptStateError, StorageError
 from .folderstore_add import add, fresh_lookup, full, harvest, read_retired, settled_in_trash
 from .folderstore_keys import live_keys
 from .folderstore_log import (
+    _UNKNOWN_EFFECT,
     _UNREADABLE,
     EPOCH0,
     EPOCH_RE,
@@ -273,7 +274,7 @@ class FolderKV:
             return  # a negative dentry of a version made fresh: read again now, no pause (fs/lookup.py)
         p = self.store.path(what)
         if self.clock.monotonic() - since > LIE_LIMIT:
-            raise CorruptStateError(f"{p} has been {_UNREADABLE} for {LIE_LIMIT:g} s; was the store removed?")
+            raise CorruptStateError(f"After {LIE_LIMIT:g} s {op.what}: {p} is still {_UNREADABLE}")
         self._nap(op, pause, f"{p} is {_UNREADABLE}")
 
     # ------------------------------------------------------------------ reading
@@ -391,8 +392,7 @@ class FolderKV:
                     raise
                 # The effect is unknown (a soft mount's timeout, a reply lost for good): create it
                 # again with the same token -- EEXIST then reads back whose it is.
-                unknown_effect = "whether it took effect is unknown: read the key before writing again"
-                self._nap(op, pause, f"creating {self.store.path(name)} keeps failing: {e} ({unknown_effect})")
+                self._nap(op, pause, f"creating {self.store.path(name)} keeps failing: {e} ({_UNKNOWN_EFFECT})")
                 pause, unknown = min(pause * 2, self.poll_max), True
                 continue
             if made:

@@ -26,10 +26,22 @@ import os
 import secrets
 
 from ..errors import CorruptStateError, StorageError
-from .folderstore_log import _UNREADABLE, EPOCH0, HINT_RE, VERSION_RE, Op, State, Version, hint_name, version_name
+from .folderstore_log import (
+    _UNKNOWN_EFFECT,
+    _UNREADABLE,
+    EPOCH0,
+    HINT_RE,
+    VERSION_RE,
+    Op,
+    State,
+    Version,
+    hint_name,
+    version_name,
+)
 from .folderstore_wait import fast_pause
+from .lookup import link_count
 from .refusal import unsupported
-from .store import UNTRUSTED, _nlink, _tmp_name, _unlink_quiet, storage_error
+from .store import UNTRUSTED, _tmp_name, _unlink_quiet, storage_error
 
 _RETRY = (errno.EIO, errno.ETIMEDOUT, errno.EAGAIN)  # effect unknown: link again, EEXIST tells (nlink)
 SEAL_WAIT = 4  # polls (POLL_MIN each, jittered) an adder that finds an epoch full waits for its last delta's seal
@@ -237,7 +249,7 @@ def _posix_slots(kv, root: str, d: str, tmp: str, first: int, last: int, new: Ve
         try:
             os.link(tmp, target)
         except FileExistsError:
-            links = _nlink(tmp)
+            links = link_count(tmp)
             if links >= 2:  # a retransmitted LINK answered EEXIST after it succeeded
                 return m
             if links == 0:  # the stat failed (EIO, ESTALE): only the token tells whose version m is
@@ -256,13 +268,13 @@ def _posix_slots(kv, root: str, d: str, tmp: str, first: int, last: int, new: Ve
             m = max(m + 1, kv._listed(d) + 1) if lost & (lost - 1) == 0 else m + 1
             continue
         except FileNotFoundError:  # the epoch was retired: the caller resolves afresh -- unless an earlier
-            return m if _nlink(tmp) >= 2 else None  # try of ours (EIO) linked it (read back from the trash)
+            return m if link_count(tmp) >= 2 else None  # try of ours (EIO) linked it (read back from the trash)
         except OSError as e:
             if e.errno not in _RETRY:
                 raise storage_error(e, "create", target) from None
-            if _nlink(tmp) >= 2:
+            if link_count(tmp) >= 2:
                 return m
-            kv._nap(op, pause, f"linking {kv.store.path(d)}/{version_name(m)} keeps failing: {e}")
+            kv._nap(op, pause, f"linking {kv.store.path(d)}/{version_name(m)} keeps failing: {e} ({_UNKNOWN_EFFECT})")
             pause = min(pause * 2, kv.poll_max)
             continue
         if tries == 1 and not kv.store._link_proven:
@@ -275,7 +287,7 @@ def _posix_slots(kv, root: str, d: str, tmp: str, first: int, last: int, new: Ve
 def _prove(store, tmp: str, target: str) -> None:
     # As PosixStore.create's first link(): a filesystem that "links" by copying proves nothing (0: the stat
     # failed, the epoch retired meanwhile -- proven by a later link()).
-    n = _nlink(tmp)
+    n = link_count(tmp)
     if n not in (0, 2):
         _unlink_quiet(target)  # our own copy: it must not stand as a version
         raise unsupported(store.root, f"link() succeeded but the link count is {n}, not 2")

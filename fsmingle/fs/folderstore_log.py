@@ -48,6 +48,9 @@ _UNREADABLE = (
     "upcalls: `gluster volume set VOL performance.nl-cache off`, `fsmingle check` names it), or a file "
     "removed by hand (remove the store)"
 )
+# A write whose create or link() kept failing with EIO may have taken effect (a soft mount's timeout after the
+# server did it, a reply lost for good): its timeout must not read as "nothing happened" (a retry counts twice).
+_UNKNOWN_EFFECT = "whether it took effect is unknown: read the key before writing again"
 
 
 def check_key(key: str) -> bytes:

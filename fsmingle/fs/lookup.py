@@ -2,7 +2,7 @@
 
 Two cures, both for a name the caller knows exists: :func:`stat_existing` (GlusterFS's nl-cache: a listing
 of the parent) and :func:`refresh` (a kernel negative dentry: an exclusive create, which revalidates it).
-And :func:`dir_signature`: a directory's attributes read past the client's attribute cache.
+And :func:`dir_signature` and :func:`link_count`: attributes read past the client's attribute cache.
 """
 
 from __future__ import annotations
@@ -151,27 +151,58 @@ def _statx_fresh():
 
 
 _STATX = _statx_fresh() if sys.platform.startswith("linux") else None
-_AT_FDCWD, _AT_STATX_FORCE_SYNC, _STATX_BASIC_STATS = -100, 0x2000, 0x7FF
+_AT_FDCWD, _AT_STATX_FORCE_SYNC, _STATX_NLINK, _STATX_BASIC_STATS = -100, 0x2000, 0x4, 0x7FF
+
+
+def _forced_statx(path: str, mask: int) -> bytes | int:
+    """``struct statx`` of ``path`` read from the server (``AT_STATX_FORCE_SYNC``), or the errno of the failure
+    (ENOSYS: no ``statx`` here, so the caller falls back to a plain ``stat``).
+
+    Why forced: FUSE (``fuse_update_get_attr``) sends a GETATTR despite ``attr_timeout``, NFS (``nfs_getattr``)
+    revalidates despite ``acregmin``/``acdirmin``; Lustre reads attributes under its lock anyway."""
+    if _STATX is None:
+        return errno.ENOSYS
+    buf = ctypes.create_string_buffer(256)  # struct statx
+    if _STATX(_AT_FDCWD, os.fsencode(path), _AT_STATX_FORCE_SYNC, mask, buf) == 0:
+        return buf.raw
+    return ctypes.get_errno() or errno.EIO
 
 
 def dir_signature(path: str) -> bytes | tuple | None:
     """The directory's identity, link count, size, ctime and mtime, read from the server (None: unknown).
 
-    ``AT_STATX_FORCE_SYNC``: FUSE (``fuse_update_get_attr``) sends a GETATTR despite ``attr_timeout``, NFS
-    (``nfs_getattr``) revalidates despite ``acdirmin``; Lustre reads attributes under its lock anyway.
-    Measured on bindfs with 2 s caches: a plain ``stat`` showed the mtime of before another mount's create,
-    the forced one the new mtime, at a quarter of a listing's time (100 vs 380 us).  Without ``statx`` a plain
-    ``stat``, which may answer from the attribute cache (callers bound what that delays).
+    :func:`_forced_statx`.  Measured on bindfs with 2 s caches: a plain ``stat`` showed the mtime of before another
+    mount's create, the forced one the new mtime, at a quarter of a listing's time (100 vs 380 us).  Without
+    ``statx`` a plain ``stat``, which may answer from the attribute cache (callers bound what that delays).
     """
-    if _STATX is not None:
-        buf = ctypes.create_string_buffer(256)  # struct statx
-        if _STATX(_AT_FDCWD, os.fsencode(path), _AT_STATX_FORCE_SYNC, _STATX_BASIC_STATS, buf) == 0:
-            raw = buf.raw
-            return raw[16:20] + raw[32:48] + raw[96:128]  # stx_nlink, stx_ino, stx_size, stx_ctime, stx_mtime
-        if ctypes.get_errno() not in (errno.ENOSYS, errno.EINVAL):
-            return None  # gone, or unreadable: list it
+    raw = _forced_statx(path, _STATX_BASIC_STATS)
+    if isinstance(raw, bytes):
+        return raw[16:20] + raw[32:48] + raw[96:128]  # stx_nlink, stx_ino, stx_size, stx_ctime, stx_mtime
+    if raw not in (errno.ENOSYS, errno.EINVAL):
+        return None  # gone, or unreadable: list it
     try:
         st = os.stat(path)
     except OSError:
         return None
     return (st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_nlink, st.st_size)
+
+
+def link_count(path: str) -> int:
+    """The link count of ``path`` (int) read from the server; 0 if it cannot be read (gone, EIO, ESTALE).
+
+    It answers "did my ``link()`` of this unique temporary take effect?" after the ``link()`` answered an error
+    (EEXIST from a retransmitted LINK whose first reply was lost, EIO): the count is 2 if it did.  A plain ``stat``
+    can answer that wrongly on NFS: Linux's client updates a file's attributes from a LINK reply only when the LINK
+    succeeded (``_nfs4_proc_link``, fs/nfs/nfs4proc.c; ``nfs_link``, fs/nfs/dir.c), so inside ``acregmin`` (3 s by
+    default, nfs(5)) a ``stat`` after the EEXIST answers the count from before -- 1 -- and the caller would link
+    its file again under a second name: one write counted twice.  Hence :func:`_forced_statx` (one GETATTR);
+    without ``statx`` (not Linux, glibc < 2.28) a plain ``stat``, the best there is."""
+    raw = _forced_statx(path, _STATX_NLINK)
+    if isinstance(raw, bytes):
+        return int.from_bytes(raw[16:20], sys.byteorder)  # stx_nlink
+    if raw not in (errno.ENOSYS, errno.EINVAL):
+        return 0
+    try:
+        return os.stat(path).st_nlink
+    except OSError:
+        return 0

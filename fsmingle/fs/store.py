@@ -33,7 +33,7 @@ import time
 
 from ..errors import FsmingleError, StorageError, UnsafeDirectoryError
 from . import lookup, trash
-from .lookup import stat_existing
+from .lookup import link_count, stat_existing
 from .refusal import REFUSE_ERRNOS, errno_name, unsupported
 
 log = logging.getLogger("fsmingle.store")
@@ -341,8 +341,10 @@ class PosixStore(Store):
                 os.link(tmp, target)
             except FileExistsError:
                 # link() may report failure after succeeding (a retransmitted
-                # NFS request): a link count of 2 on our unique file is the truth.
-                if _nlink(tmp) == 2:
+                # NFS request): a link count of 2 on our unique file is the truth --
+                # read from the server, since NFS keeps the cached count after a
+                # LINK that failed (lookup.link_count).
+                if link_count(tmp) == 2:
                     return True
                 # Lost the race: the winner's claim is read back by name next, so
                 # make sure a negative lookup cache does not hide it (stat_existing).
@@ -354,7 +356,7 @@ class PosixStore(Store):
             except OSError as e:
                 if e.errno == errno.ENOENT:
                     raise
-                if _nlink(tmp) == 2:
+                if link_count(tmp) == 2:
                     return True
                 if e.errno in REFUSE_ERRNOS:
                     raise unsupported(
@@ -365,7 +367,7 @@ class PosixStore(Store):
                 # A filesystem that "links" by copying answers success without a second name:
                 # such a claim proves nothing.  The LINK reply carries the file's attributes
                 # (RFC 1813, LINK3resok), so the client's nlink is fresh here on NFS too.
-                n = _nlink(tmp)  # 0: the stat failed (a FolderStore epoch retired meanwhile): proven at the next
+                n = link_count(tmp)  # 0: the stat failed (a FolderStore epoch retired meanwhile): proven at the next
                 if n not in (0, 2):
                     _unlink_quiet(target)  # our own copy: it must not stand as a claim
                     raise unsupported(self.root, f"link() succeeded but the link count is {n}, not 2")
@@ -454,13 +456,6 @@ def _gone(path: str) -> bool:
     except OSError:
         pass
     return False
-
-
-def _nlink(path: str) -> int:
-    try:
-        return os.stat(path).st_nlink
-    except OSError:
-        return 0
 
 
 def _unlink_quiet(path: str) -> None:

@@ -20,6 +20,7 @@ import socket
 import time
 
 from ...errors import RendezvousTimeoutError
+from ..lookup import link_count as server_link_count
 from .probes import _remove
 
 _CHECK_DIR = ".fsmingle-check"
@@ -178,11 +179,8 @@ def _peer_check(directory: str, n: int, timeout: float, session: str, races: int
                     os.link(srcs[k], os.path.join(d, f"rl-{k}"))
                     wins["link"].append(k)
                 except OSError:
-                    try:
-                        if os.stat(srcs[k]).st_nlink == 2:
-                            wins["link"].append(k)
-                    except OSError:
-                        pass
+                    if server_link_count(srcs[k]) == 2:  # a lost reply's retransmitted LINK: read past the cache
+                        wins["link"].append(k)
                 try:
                     os.close(os.open(os.path.join(d, f"rx-{k}"), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
                     wins["excl"].append(k)
