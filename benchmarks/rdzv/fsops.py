@@ -5,7 +5,9 @@
    that reaches the filesystem -- ``create`` (``open`` with ``O_CREAT``), ``open`` (lookups, failed
    ones included: an ENOENT costs the server a LOOKUP), ``opendir``/``readdir`` (one listing) and
    the **directory entries** it returned, ``read``, ``write``, ``fsync``, ``stat``, ``rename``,
-   ``link``, ``unlink``, ``mkdir``, ``rmdir``.  Exact, cheap at 4,096 participants, and the same
+   ``link``, ``unlink``, ``mkdir``, ``rmdir`` -- and ``stat`` for each ``statx`` that ``fsmingle.fs.lookup`` makes
+   through libc (``dir_signature``, ``link_count``: forced past the cache, a GETATTR each; uncounted before session
+   11, when the waiters' were the only ones).  Exact, cheap at 4,096 participants, and the same
    accounting as the simulator's (:mod:`benchmarks.sim`).  ``shutil.rmtree`` of a retired
    generation is not counted (it uses shutil's own ``os``).
 2. **strace** (any backend, torch's C++ FileStore included): ``strace -f -y`` attached to a sample
@@ -120,6 +122,16 @@ def install_counting_os(counter: OpCounter, prefix: str = "fsmingle") -> list[st
         if mod is not None and (name == prefix or name.startswith(prefix + ".")) and getattr(mod, "os", None) is os:
             mod.os = proxy
             done.append(name)
+    lookup = sys.modules.get(f"{prefix}.fs.lookup")
+    real_statx = getattr(lookup, "_STATX", None)
+    if real_statx is not None and not getattr(real_statx, "counted", False):
+
+        def statx(*a):  # libc's statx through ctypes: no os call to see, one GETATTR to count
+            counter.add("stat")
+            return real_statx(*a)
+
+        statx.counted = True
+        lookup._STATX = statx
     return sorted(done)
 
 

@@ -426,9 +426,10 @@ def decode(data: bytes, expect: type) -> Any:
             **common,
         )
     word = _req(d, "state", str)
-    if word not in tuple(ReleaseState):
-        raise RecordError(f"state {word!r} is not 'released' or 'restart'")
-    state = ReleaseState(word)
+    try:
+        state = ReleaseState(word)
+    except ValueError:
+        raise RecordError(f"state {word!r} is not 'released' or 'restart'") from None
     members: list[Member] = []
     master_addr = master_port = None
     chunks: tuple[str, ...] = ()

@@ -2,11 +2,11 @@
 # Session 11: timed A/B of the link count read past the attribute cache (lookup.link_count: statx with
 # AT_STATX_FORCE_SYNC, one GETATTR per lost race) against main before it (79ea8cc, a throw-away worktree), 256 ranks
 # on four 2 s-cached bindfs mounts and 16 ranks on a local disk, alternating; each run waits for the 1-minute load < 2
-# (at most 90 s) and logs it.  Usage: ab.sh ROUNDS BASE_TREE NEW_TREE
+# (at most WAIT s, default 90) and logs it.  Usage: [WAIT=s] ab.sh ROUNDS BASE_TREE NEW_TREE [FIRST_ROUND]
 OUT=$(cd "$(dirname "$0")" && pwd)
-ROUNDS=$1; BASE=$2; NEW=$3
-waitq() { for i in $(seq 1 90); do l=$(cut -d' ' -f1 /proc/loadavg); awk "BEGIN{exit !($l < 2)}" && break; sleep 1; done; }
-for round in $(seq 1 $ROUNDS); do
+ROUNDS=$1; BASE=$2; NEW=$3; FIRST=${4:-1}
+waitq() { for i in $(seq 1 ${WAIT:-90}); do l=$(cut -d' ' -f1 /proc/loadavg); awk "BEGIN{exit !($l < 2)}" && break; sleep 1; done; }
+for round in $(seq $FIRST $((FIRST + ROUNDS - 1))); do
   for t in base statx; do
     d=$BASE; [ $t = statx ] && d=$NEW
     waitq
