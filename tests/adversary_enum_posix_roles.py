@@ -9,7 +9,9 @@ call), ``eio-after`` (a ``link``, ``mkdir``, ``rename``, ``unlink``, ``rmdir`` o
 effect), ``lost`` (a ``link()`` that took effect answers EEXIST), ``lost-stale`` (the same, and a plain ``stat``
 of the linked file then answers the link count from before: Linux's NFS client keeps a file's cached attributes
 after a LINK that answered an error, ``_nfs4_proc_link``; the ``statx`` forced past the cache, one more counted call
-here, answers the server's), ``crash`` (the process dies in that call: the
+here, answers the server's), ``eio-stale`` (a ``link()`` that took effect answers EIO, and every read of the file's link
+count, the forced one too, answers the count from before until a ``link()`` of it succeeds: a FUSE daemon's own
+attribute cache, GlusterFS md-cache's ``mdc_link_cbk``), ``crash`` (the process dies in that call: the
 operation is pending), ``neg`` (a lookup of that name -- ``open``, ``stat``, ``statx`` -- answers ENOENT for ``HIDE`` s: a kernel
 negative dentry, cured at once by an exclusive ``mkdir`` of the name, as ``fuse_dentry_revalidate`` does for
 ``LOOKUP_EXCL``), ``stale`` (a listing answers what this process's previous listing of that directory answered);
@@ -44,7 +46,7 @@ from fsmingle.fs.store import PosixStore
 MODULES = (store, trash, lookup, folderstore_log, folderstore_add)
 ROLES = ("add", "set", "cas", "del")
 INTRUDERS = (None, "add", "seal", "set", "del")
-FAULTS = (None, "eio-before", "eio-after", "lost", "lost-stale", "crash", "neg", "stale")
+FAULTS = (None, "eio-before", "eio-after", "lost", "lost-stale", "eio-stale", "crash", "neg", "stale")
 CALLS = ("link", "mkdir", "rename", "unlink", "remove", "rmdir", "listdir", "open", "stat", "lstat", "statx")
 MUTATING = ("link", "mkdir", "rename", "unlink", "remove", "rmdir")
 HIDE = 0.05  # seconds a negative dentry lasts (poll_max 0.02: a few pauses)
@@ -70,6 +72,7 @@ class _Os:
         self.changed: set[str] = set()
         self.free_slot: list[str] = []
         self.kept: dict[str, int] = {}  # file -> the link count a plain stat of it answers (kept past a failed LINK)
+        self.kept_forced: set[str] = set()  # ... and a forced statx too (the daemon's own cache)
         self.real_statx = lookup._STATX
 
     def __getattr__(self, name):
@@ -105,7 +108,7 @@ class _Os:
 
     def _effect(self, f, call, path, fn):
         out = fn()
-        if f == "eio-after" and call in MUTATING:
+        if (f == "eio-after" and call in MUTATING) or (f == "eio-stale" and call == "link"):
             raise OSError(errno.EIO, "Input/output error (injected after the effect)", path)
         if f in ("lost", "lost-stale") and call == "link":
             raise FileExistsError(errno.EEXIST, "File exists (a retransmitted LINK)", path)
@@ -114,10 +117,13 @@ class _Os:
     def link(self, src, dst, **kw):
         self._changes(dst)
         f = self._at("link", dst)
-        if f == "lost-stale":
-            self.kept[str(src)] = os.stat(src).st_nlink  # the count cached before this LINK, kept past its EEXIST
+        if f in ("lost-stale", "eio-stale"):
+            self.kept[str(src)] = os.stat(src).st_nlink  # the count cached before this LINK, kept past its failure
+            if f == "eio-stale":
+                self.kept_forced.add(str(src))
         out = self._effect(f, "link", dst, lambda: os.link(src, dst, **kw))
         self.kept.pop(str(src), None)  # a LINK that succeeded: its reply carries the file's fresh attributes
+        self.kept_forced.discard(str(src))
         return out
 
     def mkdir(self, path, *a, **kw):
@@ -181,7 +187,10 @@ class _Os:
         except OSError as e:
             ctypes.set_errno(e.errno)
             return -1
-        return self.real_statx(dirfd, path, flags, mask, buf)
+        got = self.real_statx(dirfd, path, flags, mask, buf)
+        if got == 0 and p in self.kept_forced:
+            buf[16:20] = self.kept[p].to_bytes(4, sys.byteorder)  # stx_nlink, as the daemon's cache answers it
+        return got
 
     def lstat(self, path, *a, **kw):
         self._at("lstat", path)

@@ -147,6 +147,79 @@ def test_an_add_whose_lost_reply_is_followed_by_a_cached_link_count_counts_once(
     assert got == 103
 
 
+def test_an_add_whose_link_took_effect_with_eio_and_whose_epoch_then_retired_counts_once(root, monkeypatch):
+    """The delta's link() into version 2 takes effect and answers EIO (a soft mount's timeout); its link count cannot be
+    read (0: the stat fails too); before its retry B's adds seal and retire the epoch, so the retry answers ENOENT.
+    ``_link_slots`` took that for "the epoch is gone, nothing of ours in it" and the add went again into the next
+    epoch: counted twice (found by the session-11 attack, with ``statx`` blocked).  The retired epoch's version 2, in
+    the trash, must say it is ours."""
+    import errno
+
+    a, b = _kv(root, 4), _kv(root, 4)
+    for kv in (a, b, a, b):
+        kv.add("k", 1)
+    real_os, tries = os, []
+
+    class EioThenRetired:
+        def __getattr__(self, name):
+            return getattr(real_os, name)
+
+        def link(self, src, dst):
+            if "/v-" not in dst:
+                return real_os.link(src, dst)
+            tries.append(dst)
+            if len(tries) == 1:
+                real_os.link(src, dst)
+                raise OSError(errno.EIO, "Input/output error (after the effect)", dst)
+            if len(tries) > 2:
+                return real_os.link(src, dst)  # a later try (the code before this fix: in the next epoch)
+            epoch = real_os.path.dirname(dst)
+            monkeypatch.setattr(fa, "os", real_os)  # B on the real os
+            while real_os.path.isdir(epoch):
+                b.add("k", 1000)
+            monkeypatch.setattr(fa, "os", self)
+            return real_os.link(src, dst)
+
+    monkeypatch.setattr(fa, "os", EioThenRetired())
+    monkeypatch.setattr(fa, "link_count", lambda path: 0)  # the stat fails (EIO, ESTALE, statx blocked)
+    a.add("k", 100)
+    monkeypatch.undo()
+    assert len(tries) >= 2
+    final = _kv(root, 4).add("k", 0)
+    assert (final - 4 - 100) % 1000 == 0, f"the add of 100 was counted {(final - 4) % 1000 // 100} times ({final})"
+
+
+def test_an_add_whose_link_took_effect_with_eio_and_a_cached_count_counts_once(root, monkeypatch):
+    """The delta's link() into version 2 takes effect and answers EIO, and its link count -- even the forced read --
+    answers the count from before (1: a FUSE daemon's own cache, GlusterFS md-cache, keeps it past a failed link).  The
+    retry answers EEXIST; trusting the 1, ``_link_slots`` linked the same delta again as version 3: counted twice.
+    After an EIO at a slot, whose version it holds is read back (the token)."""
+    import errno
+
+    a = _kv(root, 32)
+    for _ in range(3):
+        a.add("k", 1)
+    real_os, tries = os, []
+
+    class EioOnce:
+        def __getattr__(self, name):
+            return getattr(real_os, name)
+
+        def link(self, src, dst):
+            if "/v-" in dst:
+                tries.append(dst)
+                real_os.link(src, dst)
+                if len(tries) == 1:
+                    raise OSError(errno.EIO, "Input/output error (after the effect)", dst)
+
+    monkeypatch.setattr(fa, "os", EioOnce())
+    monkeypatch.setattr(fa, "link_count", lambda path: 1)  # the count kept from before the link
+    got = a.add("k", 100)
+    monkeypatch.undo()
+    assert _kv(root, 32).add("k", 0) == 103, "the add of 100 was counted twice"
+    assert got == 103
+
+
 def test_a_delta_past_pythons_digit_limit_does_not_poison_the_key(root):
     """A value of 4,300 digits is an integer to ``int()`` (Python's default ``int_max_str_digits``); a delta of 1
     onto it makes 4,301 digits, and ``str()`` of that raises ValueError -- in every reader's walk back.  Before a

@@ -134,3 +134,36 @@ def test_a_store_made_again_under_a_live_folderstore_is_reported_at_once(tmp_pat
     with pytest.raises(CorruptStateError, match="removed"):
         a.try_get("k")
     assert [f for _, ds, fs in os.walk(root) for f in ds + fs if f.startswith("v-")] == []
+
+
+def test_a_statx_blocked_by_seccomp_falls_back_to_stat_and_is_remembered(tmp_path, monkeypatch):
+    """A seccomp filter that answers EPERM to ``statx`` (Docker's profile before 18.04; allow-lists without it):
+    ``link_count`` and ``dir_signature`` must fall back to a plain ``stat`` -- a 0 ("unknown") there disabled the
+    first claim's copying-link check and, after an EIO, let a delta be added twice -- and stop calling ``statx``.
+    The copying-link check still refuses a ``link()`` that copies."""
+    import ctypes
+    import errno
+    from unittest import mock
+
+    from fsmingle.errors import UnsupportedFilesystemError
+    from fsmingle.fs import lookup
+
+    calls = []
+
+    def blocked(*a):
+        calls.append(a)
+        ctypes.set_errno(errno.EPERM)
+        return -1
+
+    monkeypatch.setattr(lookup, "_STATX", blocked)
+    f, g = tmp_path / "f", tmp_path / "g"
+    f.write_bytes(b"x")
+    os.link(f, g)
+    assert lookup.link_count(str(f)) == 2
+    assert lookup._STATX is None and len(calls) == 1  # remembered: no statx again
+    assert lookup.dir_signature(str(tmp_path)) is not None and lookup.link_count(str(tmp_path / "none")) == 0
+    monkeypatch.setattr(lookup, "_STATX", blocked)
+    (tmp_path / "store").mkdir(mode=0o700)
+    store, copying = PosixStore(str(tmp_path / "store")), lambda src, dst, *a, **k: shutil.copyfile(src, dst)
+    with mock.patch.object(os, "link", copying), pytest.raises(UnsupportedFilesystemError, match="count is 1, not 2"):
+        store.create("rank-00000.claim", b"{}")

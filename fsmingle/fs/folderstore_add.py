@@ -243,6 +243,7 @@ def loss_pause(kv, lost: int, took: float) -> float:
 def _posix_slots(kv, root: str, d: str, tmp: str, first: int, last: int, new: Version, key: str, op: Op) -> int | None:
     """:func:`_link_slots` on a real directory, our version written as ``tmp``: the same answers."""
     m, pause, lost, tries = first, kv.poll_min, 0, 0
+    unsettled = None  # the slot of an earlier try of ours that answered EIO: its effect is not known yet
     while m <= last:
         target, tries = os.path.join(root, d, version_name(m)), tries + 1
         t0 = kv.clock.monotonic()
@@ -252,7 +253,9 @@ def _posix_slots(kv, root: str, d: str, tmp: str, first: int, last: int, new: Ve
             links = link_count(tmp)
             if links >= 2:  # a retransmitted LINK answered EEXIST after it succeeded
                 return m
-            if links == 0:  # the stat failed (EIO, ESTALE): only the token tells whose version m is
+            if links == 0 or m == unsettled:
+                # The stat failed (EIO, ESTALE), or a try of ours at m answered EIO: a count of 1 may then be a client
+                # cache's, kept past that failed LINK (GlusterFS md-cache: mdc_link_cbk) -- the token tells.
                 w = kv._read(d, m, key)
                 if w is not None and w.token == new.token:
                     return m
@@ -260,6 +263,7 @@ def _posix_slots(kv, root: str, d: str, tmp: str, first: int, last: int, new: Ve
                     kv._nap(op, pause, f"{kv.store.path(d)}/{version_name(m)} is {_UNREADABLE}")
                     pause = min(pause * 2, kv.poll_max)
                     continue  # link() again: EEXIST, and the stat or the read tells
+            unsettled = None  # version m is another's: our try there took no effect
             # Lost to another version: on to the next free name.  N adders at once would each lose O(N)
             # races one name at a time: a listing (a lower bound of the top, stale or not) after the 1st, 2nd,
             # 4th, 8th... loss in a row jumps them (log2 listings where a stale one does not help).
@@ -267,13 +271,17 @@ def _posix_slots(kv, root: str, d: str, tmp: str, first: int, last: int, new: Ve
             kv._nap(op, loss_pause(kv, lost, kv.clock.monotonic() - t0), f"{lost} races lost in {kv.store.path(d)}")
             m = max(m + 1, kv._listed(d) + 1) if lost & (lost - 1) == 0 else m + 1
             continue
-        except FileNotFoundError:  # the epoch was retired: the caller resolves afresh -- unless an earlier
-            return m if link_count(tmp) >= 2 else None  # try of ours (EIO) linked it (read back from the trash)
+        except FileNotFoundError:  # the epoch was retired: the caller resolves afresh -- unless an earlier try of ours
+            # (EIO) linked it: our temporary went with the epoch, so its count is unreadable; the trash tells.
+            if link_count(tmp) >= 2:
+                return m
+            return m if m == unsettled and settled_in_trash(kv, d, m, new, key) is new else None
         except OSError as e:
             if e.errno not in _RETRY:
                 raise storage_error(e, "create", target) from None
             if link_count(tmp) >= 2:
                 return m
+            unsettled = m
             kv._nap(op, pause, f"linking {kv.store.path(d)}/{version_name(m)} keeps failing: {e} ({_UNKNOWN_EFFECT})")
             pause = min(pause * 2, kv.poll_max)
             continue

@@ -50,7 +50,7 @@ _UNREADABLE = (
 )
 # A write whose create or link() kept failing with EIO may have taken effect (a soft mount's timeout after the
 # server did it, a reply lost for good): its timeout must not read as "nothing happened" (a retry counts twice).
-_UNKNOWN_EFFECT = "whether it took effect is unknown: read the key before writing again"
+_UNKNOWN_EFFECT = "whether it took effect is unknown: an add retried may count twice; a set can be read back"
 
 
 def check_key(key: str) -> bytes:

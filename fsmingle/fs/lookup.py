@@ -152,20 +152,28 @@ def _statx_fresh():
 
 _STATX = _statx_fresh() if sys.platform.startswith("linux") else None
 _AT_FDCWD, _AT_STATX_FORCE_SYNC, _STATX_NLINK, _STATX_BASIC_STATS = -100, 0x2000, 0x4, 0x7FF
+# statx itself unusable: missing (ENOSYS: a kernel before 4.11), flags refused (EINVAL), or blocked by a seccomp
+# filter (EPERM: Docker's profile before 18.04, allow-lists without it -- OpenJDK 8337966, kubearmor/KubeArmor#2658),
+# where a plain stat still works.  Remembered, as OpenJDK does: one failed system call, not one per read.
+_NO_STATX = (errno.ENOSYS, errno.EINVAL, errno.EPERM, errno.EOPNOTSUPP)
 
 
 def _forced_statx(path: str, mask: int) -> bytes | int:
     """``struct statx`` of ``path`` read from the server (``AT_STATX_FORCE_SYNC``), or the errno of the failure
-    (ENOSYS: no ``statx`` here, so the caller falls back to a plain ``stat``).
+    (one of :data:`_NO_STATX`: no usable ``statx`` here, so the caller falls back to a plain ``stat``).
 
     Why forced: FUSE (``fuse_update_get_attr``) sends a GETATTR despite ``attr_timeout``, NFS (``nfs_getattr``)
     revalidates despite ``acregmin``/``acdirmin``; Lustre reads attributes under its lock anyway."""
+    global _STATX
     if _STATX is None:
         return errno.ENOSYS
     buf = ctypes.create_string_buffer(256)  # struct statx
     if _STATX(_AT_FDCWD, os.fsencode(path), _AT_STATX_FORCE_SYNC, mask, buf) == 0:
         return buf.raw
-    return ctypes.get_errno() or errno.EIO
+    err = ctypes.get_errno() or errno.EIO
+    if err in _NO_STATX:
+        _STATX = None
+    return err
 
 
 def dir_signature(path: str) -> bytes | tuple | None:
@@ -178,7 +186,7 @@ def dir_signature(path: str) -> bytes | tuple | None:
     raw = _forced_statx(path, _STATX_BASIC_STATS)
     if isinstance(raw, bytes):
         return raw[16:20] + raw[32:48] + raw[96:128]  # stx_nlink, stx_ino, stx_size, stx_ctime, stx_mtime
-    if raw not in (errno.ENOSYS, errno.EINVAL):
+    if raw not in _NO_STATX:
         return None  # gone, or unreadable: list it
     try:
         st = os.stat(path)
@@ -196,11 +204,15 @@ def link_count(path: str) -> int:
     succeeded (``_nfs4_proc_link``, fs/nfs/nfs4proc.c; ``nfs_link``, fs/nfs/dir.c), so inside ``acregmin`` (3 s by
     default, nfs(5)) a ``stat`` after the EEXIST answers the count from before -- 1 -- and the caller would link
     its file again under a second name: one write counted twice.  Hence :func:`_forced_statx` (one GETATTR);
-    without ``statx`` (not Linux, glibc < 2.28) a plain ``stat``, the best there is."""
+    without a usable ``statx`` (not Linux, glibc < 2.28, a seccomp filter: :data:`_NO_STATX`) a plain ``stat``, the
+    best there is.  (NFSv3's client updates the attributes from a failed LINK's reply too, ``nfs3_proc_link``: the
+    stale count is NFSv4's.)  Where a FUSE daemon caches attributes itself, even the forced read can answer a count
+    kept past a failed link (GlusterFS md-cache, ``mdc_link_cbk``): after an EIO the callers read the token back.
+    Callers never take 0 for "not linked": it means unknown."""
     raw = _forced_statx(path, _STATX_NLINK)
     if isinstance(raw, bytes):
         return int.from_bytes(raw[16:20], sys.byteorder)  # stx_nlink
-    if raw not in (errno.ENOSYS, errno.EINVAL):
+    if raw not in _NO_STATX:
         return 0
     try:
         return os.stat(path).st_nlink
