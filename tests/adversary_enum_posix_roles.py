@@ -62,7 +62,9 @@ class _Os:
     """``os`` for the store's modules: counts A's calls while ``armed`` and acts at the ``j``-th (module docstring)."""
 
     def __init__(self):
-        self.armed, self.n, self.j, self.fault, self.intrude = False, 0, -1, None, None
+        self.armed, self.n, self.intrude, self.intrude_at = False, 0, None, -1
+        self.faults: dict[int, str] = {}  # A's call number -> its fault (one, or a pair: PAIRS)
+        self.kinds: list[str] = []  # A's counted calls, in order ("open-create": an open with O_CREAT)
         self.neg: dict[str, float] = {}  # path -> until when a lookup of it says ENOENT
         self.listed: dict[str, list[str]] = {}  # directory -> this process's previous listing of it
         # Directories this process changed since its previous listing of them: their next listing is fresh, so a
@@ -82,15 +84,16 @@ class _Os:
         if not self.armed:
             return None
         n, self.n = self.n, self.n + 1
-        if n != self.j:
-            return None
-        if self.intrude is not None:
+        self.kinds.append(call)
+        if n == self.intrude_at and self.intrude is not None:
             self.armed = False
             try:
                 self.intrude()
             finally:
                 self.armed = True
-        f = self.fault
+        f = self.faults.get(n)
+        if f is None:
+            return None
         if f == "crash":
             raise Crash(f"died in {call} {path}")
         if f == "eio-before":
@@ -159,6 +162,8 @@ class _Os:
 
     def open(self, path, flags, *a, **kw):
         f = self._at("open", path)
+        if flags & os.O_CREAT and self.armed:
+            self.kinds[-1] = "open-create"
         if not flags & os.O_CREAT:
             self._hidden(path)
         creating = "eio-after" if f == "eio-after" and flags & os.O_CREAT else None
@@ -198,8 +203,9 @@ class _Os:
         return os.lstat(path, *a, **kw)
 
 
-def one(seal_at, prefix, role, j, intruder, fault):
-    """One run: returns (failure text or None, A's counted calls)."""
+def one(seal_at, prefix, role, j, intruder, fault, then=None):
+    """One run: returns (failure text or None, A's counted calls, their kinds).  ``fault`` at A's call ``j``; ``then``
+    (``(k, fault2)``, k > j: PAIRS) a second fault at call ``k``, the intruder then at ``k`` instead of ``j``."""
     px = _Os()
     real = [m.os for m in MODULES]
     for m in MODULES:
@@ -207,14 +213,14 @@ def one(seal_at, prefix, role, j, intruder, fault):
     if px.real_statx is not None:
         lookup._STATX = px.statx
     try:
-        return _one(px, seal_at, prefix, role, j, intruder, fault)
+        return _one(px, seal_at, prefix, role, j, intruder, fault, then)
     finally:
         for m, o in zip(MODULES, real, strict=True):
             m.os = o
         lookup._STATX = px.real_statx
 
 
-def _one(px, seal_at, prefix, role, j, intruder, fault):
+def _one(px, seal_at, prefix, role, j, intruder, fault, then):
     root = tempfile.mkdtemp(prefix="advposixroles-")
     os.chmod(root, 0o700)
     a = FolderKV(PosixStore(root), timeout=TIMEOUT, poll_max=0.02)
@@ -244,7 +250,12 @@ def _one(px, seal_at, prefix, role, j, intruder, fault):
 
     intrude = b_side(run, b, prefix, intruder, seal_at)
 
-    px.j, px.fault, px.intrude = j, fault, intrude if intruder else None
+    px.faults = {j: fault} if fault else {}
+    px.intrude, px.intrude_at = (intrude if intruder else None), j
+    if then is not None:
+        px.intrude_at = then[0]
+        if then[1]:
+            px.faults[then[0]] = then[1]
     args = {"add": (3,), "set": (b"7",), "cas": (str(prefix).encode(), b"50"), "del": ()}
     px.armed = True
     try:
@@ -255,11 +266,11 @@ def _one(px, seal_at, prefix, role, j, intruder, fault):
     run(FolderKV(PosixStore(root), poll_max=0.02), "c", "get")
     problems += px.free_slot
     if problems:
-        return problems[0], calls
+        return problems[0], calls, px.kinds
     bad = check([o for o in h.ops if o.ret not in (-2, -3)], None, step)
     if bad and any(o.ret == -2 for o in h.ops):
         bad = "an operation failed after its effect:\n" + bad
-    return bad, calls
+    return bad, calls, px.kinds
 
 
 # seal_ats, prefixes (None: 2 .. seal_at + 3), roles, intruders
@@ -277,7 +288,7 @@ def enumerate_all(size="ci", out=print):
     for seal_at in seal_ats:
         for prefix in prefixes or range(2, capacities(None, seal_at) + 4):
             for role in roles:
-                _, clean = one(seal_at, prefix, role, -1, None, None)
+                _, clean, _ = one(seal_at, prefix, role, -1, None, None)
                 for j in range(clean + 1):
                     for intruder in intruders:
                         for fault in FAULTS:
@@ -287,5 +298,55 @@ def enumerate_all(size="ci", out=print):
     return fails.report(out)
 
 
+# Pairs of faults (session 12): the calls that follow a failed one are where a process decides what its failure did
+# (the forced link count after a link() that answered EEXIST or EIO, the token read back, the retry), and ONE fault per
+# run never puts a second fault there.  For every call of A that a fault of FIRST acts on, and every one of the next
+# WINDOW calls of that faulted run, every fault that acts on that call (APPLIES), or none, with or without an intruder
+# there (the intruder runs at the second call).
+FIRST = ("eio-before", "eio-after", "lost", "lost-stale", "eio-stale")
+WINDOW = 6
+APPLIES = {
+    "eio-before": (*CALLS, "open-create"),
+    "crash": (*CALLS, "open-create"),
+    "eio-after": (*MUTATING, "open-create"),
+    "lost": ("link",),
+    "lost-stale": ("link",),
+    "eio-stale": ("link",),
+    "neg": ("open", "stat", "lstat", "statx"),
+    "stale": ("listdir",),
+}
+# seal_ats, prefixes, roles, intruders at the second call
+PAIRS = {
+    "pairs-ci": ((4,), (3, 5), ("add",), (None, "seal")),
+    "pairs": ((4,), None, ROLES, INTRUDERS),
+}
+
+
+def enumerate_pairs(size="pairs-ci", out=print):
+    seal_ats, prefixes, roles, intruders = PAIRS[size]
+    fails = Failures()
+    for seal_at in seal_ats:
+        for prefix in prefixes or range(2, capacities(None, seal_at) + 4):
+            for role in roles:
+                _, _, kinds = one(seal_at, prefix, role, -1, None, None)
+                for j, kind in enumerate(kinds):
+                    for f1 in FIRST:
+                        # eio-before on a read is a retry of a read: the single-fault enumeration has it
+                        if kind not in APPLIES[f1] or (f1 == "eio-before" and kind not in (*MUTATING, "open-create")):
+                            continue
+                        bad, n1, kinds1 = one(seal_at, prefix, role, j, None, f1)
+                        fails.note(bad, (seal_at, prefix, role, j, None, f1))
+                        for k in range(j + 1, min(n1, j + 1 + WINDOW)):
+                            for f2 in FAULTS:
+                                if f2 is not None and kinds1[k] not in APPLIES[f2]:
+                                    continue
+                                for intruder in intruders:
+                                    if f2 is not None or intruder is not None:
+                                        case = (seal_at, prefix, role, j, intruder, f1, (k, f2))
+                                        fails.note(one(*case)[0], case)
+    return fails.report(out)
+
+
 if __name__ == "__main__":
-    enumerate_all(sys.argv[1] if len(sys.argv) > 1 else "ci")
+    size = sys.argv[1] if len(sys.argv) > 1 else "ci"
+    (enumerate_pairs if size in PAIRS else enumerate_all)(size)

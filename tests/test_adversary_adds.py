@@ -62,15 +62,19 @@ def test_an_add_whose_epoch_is_sealed_and_retired_before_its_walk_back_answers_i
     assert _kv(root, 4).add("k", 0) == 114
 
 
-class _LostReply:
+class _Os:
+    """``os`` for folderstore_add: the real one, but for what a subclass overrides (``link``, ``stat``)."""
+
+    def __getattr__(self, name):
+        return getattr(os, name)
+
+
+class _LostReply(_Os):
     """``os`` for folderstore_add whose first ``link()`` takes effect and then answers EEXIST (a retransmitted NFS
     LINK whose first reply was lost: the server's duplicate-request cache missed it)."""
 
     def __init__(self):
         self.armed = True
-
-    def __getattr__(self, name):
-        return getattr(os, name)
 
     def link(self, src, dst):
         os.link(src, dst)
@@ -90,11 +94,11 @@ def test_an_add_whose_lost_reply_is_followed_by_a_failed_stat_counts_once(root, 
         a.add("k", 1)
     real_nlink, fails = fa.link_count, [1]
 
-    def nlink(path):
+    def nlink(path, **kw):
         if fails[0]:
             fails[0] = 0
             return 0  # link_count's answer when the stat fails
-        return real_nlink(path)
+        return real_nlink(path, **kw)
 
     monkeypatch.setattr(fa, "os", _LostReply())
     monkeypatch.setattr(fa, "link_count", nlink)
@@ -160,10 +164,7 @@ def test_an_add_whose_link_took_effect_with_eio_and_whose_epoch_then_retired_cou
         kv.add("k", 1)
     real_os, tries = os, []
 
-    class EioThenRetired:
-        def __getattr__(self, name):
-            return getattr(real_os, name)
-
+    class EioThenRetired(_Os):
         def link(self, src, dst):
             if "/v-" not in dst:
                 return real_os.link(src, dst)
@@ -181,7 +182,7 @@ def test_an_add_whose_link_took_effect_with_eio_and_whose_epoch_then_retired_cou
             return real_os.link(src, dst)
 
     monkeypatch.setattr(fa, "os", EioThenRetired())
-    monkeypatch.setattr(fa, "link_count", lambda path: 0)  # the stat fails (EIO, ESTALE, statx blocked)
+    monkeypatch.setattr(fa, "link_count", lambda path, **kw: 0)  # the stat fails (EIO, ESTALE, statx blocked)
     a.add("k", 100)
     monkeypatch.undo()
     assert len(tries) >= 2
@@ -201,10 +202,7 @@ def test_an_add_whose_link_took_effect_with_eio_and_a_cached_count_counts_once(r
         a.add("k", 1)
     real_os, tries = os, []
 
-    class EioOnce:
-        def __getattr__(self, name):
-            return getattr(real_os, name)
-
+    class EioOnce(_Os):
         def link(self, src, dst):
             if "/v-" in dst:
                 tries.append(dst)
@@ -213,9 +211,79 @@ def test_an_add_whose_link_took_effect_with_eio_and_a_cached_count_counts_once(r
                     raise OSError(errno.EIO, "Input/output error (after the effect)", dst)
 
     monkeypatch.setattr(fa, "os", EioOnce())
-    monkeypatch.setattr(fa, "link_count", lambda path: 1)  # the count kept from before the link
+    monkeypatch.setattr(fa, "link_count", lambda path, **kw: 1)  # the count kept from before the link
     got = a.add("k", 100)
     monkeypatch.undo()
+    assert _kv(root, 32).add("k", 0) == 103, "the add of 100 was counted twice"
+    assert got == 103
+
+
+def test_an_add_whose_lost_reply_is_followed_by_its_epoch_retiring_counts_once(root, monkeypatch):
+    """The delta's link() into version 4 takes effect and answers EEXIST (a retransmitted LINK); before its link count
+    is read, B's adds seal and retire the epoch, so the count is unreadable (its temporary went with the epoch) and so is
+    version 4.  The retry answered ENOENT, which ``_link_slots`` took for "nothing of ours": the add went again into the
+    next epoch, counted twice (53 + 3).  Found by the session-12 pair enumeration, ``(4, 3, 'add', 9, 'seal', 'lost',
+    (10, None))``: an intruder one call after the fault, where the single-fault enumeration never puts it."""
+    a, b = _kv(root, 4), _kv(root, 4)
+    for kv in (b, b, b):
+        kv.add("k", 1)
+    tries = []
+
+    class LostThenRetired(_Os):
+        def link(self, src, dst):
+            os.link(src, dst)
+            if "/v-" in dst:
+                tries.append(dst)
+                if len(tries) == 1:
+                    epoch = os.path.dirname(dst)
+                    monkeypatch.setattr(fa, "os", os)  # B on the real os
+                    while os.path.isdir(epoch):
+                        b.add("k", 10)
+                    monkeypatch.setattr(fa, "os", self)
+                    raise FileExistsError(17, "File exists (a retransmitted LINK)", dst)
+
+    monkeypatch.setattr(fa, "os", LostThenRetired())
+    a.add("k", 3)
+    monkeypatch.undo()
+    final = _kv(root, 4).add("k", 0)
+    assert tries and (final - 3) % 10 == 3, f"the add of 3 was counted {(final - 3) % 10 // 3} times ({final})"
+
+
+def test_an_add_whose_read_back_fails_once_after_an_eio_answers_and_counts_once(root, monkeypatch):
+    """The delta's link() takes effect and answers EIO, and its link count answers the count from before (a FUSE
+    daemon's cache); the retry answers EEXIST, and the read-back of the version -- the token that settles whose it is --
+    fails once with EIO.  The add raised StorageError although it had taken effect: a caller that retries adds twice.
+    It must read back again and answer (session-12 pair enumeration: ``eio-stale`` then ``eio-before`` on the open)."""
+    import errno
+
+    from fsmingle.fs import store as store_module
+
+    a = _kv(root, 32)
+    for _ in range(3):
+        a.add("k", 1)
+    tries, opens = [], []
+
+    class EioOnce(_Os):
+        def link(self, src, dst):
+            os.link(src, dst)
+            if "/v-" in dst:
+                tries.append(dst)
+                if len(tries) == 1:
+                    raise OSError(errno.EIO, "Input/output error (after the effect)", dst)
+
+    class ReadEioOnce(_Os):
+        def open(self, path, flags, *a, **kw):
+            if tries and "/v-" in str(path) and not flags & os.O_CREAT and not opens:
+                opens.append(path)
+                raise OSError(errno.EIO, "Input/output error", path)
+            return os.open(path, flags, *a, **kw)
+
+    monkeypatch.setattr(fa, "os", EioOnce())
+    monkeypatch.setattr(store_module, "os", ReadEioOnce())
+    monkeypatch.setattr(fa, "link_count", lambda path, **kw: 1)  # the count kept from before the link
+    got = a.add("k", 100)
+    monkeypatch.undo()
+    assert opens, "the read-back never failed: the test did not reach its point"
     assert _kv(root, 32).add("k", 0) == 103, "the add of 100 was counted twice"
     assert got == 103
 

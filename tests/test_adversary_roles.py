@@ -36,6 +36,19 @@ def test_every_role_with_a_fault_at_every_filesystem_call_on_a_real_directory_is
     assert not fails, "\n".join(lines)
 
 
+def test_an_add_with_a_pair_of_faults_on_a_real_directory_is_linearizable():
+    """Pairs (session 12): a fault on a call that can fail after its effect (EIO before or after, a lost reply, a
+    count kept past it), then a second fault -- or an intruder that seals and retires the epoch -- at each of the next
+    calls, where the process decides what its failure did.  One fault per run never reached there: two ways an add
+    was counted twice or failed after its effect (``tests/test_adversary_adds.py``)."""
+    from adversary_enum_posix_roles import enumerate_pairs
+
+    lines = []
+    runs, fails = enumerate_pairs("pairs" if SIZE == "big" else "pairs-ci", out=lines.append)
+    assert runs > 1_000
+    assert not fails, "\n".join(lines)
+
+
 def test_a_wait_with_a_fault_at_every_store_step_answers_linearizably_within_its_bound(monkeypatch):
     """Role ``wait`` (``FolderKV.wait_for``; session 6, ``adv``): every node of a 256-process job
     (``folderstore_wait.fast_pause``: a young wait looks every 0.16 s, not every 10 ms), A's listings lagging 2.5 s,

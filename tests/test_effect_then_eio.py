@@ -172,6 +172,29 @@ def test_posix_create_whose_link_takes_effect_and_reports_eio(tmp_path, monkeypa
     assert s.create("rank-00000.claim", b"theirs") is False  # EEXIST is still a lost race
 
 
+@pytest.mark.parametrize(
+    ("err", "unknown"), [(errno.ENOTCONN, True), (errno.ECONNRESET, True), (errno.EROFS, False), (errno.EACCES, False)]
+)
+def test_a_create_whose_link_reply_was_lost_says_its_effect_is_unknown(tmp_path, monkeypatch, err, unknown):
+    """A GlusterFS client whose brick disconnects mid-``link()`` answers ENOTCONN (a JuiceFS client killed: the
+    same): the LINK may have reached the server, and the error is not retried (the node fails at once: the client
+    is gone).  Before, its StorageError read like a refusal ("cannot create ...: Transport endpoint is not
+    connected"), and a FolderStore ``add`` that raised it said nothing of having maybe counted (session 11's
+    open item).  A refusal (read-only, permission) took no effect and must not say so."""
+    from fsmingle.errors import StorageError
+
+    s = PosixStore(str(tmp_path))
+
+    def link(src, dst, *a, **k):
+        raise OSError(err, os.strerror(err), dst)
+
+    monkeypatch.setattr(os, "link", link)
+    with pytest.raises(StorageError) as ei:
+        s.create("rank-00000.claim", b"mine")
+    assert str(ei.value).startswith("cannot create ") and ei.value.errno == err
+    assert ("whether it took effect is unknown" in str(ei.value)) is unknown, str(ei.value)
+
+
 def test_posix_mkdir_that_takes_effect_and_reports_eio(tmp_path, monkeypatch):
     s = PosixStore(str(tmp_path))
     calls = _effect_then_eio(monkeypatch, "mkdir")

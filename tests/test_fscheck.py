@@ -260,7 +260,7 @@ def test_the_link_count_is_checked_on_the_first_claim_only(tmp_path):
     store = PosixStore(str(tmp_path))
     stats = []
     real = store_module.link_count
-    with mock.patch.object(store_module, "link_count", lambda p: stats.append(p) or real(p)):
+    with mock.patch.object(store_module, "link_count", lambda p, **kw: stats.append(p) or real(p, **kw)):
         assert store.create("rank-00000.claim", b"{}") and store.create("rank-00001.claim", b"{}")
     assert len(stats) == 1
     assert sorted(os.listdir(tmp_path)) == ["rank-00000.claim", "rank-00001.claim"]

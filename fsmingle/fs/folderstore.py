@@ -404,7 +404,7 @@ class FolderKV:
             try:
                 won = self._read(d, n, key)
             except StorageError as e:  # EIO on the read-back: whose version n is, is read again (nradv's finding 4)
-                self._nap(op, pause, f"reading {self.store.path(name)} back keeps failing: {e}")
+                self._nap(op, pause, f"reading {self.store.path(name)} back keeps failing: {e} ({_UNKNOWN_EFFECT})")
                 pause = min(pause * 2, self.poll_max)
                 continue  # create again: EEXIST, then the read-back (ours or another's, never unknown for good)
             if won is not None:

@@ -255,8 +255,16 @@ def _posix_slots(kv, root: str, d: str, tmp: str, first: int, last: int, new: Ve
                 return m
             if links == 0 or m == unsettled:
                 # The stat failed (EIO, ESTALE), or a try of ours at m answered EIO: a count of 1 may then be a client
-                # cache's, kept past that failed LINK (GlusterFS md-cache: mdc_link_cbk) -- the token tells.
-                w = kv._read(d, m, key)
+                # cache's, kept past that failed LINK (GlusterFS md-cache: mdc_link_cbk) -- the token tells.  Until it
+                # has, m is unsettled: an ENOENT next (the epoch retired meanwhile) asks the trash, as _link does.
+                unsettled = m
+                try:
+                    w = kv._read(d, m, key)
+                except StorageError as e:  # EIO on the read-back: link again, EEXIST, read again (as _link)
+                    back = f"{kv.store.path(d)}/{version_name(m)}"
+                    kv._nap(op, pause, f"reading {back} back keeps failing: {e} ({_UNKNOWN_EFFECT})")
+                    pause = min(pause * 2, kv.poll_max)
+                    continue
                 if w is not None and w.token == new.token:
                     return m
                 if w is None:
@@ -278,7 +286,7 @@ def _posix_slots(kv, root: str, d: str, tmp: str, first: int, last: int, new: Ve
             return m if m == unsettled and settled_in_trash(kv, d, m, new, key) is new else None
         except OSError as e:
             if e.errno not in _RETRY:
-                raise storage_error(e, "create", target) from None
+                raise storage_error(e, "create", target, mutating=True) from None
             if link_count(tmp) >= 2:
                 return m
             unsettled = m
@@ -294,8 +302,9 @@ def _posix_slots(kv, root: str, d: str, tmp: str, first: int, last: int, new: Ve
 
 def _prove(store, tmp: str, target: str) -> None:
     # As PosixStore.create's first link(): a filesystem that "links" by copying proves nothing (0: the stat
-    # failed, the epoch retired meanwhile -- proven by a later link()).
-    n = link_count(tmp)
+    # failed, the epoch retired meanwhile -- proven by a later link()).  After a link() that succeeded the kernel's
+    # count is the LINK reply's: a plain stat (lookup.link_count).
+    n = link_count(tmp, past_cache=False)
     if n not in (0, 2):
         _unlink_quiet(target)  # our own copy: it must not stand as a version
         raise unsupported(store.root, f"link() succeeded but the link count is {n}, not 2")

@@ -195,7 +195,7 @@ def dir_signature(path: str) -> bytes | tuple | None:
     return (st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_nlink, st.st_size)
 
 
-def link_count(path: str) -> int:
+def link_count(path: str, *, past_cache: bool = True) -> int:
     """The link count of ``path`` (int) read from the server; 0 if it cannot be read (gone, EIO, ESTALE).
 
     It answers "did my ``link()`` of this unique temporary take effect?" after the ``link()`` answered an error
@@ -208,7 +208,19 @@ def link_count(path: str) -> int:
     best there is.  (NFSv3's client updates the attributes from a failed LINK's reply too, ``nfs3_proc_link``: the
     stale count is NFSv4's.)  Where a FUSE daemon caches attributes itself, even the forced read can answer a count
     kept past a failed link (GlusterFS md-cache, ``mdc_link_cbk``): after an EIO the callers read the token back.
-    Callers never take 0 for "not linked": it means unknown."""
+
+    ``past_cache=False``: a plain ``stat``, for the count right after a ``link()`` that *succeeded* (the first claim's
+    proof that the filesystem links rather than copies): the LINK reply carried the file's fresh attributes (RFC 1813
+    LINK3resok; NFSv4's LINK compound ends in a GETATTR; FUSE's link reply is an entry with attributes), so the
+    kernel's copy is right and a forced read would be one GETATTR for nothing.
+
+    0 means unknown, never "not linked": the stores then read the token back or prove at a later link; only
+    ``fsmingle check``'s link race counts it as no win, which can under-report a win, never invent one."""
+    if not past_cache:
+        try:
+            return os.stat(path).st_nlink
+        except OSError:
+            return 0
     raw = _forced_statx(path, _STATX_NLINK)
     if isinstance(raw, bytes):
         return int.from_bytes(raw[16:20], sys.byteorder)  # stx_nlink

@@ -47,6 +47,11 @@ _WRITE_FATAL = {
     errno.EDQUOT: "your disk quota is exceeded",
 }
 _RETRY_READ = (errno.ENOENT, errno.ESTALE, errno.ENOTDIR)
+# errnos of a call whose reply was lost, not refused: the call may have taken effect on the server.  ENOTCONN:
+# a FUSE client whose daemon died or lost its servers (GlusterFS when a brick disconnects mid-call; the JuiceFS
+# client killed); ETIMEDOUT, EIO: a soft NFS mount's major timeout (nfs(5), "soft"); ECONNRESET, ECONNABORTED: a
+# network filesystem's connection torn mid-call.
+_REPLY_LOST = (errno.EIO, errno.ENOTCONN, errno.ETIMEDOUT, errno.ECONNRESET, errno.ECONNABORTED)
 UNTRUSTED = b""  # read() result for a file that exists but is not ours to trust (never valid JSON)
 
 
@@ -57,11 +62,14 @@ def refused(e: OSError) -> bool:
     return (e.errno or 0) in _WRITE_FATAL
 
 
-def storage_error(e: OSError, what: str, path: str) -> StorageError:
+def storage_error(e: OSError, what: str, path: str, mutating: bool = False) -> StorageError:
     """Translate an OSError from a write, or from a read or listing that no retry fixes (ENOTCONN: the
     node's FUSE client died; EIO: it lost its servers), into a :class:`StorageError` that says what
-    to do."""
+    to do.  ``mutating``: ``e`` came from a call that changes the directory (a ``link()``); where its reply was
+    lost rather than refused (:data:`_REPLY_LOST`) the message says it may have taken effect."""
     reason = _WRITE_FATAL.get(e.errno or 0, os.strerror(e.errno or 0) if e.errno else str(e))
+    if mutating and e.errno in _REPLY_LOST:
+        reason += " (the reply was lost: whether it took effect is unknown)"
     hint = {
         errno.EACCES: "use a directory you can write (--dir / FSMINGLE_DIR)",
         errno.EPERM: "use a directory you can write (--dir / FSMINGLE_DIR)",
@@ -362,12 +370,13 @@ class PosixStore(Store):
                     raise unsupported(
                         self.root, f"link() fails there with {errno_name(e.errno)} ({os.strerror(e.errno)})"
                     ) from None
-                raise storage_error(e, "create", target) from None
+                raise storage_error(e, "create", target, mutating=True) from None
             if not self._link_proven:
                 # A filesystem that "links" by copying answers success without a second name:
                 # such a claim proves nothing.  The LINK reply carries the file's attributes
-                # (RFC 1813, LINK3resok), so the client's nlink is fresh here on NFS too.
-                n = link_count(tmp)  # 0: the stat failed (a FolderStore epoch retired meanwhile): proven at the next
+                # (RFC 1813, LINK3resok), so the client's nlink is fresh here on NFS too: no forced read.
+                # 0: the stat failed (a FolderStore epoch retired meanwhile): proven at the next claim.
+                n = link_count(tmp, past_cache=False)
                 if n not in (0, 2):
                     _unlink_quiet(target)  # our own copy: it must not stand as a claim
                     raise unsupported(self.root, f"link() succeeded but the link count is {n}, not 2")
