@@ -203,9 +203,10 @@ class _Os:
         return os.lstat(path, *a, **kw)
 
 
-def one(seal_at, prefix, role, j, intruder, fault, then=None):
+def one(seal_at, prefix, role, j, intruder, fault, then=None, also=None):
     """One run: returns (failure text or None, A's counted calls, their kinds).  ``fault`` at A's call ``j``; ``then``
-    (``(k, fault2)``, k > j: PAIRS) a second fault at call ``k``, the intruder then at ``k`` instead of ``j``."""
+    (``(k, fault2)``, k > j: PAIRS) a second fault at call ``k``, the intruder then at ``k`` instead of ``j``; ``also``
+    (``{call: fault}``) more faults (the triples)."""
     px = _Os()
     real = [m.os for m in MODULES]
     for m in MODULES:
@@ -213,14 +214,14 @@ def one(seal_at, prefix, role, j, intruder, fault, then=None):
     if px.real_statx is not None:
         lookup._STATX = px.statx
     try:
-        return _one(px, seal_at, prefix, role, j, intruder, fault, then)
+        return _one(px, seal_at, prefix, role, j, intruder, fault, then, also)
     finally:
         for m, o in zip(MODULES, real, strict=True):
             m.os = o
         lookup._STATX = px.real_statx
 
 
-def _one(px, seal_at, prefix, role, j, intruder, fault, then):
+def _one(px, seal_at, prefix, role, j, intruder, fault, then, also=None):
     root = tempfile.mkdtemp(prefix="advposixroles-")
     os.chmod(root, 0o700)
     a = FolderKV(PosixStore(root), timeout=TIMEOUT, poll_max=0.02)
@@ -256,6 +257,7 @@ def _one(px, seal_at, prefix, role, j, intruder, fault, then):
         px.intrude_at = then[0]
         if then[1]:
             px.faults[then[0]] = then[1]
+    px.faults.update(also or {})
     args = {"add": (3,), "set": (b"7",), "cas": (str(prefix).encode(), b"50"), "del": ()}
     px.armed = True
     try:
@@ -302,9 +304,14 @@ def enumerate_all(size="ci", out=print):
 # (the forced link count after a link() that answered EEXIST or EIO, the token read back, the retry), and ONE fault per
 # run never puts a second fault there.  For every call of A that a fault of FIRST acts on, and every one of the next
 # WINDOW calls of that faulted run, every fault that acts on that call (APPLIES), or none, with or without an intruder
-# there (the intruder runs at the second call).
+# there (the intruder runs at the second call).  Triples (the helper's attack on the first fix): where that intruder
+# sealed and retired the epoch, a fault of THIRD on each later read of the window -- where a writer whose link() had an
+# unknown effect settles it from the trash (a listing of the root, a read there).  WINDOW 9: a set's or
+# compare_set's read-back after an eio-stale link() is its 8th call after it.
 FIRST = ("eio-before", "eio-after", "lost", "lost-stale", "eio-stale")
-WINDOW = 6
+THIRD = ("eio-before", "stale")
+READS = ("listdir", "open", "stat", "statx")
+WINDOW = 9
 APPLIES = {
     "eio-before": (*CALLS, "open-create"),
     "crash": (*CALLS, "open-create"),
@@ -322,28 +329,42 @@ PAIRS = {
 }
 
 
+def _firsts(seal_at, prefix, role):
+    """``(j, fault)`` for every call ``j`` of A's fault-free run that a fault of :data:`FIRST` acts on."""
+    _, _, kinds = one(seal_at, prefix, role, -1, None, None)
+    for j, kind in enumerate(kinds):
+        for f1 in FIRST:
+            # eio-before on a read is a retry of a read: the single-fault enumeration has it
+            if kind in APPLIES[f1] and (f1 != "eio-before" or kind in (*MUTATING, "open-create")):
+                yield j, f1
+
+
 def enumerate_pairs(size="pairs-ci", out=print):
     seal_ats, prefixes, roles, intruders = PAIRS[size]
     fails = Failures()
     for seal_at in seal_ats:
         for prefix in prefixes or range(2, capacities(None, seal_at) + 4):
             for role in roles:
-                _, _, kinds = one(seal_at, prefix, role, -1, None, None)
-                for j, kind in enumerate(kinds):
-                    for f1 in FIRST:
-                        # eio-before on a read is a retry of a read: the single-fault enumeration has it
-                        if kind not in APPLIES[f1] or (f1 == "eio-before" and kind not in (*MUTATING, "open-create")):
-                            continue
-                        bad, n1, kinds1 = one(seal_at, prefix, role, j, None, f1)
-                        fails.note(bad, (seal_at, prefix, role, j, None, f1))
-                        for k in range(j + 1, min(n1, j + 1 + WINDOW)):
-                            for f2 in FAULTS:
-                                if f2 is not None and kinds1[k] not in APPLIES[f2]:
+                for j, f1 in _firsts(seal_at, prefix, role):
+                    bad, n1, kinds1 = one(seal_at, prefix, role, j, None, f1)
+                    fails.note(bad, (seal_at, prefix, role, j, None, f1))
+                    end = j + 1 + WINDOW
+                    for k in range(j + 1, min(n1, end)):
+                        for f2 in FAULTS:
+                            if f2 is not None and kinds1[k] not in APPLIES[f2]:
+                                continue
+                            for intruder in intruders:
+                                if f2 is None and intruder is None:
                                     continue
-                                for intruder in intruders:
-                                    if f2 is not None or intruder is not None:
-                                        case = (seal_at, prefix, role, j, intruder, f1, (k, f2))
-                                        fails.note(one(*case)[0], case)
+                                case = (seal_at, prefix, role, j, intruder, f1, (k, f2))
+                                bad, n2, kinds2 = one(*case)
+                                fails.note(bad, case)
+                                if intruder != "seal" or f2 is not None:
+                                    continue
+                                for k2 in range(k + 1, min(n2, end)):
+                                    for f3 in THIRD:
+                                        if kinds2[k2] in READS and kinds2[k2] in APPLIES[f3]:
+                                            fails.note(one(*case, {k2: f3})[0], (*case, {k2: f3}))
     return fails.report(out)
 
 

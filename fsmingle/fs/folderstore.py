@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Iterable
 
 from ..errors import CorruptStateError, StorageError
-from .folderstore_add import add, fresh_lookup, full, harvest, read_retired, settled_in_trash
+from .folderstore_add import add, fresh_lookup, full, harvest, settled_in_trash
 from .folderstore_keys import live_keys
 from .folderstore_log import (
     _UNKNOWN_EFFECT,
@@ -269,13 +269,14 @@ class FolderKV:
     def _full(self, d: str, n: int, key: str | None) -> tuple[Version | None, str]:  # a delta's value: computed
         return full(self, d, n, v, key) if (v := self._read(d, n, key)) else (None, f"{d}/{version_name(n)}")
 
-    def _unreadable(self, op: Op, what: str, since: float, pause: float) -> None:
+    def _unreadable(self, op: Op, what: str, since: float, pause: float, unknown: bool = False) -> None:
+        """``unknown``: ``what`` may be the caller's own write, whose effect is not settled yet: the errors say so."""
         if fresh_lookup(self, what):
             return  # a negative dentry of a version made fresh: read again now, no pause (fs/lookup.py)
-        p = self.store.path(what)
+        p, tail = self.store.path(what), f" ({_UNKNOWN_EFFECT})" if unknown else ""
         if self.clock.monotonic() - since > LIE_LIMIT:
-            raise CorruptStateError(f"After {LIE_LIMIT:g} s {op.what}: {p} is still {_UNREADABLE}")
-        self._nap(op, pause, f"{p} is {_UNREADABLE}")
+            raise CorruptStateError(f"After {LIE_LIMIT:g} s {op.what}: {p} is still {_UNREADABLE}{tail}")
+        self._nap(op, pause, f"{p} is {_UNREADABLE}{tail}")
 
     # ------------------------------------------------------------------ reading
     def try_get(self, key: str, fresh: bool = True, op: Op | None = None) -> bytes | None:
@@ -386,7 +387,7 @@ class FolderKV:
             try:
                 made = self._create(name, data)
             except FileNotFoundError:  # gone: after an EIO ours may be in it, retired since (the trash tells)
-                return settled_in_trash(self, d, n, new, key) if unknown else None
+                return settled_in_trash(self, d, n, new, key, op) if unknown else None
             except StorageError as e:
                 if e.errno not in (errno.EIO, errno.ETIMEDOUT, errno.EAGAIN):
                     raise
@@ -411,11 +412,10 @@ class FolderKV:
                 return new if won.token == new.token else won
             # The server said it exists but this client cannot read it: a lying lookup (list, read
             # again after a pause) -- or the epoch was retired since (then the probe says so).
-            self._unreadable(op, name, since, pause)
+            self._unreadable(op, name, since, pause, unknown=True)
             pause = min(pause * 2, self.poll_max)
             if not self._probe(d):  # retired since: its files wait in the trash (retire_grace) -- ours among them?
-                won = read_retired(self, d, n, key)
-                return None if won is None else new if won.token == new.token else won
+                return settled_in_trash(self, d, n, new, key, op)
 
     def cap(self, ep: str) -> int:
         """Versions epoch ``ep`` holds, the last one its seal: 2 for epoch 0, else what its name says (the default

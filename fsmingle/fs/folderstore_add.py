@@ -28,7 +28,6 @@ import secrets
 from ..errors import CorruptStateError, StorageError
 from .folderstore_log import (
     _UNKNOWN_EFFECT,
-    _UNREADABLE,
     EPOCH0,
     HINT_RE,
     VERSION_RE,
@@ -40,7 +39,6 @@ from .folderstore_log import (
 )
 from .folderstore_wait import fast_pause
 from .lookup import link_count
-from .refusal import unsupported
 from .store import UNTRUSTED, _tmp_name, _unlink_quiet, storage_error
 
 _RETRY = (errno.EIO, errno.ETIMEDOUT, errno.EAGAIN)  # effect unknown: link again, EEXIST tells (nlink)
@@ -91,12 +89,26 @@ def fresh_lookup(kv, what: str) -> bool:
     return kv.store.refresh(what)
 
 
-def settled_in_trash(kv, d: str, n: int, new: Version, key: str | None) -> Version | None:
+def settled_in_trash(kv, d: str, n: int, new: Version, key: str | None, op: Op) -> Version | None:
     """What ``FolderKV._link`` answers when epoch ``d`` is gone after a ``link()`` of ``new`` as version ``n`` whose
     effect was unknown (EIO): ``new`` if the retired epoch's version ``n`` is ours, the winner's if another's,
-    None if not there (the link never took effect, or the trash expired)."""
-    won = read_retired(kv, d, n, key)
-    return None if won is None else new if won.token == new.token else won
+    None if not there (the link never took effect, or the trash expired).  An I/O error reading the trash settles
+    nothing: it is read again until ``op``'s deadline -- never taken for "not there", which would write the add again
+    (session 12's attack: counted twice).
+
+    Raises:
+        the timeout error: the trash stayed unreadable until the deadline (the message says the effect is unknown).
+    """
+    pause = kv.poll_min
+    while True:
+        try:
+            won = read_retired(kv, d, n, key)
+        except StorageError as e:
+            where = kv.store.path(f"{d}/{version_name(n)}")
+            kv._nap(op, pause, f"reading {where} in the trash keeps failing: {e} ({_UNKNOWN_EFFECT})")
+            pause = min(pause * 2, kv.poll_max)
+            continue
+        return None if won is None else new if won.token == new.token else won
 
 
 def _kept_reader():
@@ -243,7 +255,9 @@ def loss_pause(kv, lost: int, took: float) -> float:
 def _posix_slots(kv, root: str, d: str, tmp: str, first: int, last: int, new: Version, key: str, op: Op) -> int | None:
     """:func:`_link_slots` on a real directory, our version written as ``tmp``: the same answers."""
     m, pause, lost, tries = first, kv.poll_min, 0, 0
-    unsettled = None  # the slot of an earlier try of ours that answered EIO: its effect is not known yet
+    unsettled = None  # the slot of an earlier try of ours whose effect is not known yet (EIO, or a count unreadable)
+    eio = None  # ... where that try answered EIO: a count of 1 there may be a daemon's cache, only the token settles it
+    since = None  # when a read-back of the unsettled slot first found nothing (FolderKV._unreadable's LIE_LIMIT)
     while m <= last:
         target, tries = os.path.join(root, d, version_name(m)), tries + 1
         t0 = kv.clock.monotonic()
@@ -253,7 +267,7 @@ def _posix_slots(kv, root: str, d: str, tmp: str, first: int, last: int, new: Ve
             links = link_count(tmp)
             if links >= 2:  # a retransmitted LINK answered EEXIST after it succeeded
                 return m
-            if links == 0 or m == unsettled:
+            if links == 0 or m == eio:
                 # The stat failed (EIO, ESTALE), or a try of ours at m answered EIO: a count of 1 may then be a client
                 # cache's, kept past that failed LINK (GlusterFS md-cache: mdc_link_cbk) -- the token tells.  Until it
                 # has, m is unsettled: an ENOENT next (the epoch retired meanwhile) asks the trash, as _link does.
@@ -261,17 +275,17 @@ def _posix_slots(kv, root: str, d: str, tmp: str, first: int, last: int, new: Ve
                 try:
                     w = kv._read(d, m, key)
                 except StorageError as e:  # EIO on the read-back: link again, EEXIST, read again (as _link)
-                    back = f"{kv.store.path(d)}/{version_name(m)}"
-                    kv._nap(op, pause, f"reading {back} back keeps failing: {e} ({_UNKNOWN_EFFECT})")
+                    kv._nap(op, pause, f"reading {target} back keeps failing: {e} ({_UNKNOWN_EFFECT})")
                     pause = min(pause * 2, kv.poll_max)
                     continue
                 if w is not None and w.token == new.token:
                     return m
-                if w is None:
-                    kv._nap(op, pause, f"{kv.store.path(d)}/{version_name(m)} is {_UNREADABLE}")
+                if w is None:  # a lookup that lies (cured by a refresh: a link() there said EEXIST), LIE_LIMIT kept
+                    since = kv.clock.monotonic() if since is None else since
+                    kv._unreadable(op, f"{d}/{version_name(m)}", since, pause, unknown=True)
                     pause = min(pause * 2, kv.poll_max)
                     continue  # link() again: EEXIST, and the stat or the read tells
-            unsettled = None  # version m is another's: our try there took no effect
+            unsettled = eio = since = None  # version m is another's: our try there took no effect
             # Lost to another version: on to the next free name.  N adders at once would each lose O(N)
             # races one name at a time: a listing (a lower bound of the top, stale or not) after the 1st, 2nd,
             # 4th, 8th... loss in a row jumps them (log2 listings where a stale one does not help).
@@ -283,32 +297,21 @@ def _posix_slots(kv, root: str, d: str, tmp: str, first: int, last: int, new: Ve
             # (EIO) linked it: our temporary went with the epoch, so its count is unreadable; the trash tells.
             if link_count(tmp) >= 2:
                 return m
-            return m if m == unsettled and settled_in_trash(kv, d, m, new, key) is new else None
+            return m if m == unsettled and settled_in_trash(kv, d, m, new, key, op) is new else None
         except OSError as e:
             if e.errno not in _RETRY:
                 raise storage_error(e, "create", target, mutating=True) from None
             if link_count(tmp) >= 2:
                 return m
-            unsettled = m
-            kv._nap(op, pause, f"linking {kv.store.path(d)}/{version_name(m)} keeps failing: {e} ({_UNKNOWN_EFFECT})")
+            unsettled = eio = m
+            kv._nap(op, pause, f"linking {target} keeps failing: {e} ({_UNKNOWN_EFFECT})")
             pause = min(pause * 2, kv.poll_max)
             continue
         if tries == 1 and not kv.store._link_proven:
             # Only a first link(): after a failed one FUSE keeps the attributes it read (nlink 1, bindfs).
-            _prove(kv.store, tmp, target)
+            kv.store.prove_link(tmp, target)
         return m
     return 0
-
-
-def _prove(store, tmp: str, target: str) -> None:
-    # As PosixStore.create's first link(): a filesystem that "links" by copying proves nothing (0: the stat
-    # failed, the epoch retired meanwhile -- proven by a later link()).  After a link() that succeeded the kernel's
-    # count is the LINK reply's: a plain stat (lookup.link_count).
-    n = link_count(tmp, past_cache=False)
-    if n not in (0, 2):
-        _unlink_quiet(target)  # our own copy: it must not stand as a version
-        raise unsupported(store.root, f"link() succeeded but the link count is {n}, not 2")
-    store._link_proven = n == 2
 
 
 def delta_add(kv, key: str, kd: str, amount: int, st: State, op: Op) -> int | State | None:
@@ -319,7 +322,9 @@ def delta_add(kv, key: str, kd: str, amount: int, st: State, op: Op) -> int | St
     Raises:
         ValueError: the value the delta landed on is not an integer (the delta changes nothing).
         the timeout error: no free version was won by the deadline (no effect); or ours was, and a version below it
-            stayed unreadable until the deadline -- the message then says the add took effect (do not add again).
+            stayed unreadable until the deadline -- the message then says the add took effect (do not add again); or
+            a ``link()`` of ours answered EIO or a lost reply and whose version it made was not settled by the
+            deadline -- the message then says whether it took effect is unknown.
     """
     if st.ep == EPOCH0 or st.n < 1 or st.ver is None:
         return None  # epoch 0 and version 1 stay full versions

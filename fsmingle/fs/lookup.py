@@ -210,9 +210,10 @@ def link_count(path: str, *, past_cache: bool = True) -> int:
     kept past a failed link (GlusterFS md-cache, ``mdc_link_cbk``): after an EIO the callers read the token back.
 
     ``past_cache=False``: a plain ``stat``, for the count right after a ``link()`` that *succeeded* (the first claim's
-    proof that the filesystem links rather than copies): the LINK reply carried the file's fresh attributes (RFC 1813
-    LINK3resok; NFSv4's LINK compound ends in a GETATTR; FUSE's link reply is an entry with attributes), so the
-    kernel's copy is right and a forced read would be one GETATTR for nothing.
+    proof that the filesystem links rather than copies, ``PosixStore.prove_link``): the LINK reply carried the file's
+    attributes (RFC 1813 LINK3resok; NFSv4's LINK compound ends in a GETATTR; FUSE's link reply is an entry with
+    attributes), so the kernel's copy is right -- but for RHEL 8.1's FUSE, which added one to it: the proof reads
+    past the cache before it refuses.
 
     0 means unknown, never "not linked": the stores then read the token back or prove at a later link; only
     ``fsmingle check``'s link race counts it as no win, which can under-report a win, never invent one."""

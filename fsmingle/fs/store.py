@@ -372,18 +372,31 @@ class PosixStore(Store):
                     ) from None
                 raise storage_error(e, "create", target, mutating=True) from None
             if not self._link_proven:
-                # A filesystem that "links" by copying answers success without a second name:
-                # such a claim proves nothing.  The LINK reply carries the file's attributes
-                # (RFC 1813, LINK3resok), so the client's nlink is fresh here on NFS too: no forced read.
-                # 0: the stat failed (a FolderStore epoch retired meanwhile): proven at the next claim.
-                n = link_count(tmp, past_cache=False)
-                if n not in (0, 2):
-                    _unlink_quiet(target)  # our own copy: it must not stand as a claim
-                    raise unsupported(self.root, f"link() succeeded but the link count is {n}, not 2")
-                self._link_proven = n == 2
+                self.prove_link(tmp, target)
             return True
         finally:
             _unlink_quiet(tmp)
+
+    def prove_link(self, tmp: str, target: str) -> None:
+        """After the first ``link(tmp, target)`` of this store that succeeded: a filesystem that "links" by copying
+        answers success without a second name, so such a claim (or FolderStore version) proves nothing.  The count
+        is read plainly first -- the LINK reply carried the file's attributes (RFC 1813 LINK3resok; NFSv4's LINK
+        compound ends in a GETATTR; a FUSE link reply is an entry with attributes) -- and past the cache before
+        refusing: RHEL 8.1's FUSE added one to the reply's count and kept it (Red Hat bug 1802907; upstream fix
+        97f044f690ba, "fuse: don't increment nlink in link()"), so a plain ``stat`` answered 3 on a correct filesystem.  A count
+        of 0 (the read failed: a FolderStore epoch retired meanwhile) proves nothing either way: proven at the next.
+
+        Raises:
+            UnsupportedFilesystemError: the count is neither 2 nor unknown, twice (``target``, our copy, is removed:
+                it must not stand as a claim).
+        """
+        n = link_count(tmp, past_cache=False)
+        if n not in (0, 2):
+            n = link_count(tmp)
+        if n not in (0, 2):
+            _unlink_quiet(target)
+            raise unsupported(self.root, f"link() succeeded but the link count is {n}, not 2")
+        self._link_proven = n == 2
 
     @_storage_errors("create directory")
     def mkdir(self, name: str) -> bool:
@@ -442,6 +455,7 @@ class PosixStore(Store):
         except OSError as e:
             raise storage_error(e, "move aside", self.path(name)) from None
 
+    @_storage_errors("look in the trash for")
     def read_retired(self, name: str) -> bytes | None:
         return trash.read_kept(self, name)
 

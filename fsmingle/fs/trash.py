@@ -69,12 +69,20 @@ def move_aside(root: str, name: str, keep_for: float = 0.0) -> bool:
 def find(root: str, name: str) -> str | None:
     """The trash entry (a name in ``root``) under which retired directory ``name`` is kept, or None (deleted
     already, or never retired).  A FolderStore writer whose version may have landed in an epoch retired since
-    reads it back there (``fsmingle.fs.folderstore_add.read_retired``): one listing of ``root``."""
+    reads it back there (``fsmingle.fs.folderstore_add.read_retired``): one listing of ``root``.
+
+    Raises:
+        OSError: the listing failed otherwise than "gone" (EIO, ENOTCONN): whether the entry is there is unknown --
+            never "not there", which a writer settling a ``link()`` of unknown effect would take for "never linked"
+            and write again (session 12's attack: an add counted twice).
+    """
     tail = "-" + _tail(name)
     try:
         names = os.listdir(root)
-    except OSError:
-        return None
+    except OSError as e:
+        if e.errno in (errno.ENOENT, errno.ESTALE, errno.ENOTDIR):
+            return None
+        raise
     return next((n for n in names if n.startswith(PREFIX) and n.endswith(tail)), None)
 
 
