@@ -107,7 +107,10 @@ class _Os:
             raise FileNotFoundError(errno.ENOENT, "No such file (a negative dentry, injected)", path)
 
     def _changes(self, *paths) -> None:
-        self.changed.update(os.path.dirname(str(p)) for p in paths)
+        # A's own changes only: the intruder is another host, whose change leaves A's cached listing as it was
+        # (before session 12 its changes counted as A's, so A's listing after an intrusion was never stale).
+        if self.armed:
+            self.changed.update(os.path.dirname(str(p)) for p in paths)
 
     def _effect(self, f, call, path, fn):
         out = fn()
@@ -156,8 +159,9 @@ class _Os:
         if f == "stale" and str(path) in self.listed and str(path) not in self.changed:
             return list(self.listed[str(path)])
         out = os.listdir(path)
-        self.listed[str(path)] = out
-        self.changed.discard(str(path))
+        if self.armed:  # A's client's cache: what A listed (the intruder's listings are another host's)
+            self.listed[str(path)] = out
+            self.changed.discard(str(path))
         return out
 
     def open(self, path, flags, *a, **kw):

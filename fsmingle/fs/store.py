@@ -383,8 +383,9 @@ class PosixStore(Store):
         is read plainly first -- the LINK reply carried the file's attributes (RFC 1813 LINK3resok; NFSv4's LINK
         compound ends in a GETATTR; a FUSE link reply is an entry with attributes) -- and past the cache before
         refusing: RHEL 8.1's FUSE added one to the reply's count and kept it (Red Hat bug 1802907; upstream fix
-        97f044f690ba, "fuse: don't increment nlink in link()"), so a plain ``stat`` answered 3 on a correct filesystem.  A count
-        of 0 (the read failed: a FolderStore epoch retired meanwhile) proves nothing either way: proven at the next.
+        97f044f690ba, "fuse: don't increment nlink in link()"), so a plain ``stat`` answered 3 on a correct
+        filesystem.  A count of 0 (the read failed: a FolderStore epoch retired meanwhile) proves nothing either way:
+        proven at the next.
 
         Raises:
             UnsupportedFilesystemError: the count is neither 2 nor unknown, twice (``target``, our copy, is removed:
