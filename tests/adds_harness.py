@@ -35,6 +35,28 @@ class Os:
         return getattr(os, name)
 
 
+def eio_once(tries: list, hidden: bool = False, where: str = "/v-") -> Os:
+    """``os`` whose first ``link()`` of a version (a name containing ``where``) takes effect and answers EIO (a soft
+    mount's timeout after the server linked); every later ``link()`` is real.  ``tries``: every version ``link()``.
+    ``hidden``: the version so linked first stays unreadable (a lookup that lies: GlusterFS nl-cache), for a shim
+    installed as the store module's ``os`` too."""
+
+    class EioOnce(Os):
+        def link(self, src, dst):
+            os.link(src, dst)
+            if where in dst:
+                tries.append(dst)
+                if len(tries) == 1:
+                    raise OSError(errno.EIO, "Input/output error (after the effect)", dst)
+
+        def open(self, path, flags, *args, **kw):
+            if hidden and tries and str(path) == tries[0] and not flags & os.O_CREAT:
+                raise FileNotFoundError(errno.ENOENT, "No such file (a lookup that lies)", path)
+            return os.open(path, flags, *args, **kw)
+
+    return EioOnce()
+
+
 def eio_then_retired(monkeypatch, b: FolderKV, tries: list, retired: list | None = None) -> Os:
     """``os`` for folderstore_add whose first ``link()`` of a version takes effect and answers EIO (a soft mount's
     timeout); before the retry, ``b``'s adds of 1000 seal and retire the epoch, so the retry answers ENOENT and only

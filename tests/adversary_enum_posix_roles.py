@@ -288,19 +288,25 @@ SIZES = {
 }
 
 
-def enumerate_all(size="ci", out=print):
-    seal_ats, prefixes, roles, intruders = SIZES[size]
-    fails = Failures()
+def _configs(seal_ats, prefixes, roles):
+    """``(seal_at, prefix, role)`` of a size: every start state (``prefixes`` None: 2 .. the capacity + 3) and role."""
     for seal_at in seal_ats:
         for prefix in prefixes or range(2, capacities(None, seal_at) + 4):
             for role in roles:
-                _, clean, _ = one(seal_at, prefix, role, -1, None, None)
-                for j in range(clean + 1):
-                    for intruder in intruders:
-                        for fault in FAULTS:
-                            if intruder is not None or fault is not None:
-                                case = (seal_at, prefix, role, j, intruder, fault)
-                                fails.note(one(*case)[0], case)
+                yield seal_at, prefix, role
+
+
+def enumerate_all(size="ci", out=print):
+    seal_ats, prefixes, roles, intruders = SIZES[size]
+    fails = Failures()
+    for seal_at, prefix, role in _configs(seal_ats, prefixes, roles):
+        _, clean, _ = one(seal_at, prefix, role, -1, None, None)
+        for j in range(clean + 1):
+            for intruder in intruders:
+                for fault in FAULTS:
+                    if intruder is not None or fault is not None:
+                        case = (seal_at, prefix, role, j, intruder, fault)
+                        fails.note(one(*case)[0], case)
     return fails.report(out)
 
 
@@ -346,29 +352,27 @@ def _firsts(seal_at, prefix, role):
 def enumerate_pairs(size="pairs-ci", out=print):
     seal_ats, prefixes, roles, intruders = PAIRS[size]
     fails = Failures()
-    for seal_at in seal_ats:
-        for prefix in prefixes or range(2, capacities(None, seal_at) + 4):
-            for role in roles:
-                for j, f1 in _firsts(seal_at, prefix, role):
-                    bad, n1, kinds1 = one(seal_at, prefix, role, j, None, f1)
-                    fails.note(bad, (seal_at, prefix, role, j, None, f1))
-                    end = j + 1 + WINDOW
-                    for k in range(j + 1, min(n1, end)):
-                        for f2 in FAULTS:
-                            if f2 is not None and kinds1[k] not in APPLIES[f2]:
-                                continue
-                            for intruder in intruders:
-                                if f2 is None and intruder is None:
-                                    continue
-                                case = (seal_at, prefix, role, j, intruder, f1, (k, f2))
-                                bad, n2, kinds2 = one(*case)
-                                fails.note(bad, case)
-                                if intruder != "seal" or f2 is not None:
-                                    continue
-                                for k2 in range(k + 1, min(n2, end)):
-                                    for f3 in THIRD:
-                                        if kinds2[k2] in READS and kinds2[k2] in APPLIES[f3]:
-                                            fails.note(one(*case, {k2: f3})[0], (*case, {k2: f3}))
+    for seal_at, prefix, role in _configs(seal_ats, prefixes, roles):
+        for j, f1 in _firsts(seal_at, prefix, role):
+            bad, n1, kinds1 = one(seal_at, prefix, role, j, None, f1)
+            fails.note(bad, (seal_at, prefix, role, j, None, f1))
+            end = j + 1 + WINDOW
+            for k in range(j + 1, min(n1, end)):
+                for f2 in FAULTS:
+                    if f2 is not None and kinds1[k] not in APPLIES[f2]:
+                        continue
+                    for intruder in intruders:
+                        if f2 is None and intruder is None:
+                            continue
+                        case = (seal_at, prefix, role, j, intruder, f1, (k, f2))
+                        bad, n2, kinds2 = one(*case)
+                        fails.note(bad, case)
+                        if intruder != "seal" or f2 is not None:
+                            continue
+                        for k2 in range(k + 1, min(n2, end)):
+                            for f3 in THIRD:
+                                if kinds2[k2] in READS and kinds2[k2] in APPLIES[f3]:
+                                    fails.note(one(*case, {k2: f3})[0], (*case, {k2: f3}))
     return fails.report(out)
 
 

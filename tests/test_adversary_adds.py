@@ -12,11 +12,11 @@ import os
 
 try:
     from adds_harness import Os as _Os
-    from adds_harness import eio_then_retired, root
+    from adds_harness import eio_once, eio_then_retired, root
     from adds_harness import kv_at as _kv
 except ImportError:  # tests/ imported as a package
     from tests.adds_harness import Os as _Os
-    from tests.adds_harness import eio_then_retired, root  # noqa: F401
+    from tests.adds_harness import eio_once, eio_then_retired, root  # noqa: F401
     from tests.adds_harness import kv_at as _kv
 
 from fsmingle.fs import folderstore_add as fa
@@ -161,22 +161,10 @@ def test_an_add_whose_link_took_effect_with_eio_and_a_cached_count_counts_once(r
     answers the count from before (1: a FUSE daemon's own cache, GlusterFS md-cache, keeps it past a failed link).  The
     retry answers EEXIST; trusting the 1, ``_link_slots`` linked the same delta again as version 3: counted twice.
     After an EIO at a slot, whose version it holds is read back (the token)."""
-    import errno
-
     a = _kv(root, 32)
     for _ in range(3):
         a.add("k", 1)
-    real_os, tries = os, []
-
-    class EioOnce(_Os):
-        def link(self, src, dst):
-            if "/v-" in dst:
-                tries.append(dst)
-                real_os.link(src, dst)
-                if len(tries) == 1:
-                    raise OSError(errno.EIO, "Input/output error (after the effect)", dst)
-
-    monkeypatch.setattr(fa, "os", EioOnce())
+    monkeypatch.setattr(fa, "os", eio_once([]))
     monkeypatch.setattr(fa, "link_count", lambda path, **kw: 1)  # the count kept from before the link
     got = a.add("k", 100)
     monkeypatch.undo()

@@ -11,14 +11,15 @@ import os
 import pytest
 
 try:
-    from adds_harness import Os, eio_then_retired, kv_at, root
+    from adds_harness import Os, eio_once, eio_then_retired, kv_at, root
 except ImportError:  # tests/ imported as a package
-    from tests.adds_harness import Os, eio_then_retired, kv_at, root  # noqa: F401
+    from tests.adds_harness import Os, eio_once, eio_then_retired, kv_at, root  # noqa: F401
 
 from fsmingle.errors import StorageError
 from fsmingle.fs import folderstore_add as fa
 from fsmingle.fs import store as store_module
 from fsmingle.fs import trash
+from fsmingle.fs.folderstore import FolderStoreTimeout
 from fsmingle.fs.store import PosixStore
 
 
@@ -58,22 +59,10 @@ def test_an_add_whose_read_back_fails_once_after_an_eio_answers_and_counts_once(
     daemon's cache); the retry answers EEXIST, and the read-back of the version -- the token that settles whose it is --
     fails once with EIO.  The add raised StorageError although it had taken effect: a caller that retries adds twice.
     It must read back again and answer (session-12 pair enumeration: ``eio-stale`` then ``eio-before`` on the open)."""
-    import errno
-
-    from fsmingle.fs import store as store_module
-
     a = kv_at(root, 32)
     for _ in range(3):
         a.add("k", 1)
     tries, opens = [], []
-
-    class EioOnce(Os):
-        def link(self, src, dst):
-            os.link(src, dst)
-            if "/v-" in dst:
-                tries.append(dst)
-                if len(tries) == 1:
-                    raise OSError(errno.EIO, "Input/output error (after the effect)", dst)
 
     class ReadEioOnce(Os):
         def open(self, path, flags, *a, **kw):
@@ -82,7 +71,7 @@ def test_an_add_whose_read_back_fails_once_after_an_eio_answers_and_counts_once(
                 raise OSError(errno.EIO, "Input/output error", path)
             return os.open(path, flags, *a, **kw)
 
-    monkeypatch.setattr(fa, "os", EioOnce())
+    monkeypatch.setattr(fa, "os", eio_once(tries))
     monkeypatch.setattr(store_module, "os", ReadEioOnce())
     monkeypatch.setattr(fa, "link_count", lambda path, **kw: 1)  # the count kept from before the link
     got = a.add("k", 100)
@@ -163,25 +152,11 @@ def test_an_add_whose_link_took_effect_with_eio_and_stays_unreadable_says_its_ef
     for _ in range(3):
         a.add("k", 1)
     tries = []
-
-    class EioOnce(Os):
-        def link(self, src, dst):
-            os.link(src, dst)
-            if "/v-" in dst:
-                tries.append(dst)
-                if len(tries) == 1:
-                    raise OSError(errno.EIO, "Input/output error (after the effect)", dst)
-
-    class Hidden(Os):
-        def open(self, path, flags, *args, **kw):
-            if tries and str(path) == tries[0] and not flags & os.O_CREAT:
-                raise FileNotFoundError(errno.ENOENT, "No such file (a lookup that lies)", path)
-            return os.open(path, flags, *args, **kw)
-
-    monkeypatch.setattr(fa, "os", EioOnce())
-    monkeypatch.setattr(store_module, "os", Hidden())
+    shim = eio_once(tries, hidden=True)
+    monkeypatch.setattr(fa, "os", shim)
+    monkeypatch.setattr(store_module, "os", shim)
     monkeypatch.setattr(fa, "link_count", lambda path, **kw: 1)
-    with pytest.raises(Exception) as info:
+    with pytest.raises(FolderStoreTimeout) as info:
         a.add("k", 100)
     monkeypatch.undo()
     assert kv_at(root, 32).add("k", 0) == 103, "the add did not take effect: the test did not reach its point"
@@ -196,24 +171,11 @@ def test_a_read_modify_write_add_whose_create_took_effect_with_eio_and_stays_unr
     a = kv_at(root, 32, timeout=0.5, poll_max=0.02)
     a.add("other", 1)  # the store proven (its first link), so the fault below is a later create's
     tries = []
-
-    class EioOnceHidden(Os):
-        def link(self, src, dst):
-            os.link(src, dst)
-            if "/v-" in dst and "/k-" in dst:
-                tries.append(dst)
-                if len(tries) == 1:
-                    raise OSError(errno.EIO, "Input/output error (after the effect)", dst)
-
-        def open(self, path, flags, *args, **kw):
-            if tries and str(path) == tries[0] and not flags & os.O_CREAT:
-                raise FileNotFoundError(errno.ENOENT, "No such file (a lookup that lies)", path)
-            return os.open(path, flags, *args, **kw)
-
-    monkeypatch.setattr(store_module, "os", EioOnceHidden())
-    monkeypatch.setattr(fa, "os", EioOnceHidden())
+    shim = eio_once(tries, hidden=True)
+    monkeypatch.setattr(store_module, "os", shim)
+    monkeypatch.setattr(fa, "os", shim)
     monkeypatch.setattr(store_module, "link_count", lambda path, **kw: 1)  # a count kept past the failed LINK
-    with pytest.raises(Exception) as info:
+    with pytest.raises(FolderStoreTimeout) as info:
         a.add("k", 100)
     monkeypatch.undo()
     assert tries, "the test did not reach its point"

@@ -89,7 +89,11 @@ def find(root: str, name: str) -> str | None:
 def read_kept(store, name: str) -> bytes | None:
     """``PosixStore.read_retired``: file ``name`` (``"dir/file"``) of retired directory ``dir`` from its trash
     entry, as ``store.read`` answers; None if not there.  The entry is found by one listing of the root
-    (:func:`find`) and remembered: a FolderStore walking back through a retired epoch reads many of its files."""
+    (:func:`find`) and remembered: a FolderStore walking back through a retired epoch reads many of its files.
+
+    Raises:
+        OSError: listing the root failed otherwise than ENOENT, ESTALE or ENOTDIR (:func:`find`: an EIO is not "not
+            in the trash"), or reading the file failed as ``store.read`` raises."""
     d, f = name.rsplit("/", 1)
     aside = _kept.get((store.root, d))
     if aside is None:
