@@ -237,9 +237,9 @@ def _link_slots(kv, d: str, first: int, last: int, new: Version, key: str, op: O
 
 
 def loss_pause(kv, lost: int, took: float) -> float:
-    """Seconds a contended adder pauses after its ``lost``-th lost race in a row, its last lost race (the
-    ``link()`` answered EEXIST and the ``stat`` of its link count) having taken ``took`` seconds: about
-    ``2 ** (lost - 1)`` such races (jittered x0.5..1.5), at most the young-wait pause of its job
+    """Seconds a contended adder pauses after its ``lost``-th lost race in a row, the ``link()`` of its last lost
+    race (answered EEXIST) having taken ``took`` seconds: about ``2 ** (lost - 1)`` such ``link()`` times
+    (jittered x0.5..1.5), at most the young-wait pause of its job
     (:func:`.folderstore_wait.fast_pause`: ``poll_min``, more for a job of over ``CROWD``).
 
     Why: N adders of one counter all aim at the same next free version; every race lost is a ``link()`` and
@@ -264,6 +264,9 @@ def _posix_slots(kv, root: str, d: str, tmp: str, first: int, last: int, new: Ve
         try:
             os.link(tmp, target)
         except FileExistsError:
+            # The link() alone paces the next try (loss_pause): the forced count read below is one more trip to the
+            # server (a busy FUSE daemon's queue), and counted in, it doubled every loser's pause (session 13).
+            took = kv.clock.monotonic() - t0
             links = link_count(tmp)
             if links >= 2:  # a retransmitted LINK answered EEXIST after it succeeded
                 return m
@@ -290,7 +293,7 @@ def _posix_slots(kv, root: str, d: str, tmp: str, first: int, last: int, new: Ve
             # races one name at a time: a listing (a lower bound of the top, stale or not) after the 1st, 2nd,
             # 4th, 8th... loss in a row jumps them (log2 listings where a stale one does not help).
             lost += 1
-            kv._nap(op, loss_pause(kv, lost, kv.clock.monotonic() - t0), f"{lost} races lost in {kv.store.path(d)}")
+            kv._nap(op, loss_pause(kv, lost, took), f"{lost} races lost in {kv.store.path(d)}")
             m = max(m + 1, kv._listed(d) + 1) if lost & (lost - 1) == 0 else m + 1
             continue
         except FileNotFoundError:  # the epoch was retired: the caller resolves afresh -- unless an earlier try of ours
