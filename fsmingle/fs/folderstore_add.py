@@ -137,13 +137,22 @@ def harvest(kv, d: str, names) -> None:
     A hint ``a-<k>-<token>-<amount>`` is made by the writer of the delta at version ``k`` only after it knew
     that version was its own (its ``link()`` won, or its link count or token said so), and names exactly what
     that immutable version holds; epoch names are never reused.  So a hint is as good as a read of ``v-<k>``,
-    and a listing that lags only shows fewer of them (the walk then reads those versions)."""
+    and a listing that lags only shows fewer of them (the walk then reads those versions).
+
+    A name kept before is skipped unparsed (``kv._harvested``): an adder lists one epoch of up to 254 names a dozen
+    times, and parsing every hint each time was most of a listing's CPU (session 13: 0.4 of 0.7 ms on a local disk).
+    Skipping is safe whatever it skips: a hint only spares a read."""
+    seen = kv._harvested
     for name in names:
+        if not name.startswith("a-") or (d, name) in seen:
+            continue
         h = HINT_RE.match(name)
         if h:
             if len(kv._hints) > CACHE:
                 kv._hints.clear()
+                seen.clear()
             kv._hints[(d, int(h.group(1)))] = (h.group(2), int(h.group(3)))
+            seen.add((d, name))
 
 
 def _hint(make, m: int, new: Version) -> None:
