@@ -14,6 +14,7 @@ import pytest
 from helpers import bindfs_missing, bindfs_views
 
 from fsmingle.fs.folderstore import FolderKV
+from fsmingle.fs.folderstore_log import hint_name, version_name
 from fsmingle.fs.folderstore_wait import fast_pause
 from fsmingle.fs.store import PosixStore
 
@@ -112,11 +113,17 @@ class _TickClock:
         self.now += secs
 
 
-def test_a_loser_pauses_after_each_lost_race_twice_as_long_each_time(tmp_path):
+@pytest.mark.parametrize("count_takes", [0.0, 0.010])
+def test_a_loser_pauses_after_each_lost_race_twice_as_long_each_time(tmp_path, monkeypatch, count_takes):
     """An adder of a 256-rank job whose view lags 6 versions behind loses 6 ``link()`` races in a row: after
     each it pauses about 2**(k-1) of its own ``link()`` times (1 ms each here, jittered x0.5..1.5), under its
-    job's young-wait pause (160 ms), and still answers exactly.  Before, it raced again at once (no pause:
-    the 256 adders of a barrier on 2 cores spent most of its CPU on lost races, docs/folderstore.md)."""
+    job's young-wait pause (160 ms), and still answers exactly.  Before session 7, it raced again at once (no pause:
+    the 256 adders of a barrier on 2 cores spent most of its CPU on lost races, docs/folderstore.md).
+    The forced read of the link count after each loss (``count_takes``: 10 ms in the second case, one more trip to a
+    busy server) is not counted in: before session 13 it was, and every loser's pause grew with it (11x here; at 256
+    ranks on cached FUSE mounts the read waits in the same daemon's queue as the ``link()``: about 2x)."""
+    from fsmingle.fs import folderstore_add as fa
+
     root = tmp_path / "s"
     root.mkdir(mode=0o700)
     a, clock = FolderKV(PosixStore(str(root))), _TickClock()
@@ -129,11 +136,38 @@ def test_a_loser_pauses_after_each_lost_race_twice_as_long_each_time(tmp_path):
     for _ in range(6):
         a.add("ctr", 1)
     clock.sleeps.clear()
+    count = fa.link_count
+
+    def slow_count(path, **kw):
+        clock.now += count_takes
+        return count(path, **kw)
+
+    monkeypatch.setattr(fa, "link_count", slow_count)
     assert b.add("ctr", 1) == 11 and a.add("ctr", 0) == 11
     assert len(clock.sleeps) == 6, clock.sleeps
     for k, slept in enumerate(clock.sleeps, 1):
         base = min(fast_pause(b), 0.001 * 2 ** (k - 1))
         assert 0.5 * base <= slept <= 1.5 * base, (k, clock.sleeps)
+
+
+def test_a_listing_answers_the_newest_version_and_keeps_each_hint_once(tmp_path):
+    """``FolderKV._listed`` (session 13: the newest version found by name order, a hint kept before skipped unparsed):
+    the newest version is the greatest name that IS a version -- a stray name sorting above it (13 digits, letters)
+    is not one -- and the hints a listing shows are kept, a later listing adding only its new ones."""
+    root = tmp_path / "s"
+    d = root / "k-6b" / "e-000000000001-00000000000000ff"
+    d.mkdir(mode=0o700, parents=True)
+    kv = FolderKV(PosixStore(str(root)))
+    for name in [version_name(m) for m in (1, 2, 3)] + ["v-" + "9" * 13, "v-00000000009x", "v-zzz", "w-1"]:
+        (d / name).touch()
+    (d / hint_name(2, "ab" * 8, 5)).touch()
+    where = "k-6b/" + d.name
+    assert kv._listed(where) == 3
+    assert kv._hints == {(where, 2): ("ab" * 8, 5)}
+    (d / version_name(4)).touch()
+    (d / hint_name(3, "cd" * 8, -7)).touch()
+    assert kv._listed(where) == 4
+    assert kv._hints == {(where, 2): ("ab" * 8, 5), (where, 3): ("cd" * 8, -7)}
 
 
 @pytest.mark.root
