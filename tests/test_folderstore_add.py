@@ -152,13 +152,20 @@ def test_a_loser_pauses_after_each_lost_race_twice_as_long_each_time(tmp_path, m
 
 def test_a_listing_answers_the_newest_version_and_keeps_each_hint_once(tmp_path):
     """``FolderKV._listed`` (session 13: the newest version found by name order, a hint kept before skipped unparsed):
-    the newest version is the greatest name that IS a version -- a stray name sorting above it (13 digits, letters)
-    is not one -- and the hints a listing shows are kept, a later listing adding only its new ones."""
+    the newest version is the greatest name that IS a version -- a stray name sorting above it (13 digits, letters,
+    Arabic-Indic digits: ``\\d`` matches them and they sort above "9"; the helper's attack) is not one -- and the hints
+    a listing shows are kept, a later listing adding only its new ones."""
     root = tmp_path / "s"
     d = root / "k-6b" / "e-000000000001-00000000000000ff"
     d.mkdir(mode=0o700, parents=True)
     kv = FolderKV(PosixStore(str(root)))
-    for name in [version_name(m) for m in (1, 2, 3)] + ["v-" + "9" * 13, "v-00000000009x", "v-zzz", "w-1"]:
+    for name in [version_name(m) for m in (1, 2, 3)] + [
+        "v-" + "9" * 13,
+        "v-00000000009x",
+        "v-zzz",
+        "w-1",
+        "v-" + "\u0660" * 11 + "\u0661",
+    ]:
         (d / name).touch()
     (d / hint_name(2, "ab" * 8, 5)).touch()
     where = "k-6b/" + d.name

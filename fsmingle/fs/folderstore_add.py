@@ -151,8 +151,10 @@ def harvest(kv, d: str, names) -> None:
             if len(kv._hints) > CACHE:
                 kv._hints.clear()
                 seen.clear()
-            kv._hints[(d, int(h.group(1)))] = (h.group(2), int(h.group(3)))
+            # Marked seen before it is kept: another thread's clear in between then costs a parse, never a hint lost
+            # for good (kept after: a name marked seen whose hint was cleared -- a read for it every walk).
             seen.add((d, name))
+            kv._hints[(d, int(h.group(1)))] = (h.group(2), int(h.group(3)))
 
 
 def _hint(make, m: int, new: Version) -> None:

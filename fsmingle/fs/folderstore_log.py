@@ -30,13 +30,15 @@ import secrets
 from ..errors import CorruptStateError, FsmingleError
 from .store import _tmp_name, _unlink_quiet, storage_error
 
-VERSION_RE = re.compile(r"^v-(\d{12})$")
+# Digits are ASCII ([0-9]): \d matches every Unicode digit, which sorts above "9", and the newest version is found as
+# the greatest name that is one (FolderKV._listed); fsmingle writes ASCII only, a foreign name is no version of ours.
+VERSION_RE = re.compile(r"^v-([0-9]{12})$")
 # A delta's hint: its slot, token and amount in a name, so that one listing tells every hinted delta's amount.
-HINT_RE = re.compile(r"^a-(\d{12})-([0-9a-f]{16})-(-?\d{1,64})$")
+HINT_RE = re.compile(r"^a-([0-9]{12})-([0-9a-f]{16})-(-?[0-9]{1,64})$")
 KEY_RE = re.compile(r"^(k-[0-9a-f]*|h-[0-9a-f]{64})$")
 # A later epoch's name may end in its capacity (``-c<versions>``, its seal's slot): chosen by the writer that made it
 # and read from the name by every writer and reader (names are never reused); no suffix: the release's SEAL_AT.
-EPOCH_RE = re.compile(r"^e-(\d{12})(?:-[0-9a-f]{16}(?:-c([1-9]\d{0,3}))?)?$")
+EPOCH_RE = re.compile(r"^e-([0-9]{12})(?:-[0-9a-f]{16}(?:-c([1-9][0-9]{0,3}))?)?$")
 EPOCH0 = "e-000000000000"
 MAX_HEX_KEY = 100  # bytes of key spelled in hex in the directory name (200 characters + "k-": under NAME_MAX 255)
 MAX_RECORD = 1 << 21  # PosixStore.read refuses files over 2 MiB (as untrusted): no version file may be larger
