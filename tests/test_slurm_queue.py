@@ -265,9 +265,13 @@ def test_peers_that_ended_and_left_squeue_fail_the_first_node_at_once(slurm_acct
     reports them: the node exits 13 long before its --timeout (100 s), naming each one."""
     s = slurm_acct
     held = s.sbatch("#!/bin/sh\nsleep 300\n", "--hold", "--array=0-1")
-    # the reason reaches slurmdbd with the job's first record, a second or two after squeue shows it
-    # (over 30 s at load 12: slurmdbd and slurmctld share the cores; a wait for the condition, not a timing)
-    wait_for(lambda: "JobHeldUser" in str(_sacct(s, held)), 120, "the held array's reason in sacct")
+    # Cancelled once slurmdbd has the held array's record, so that it ends as a pending array.  The
+    # reason in that record is Slurm's race, not ours: measured (Slurm 22.05), sacct said "None" for
+    # 80 s and more while squeue said JobHeldUser, with this module's other cluster running beside
+    # it, and JobHeldUser within seconds alone: the record keeps the reason of the moment it was
+    # sent.  So the node's line is checked against what sacct says, below (CI stop 41 and two local
+    # full runs timed out waiting 120 s for JobHeldUser).
+    wait_for(lambda: f"{held}_[0-1]" in _sacct(s, held), 60, "the held array's record in sacct")
     assert s.login(["scancel", held], timeout=15).returncode == 0
     done = s.sbatch("#!/bin/sh\ntrue\n")
     failed = s.sbatch("#!/bin/sh\nexit 3\n", "--array=0-1")
@@ -277,8 +281,10 @@ def test_peers_that_ended_and_left_squeue_fail_the_first_node_at_once(slurm_acct
     node = _submit_node(s, "ended-peers", 4, f"{held}_1,{done},{failed}")
     text = _wait_failed_13(s, node, 60)
     assert "timed out" not in text, text[-3000:]
+    reason = _sacct(s, held)[f"{held}_[0-1]"][1]  # JobHeldUser, or None when slurmdbd got none
+    assert reason in ("JobHeldUser", "None"), reason
     for want in (
-        f"peer job {held}_1 CANCELLED (JobHeldUser) without joining",
+        f"peer job {held}_1 CANCELLED{' (JobHeldUser)' if reason != 'None' else ''} without joining",
         f"peer job {done} COMPLETED without joining",
         f"peer job {failed}_0 FAILED without joining",
         f"peer job {failed}_1 FAILED without joining",
