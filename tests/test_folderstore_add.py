@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 from helpers import bindfs_missing, bindfs_views
 
+from fsmingle.fs import folderstore_add
 from fsmingle.fs.folderstore import FolderKV
-from fsmingle.fs.folderstore_log import hint_name, version_name
+from fsmingle.fs.folderstore_log import HINT_RE, hint_name, version_name
 from fsmingle.fs.folderstore_wait import fast_pause
 from fsmingle.fs.store import PosixStore
 
@@ -150,11 +151,19 @@ def test_a_loser_pauses_after_each_lost_race_twice_as_long_each_time(tmp_path, m
         assert 0.5 * base <= slept <= 1.5 * base, (k, clock.sleeps)
 
 
-def test_a_listing_answers_the_newest_version_and_keeps_each_hint_once(tmp_path):
+def test_a_listing_answers_the_newest_version_and_keeps_each_hint_once(tmp_path, monkeypatch):
     """``FolderKV._listed`` (session 13: the newest version found by name order, a hint kept before skipped unparsed):
     the newest version is the greatest name that IS a version -- a stray name sorting above it (13 digits, letters,
     Arabic-Indic digits: ``\\d`` matches them and they sort above "9"; the helper's attack) is not one -- and the hints
-    a listing shows are kept, a later listing adding only its new ones."""
+    a listing shows are kept, a later listing parsing only its new ones (each hint name is parsed once)."""
+    parsed = []
+
+    class CountingHintRE:  # HINT_RE, recording every name harvest parses
+        def match(self, name):
+            parsed.append(name)
+            return HINT_RE.match(name)
+
+    monkeypatch.setattr(folderstore_add, "HINT_RE", CountingHintRE())
     root = tmp_path / "s"
     d = root / "k-6b" / "e-000000000001-00000000000000ff"
     d.mkdir(mode=0o700, parents=True)
@@ -175,6 +184,8 @@ def test_a_listing_answers_the_newest_version_and_keeps_each_hint_once(tmp_path)
     (d / hint_name(3, "cd" * 8, -7)).touch()
     assert kv._listed(where) == 4
     assert kv._hints == {(where, 2): ("ab" * 8, 5), (where, 3): ("cd" * 8, -7)}
+    assert kv._listed(where) == 4
+    assert parsed == [hint_name(2, "ab" * 8, 5), hint_name(3, "cd" * 8, -7)], parsed
 
 
 @pytest.mark.root
