@@ -22,6 +22,7 @@ multiprocessing barrier.  Scenario per (filesystem, store, N):
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
 import multiprocessing as mp
 import os
@@ -45,6 +46,7 @@ from .rdzv.fsops import OpCounter, install_counting_os
 
 K = 20  # set/get ops per rank
 K_ADD = 5  # adds per rank on the one shared counter
+PROFILE: str | None = None  # --profile: a directory for each rank's cProfile of its barrier add(b, 1)
 STORES = ("folder", "file", "tcp")
 STORE_TIMEOUT = 60.0  # seconds every store's operations may take (--limit: a slow run is measured, not failed)
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "folderstore")
@@ -110,7 +112,13 @@ def _rank(kind, where, n, port, rank, bar, q):
         d0 = daemon_cpu() if rank == 0 else 0.0
         bar.wait()
         out["t_arrive"], cpu0 = time.monotonic(), time.process_time()
+        prof = cProfile.Profile() if PROFILE else None
+        if prof:
+            prof.enable()
         s.add("b", 1)  # torch's _store_based_barrier, call for call
+        if prof:
+            prof.disable()
+            prof.dump_stats(os.path.join(PROFILE, f"rank-{rank}.prof"))
         out["t_add1"], out["cpu_add1"] = time.monotonic(), time.process_time() - cpu0
         if s.add("b", 0) == n:
             out["t_add0"] = time.monotonic()
@@ -324,7 +332,7 @@ def table(results: dict) -> str:
 
 
 def main() -> None:
-    global K, K_ADD, STORE_TIMEOUT
+    global K, K_ADD, STORE_TIMEOUT, PROFILE
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", default="2,8,32,64", help="rank counts, comma-separated")
     ap.add_argument("--fs", default="local,bindfs", help="filesystems: local, bindfs (1 s caches), bindfs2, bindfs5")
@@ -335,8 +343,16 @@ def main() -> None:
     ap.add_argument("--limit", type=float, default=120.0, help="seconds one (filesystem, store, N) may take")
     ap.add_argument("--out", default=RESULTS)
     ap.add_argument("--no-strace", action="store_true")
+    ap.add_argument(
+        "--profile",
+        metavar="DIR",
+        help="cProfile each rank's barrier add(b, 1) into DIR/rank-<r>.prof (the profiler slows it: compare no timing "
+        "with a run without; python -m benchmarks.profile_adds DIR sums them)",
+    )
     a = ap.parse_args()
-    K, K_ADD, STORE_TIMEOUT = a.k, a.k_add, a.limit  # read by the forked ranks
+    K, K_ADD, STORE_TIMEOUT, PROFILE = a.k, a.k_add, a.limit, a.profile  # read by the forked ranks
+    if PROFILE:
+        os.makedirs(PROFILE, exist_ok=True)
     install_counting_os(counter)
     ns = [int(x) for x in a.n.split(",")]
     results: dict = {"k": K, "k_add": K_ADD, "cpus": os.cpu_count(), "runs": {}}

@@ -181,3 +181,28 @@ def test_benchmark_one_address_smoke(tmp_path):
     assert run["valid"], run["problems"]
     assert run["generations"] == [1], run["generations"]  # no void on the way
     assert "--one-addr" in res["command"]
+
+
+def test_profile_of_a_contended_add_counts_its_calls(tmp_path):
+    # `bench_folderstore --profile DIR` then `profile_adds DIR`: each rank's barrier add(b, 1) profiled, summed per
+    # add (where a contended add's metadata calls go: session 14's table in docs/folderstore.md).
+    pytest.importorskip("torch")
+    prof = tmp_path / "prof"
+    cmd = [sys.executable, "-m", "benchmarks.bench_folderstore", "--n", "3", "--fs", "local", "--stores", "folder"]
+    cmd += ["--k", "1", "--k-add", "1", "--no-strace", "--profile", str(prof), "--out", str(tmp_path / "out")]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
+    assert sorted(f.name for f in prof.iterdir()) == ["rank-0.prof", "rank-1.prof", "rank-2.prof"]
+    s = subprocess.run(
+        [sys.executable, "-m", "benchmarks.profile_adds", str(prof)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
+    assert s.returncode == 0, s.stderr
+    assert s.stdout.startswith("3 ranks, one add(b, 1) each; per add:"), s.stdout
+    rows = {line.split("|")[1].strip(): line for line in s.stdout.splitlines() if line.startswith("| ")}
+    # every add links its version (a delta's or a read-modify-write's) and lists its epoch at least once
+    assert float(rows["link"].split("|")[2]) >= 1 and float(rows["listdir"].split("|")[2]) >= 1, s.stdout
+    assert "folderstore.py" in s.stdout and "(_update)" in s.stdout, s.stdout
