@@ -266,11 +266,14 @@ def test_peers_that_ended_and_left_squeue_fail_the_first_node_at_once(slurm_acct
     s = slurm_acct
     held = s.sbatch("#!/bin/sh\nsleep 300\n", "--hold", "--array=0-1")
     # Cancelled once slurmdbd has the held array's record, so that it ends as a pending array.  The
-    # reason in that record is Slurm's race, not ours: measured (Slurm 22.05), sacct said "None" for
-    # 80 s and more while squeue said JobHeldUser, with this module's other cluster running beside
-    # it, and JobHeldUser within seconds alone: the record keeps the reason of the moment it was
-    # sent.  So the node's line is checked against what sacct says, below (CI stop 41 and two local
-    # full runs timed out waiting 120 s for JobHeldUser).
+    # reason in that record is Slurm's race, not ours (Slurm 22.05.8): slurmctld's _set_db_inx_thread
+    # (accounting_storage_slurmdbd.c) sends a pending job's record every 5 s with
+    # state_reason_prev_db, which only the scheduler's build_job_queue (job_scheduler.c) copies from
+    # state_reason; nothing sends it again while the job stays held, and the completion record has
+    # no reason.  Measured: sacct said "None" for 80 s and more while squeue said JobHeldUser, with
+    # this module's other cluster running beside it; JobHeldUser within seconds alone.  So the
+    # node's line is checked against what sacct says, below (CI stop 41 and two local full runs
+    # timed out waiting 120 s for JobHeldUser).
     wait_for(lambda: f"{held}_[0-1]" in _sacct(s, held), 60, "the held array's record in sacct")
     assert s.login(["scancel", held], timeout=15).returncode == 0
     done = s.sbatch("#!/bin/sh\ntrue\n")
