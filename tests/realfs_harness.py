@@ -19,7 +19,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
 from helpers import host_env
 
 try:
@@ -33,15 +32,6 @@ STALE = "8"  # --stale-after: small, so that dead nodes are noticed within a tes
 SLACK = 15.0  # seconds a failing participant may take beyond its --timeout (interpreter start, loaded CI)
 
 ENV = host_env()  # helpers' one scrub: no launcher/scheduler variable of the test process reaches a host
-# A failure whose dump shows a host's client that could not reach its own filesystem server met the
-# environment, not fsmingle: JuiceFS's go-redis logs "dial tcp <redis>: i/o timeout".  CI (stop 41)
-# met it on node1 of two fresh JuiceFS clusters in a row: that one client's new connections to Redis
-# timed out for ~25 s while Redis answered the other hosts throughout, and the node's open of --dir
-# got EIO.  Not reproduced here in 26 runs of the same tests.  Such a test runs once more
-# (pytest-rerunfailures' only_rerun: a regex on the failure's message, which carries the
-# filesystem's logs, :func:`dump`) after ``fresh`` replaced every client that does not answer; any
-# other failure, and a second one, is final; ``-ra`` lists each rerun.
-RERUN_IF_A_CLIENT_LOST_ITS_SERVER = pytest.mark.flaky(reruns=1, only_rerun=[r"dial tcp [0-9.]+:[0-9]+: i/o timeout"])
 RELEASED = re.compile(r"released: master (\S+):(\d+), node rank (\d+)/(\d+), generation (\d+)")
 
 

@@ -38,24 +38,14 @@ import time
 from pathlib import Path
 
 import pytest
-from realfs_harness import (
-    ENV,
-    REPO,
-    RERUN_IF_A_CLIENT_LOST_ITS_SERVER,
-    assert_named_failure,
-    dump,
-    oracle,
-    start,
-    wait,
-    wait_claimed,
-)
+from realfs_harness import ENV, REPO, assert_named_failure, dump, oracle, start, wait, wait_claimed
 
 try:
     import cluster as cl
 except ImportError:  # tests/ imported as a package
     from tests import cluster as cl
 
-pytestmark = [pytest.mark.root, pytest.mark.realfs, RERUN_IF_A_CLIENT_LOST_ITS_SERVER]
+pytestmark = [pytest.mark.root, pytest.mark.realfs]
 
 FILESYSTEMS = ["glusterfs-tuned", "glusterfs-nfs60", "moosefs", "cephfs", "juicefs", "juicefs-cached"]
 
@@ -92,7 +82,7 @@ def test_ddp_torchrun_across_hosts(fresh):
     pytest.importorskip("torch")
     c = fresh
     out = c.workdir / "out-ddp"
-    out.mkdir(mode=0o777, exist_ok=True)  # exist_ok: a rerun (RERUN_IF_A_CLIENT_LOST_ITS_SERVER) rewrites it
+    out.mkdir(mode=0o777)
     cmd = [
         "env",
         "GLOO_SOCKET_IFNAME=eth0",

@@ -114,6 +114,7 @@ class Cluster:
         self.resolv_file: Path | None = self.workdir / "etc" / "resolv.conf"
         self.default_cwd = os.getcwd()
         self.bridge = f"{self.prefix}br"
+        self.bridge_mac = "02:" + ":".join(secrets.token_hex(5)[i : i + 2] for i in range(0, 10, 2))  # local, unicast
         self.subnet: str | None = None  # "10.A.B"
         self.hosts: list[Host] = []
         self.extra: dict[str, Host] = {}
@@ -191,7 +192,13 @@ class Cluster:
         # Bridge first, with its address, before anything is sent to the subnet.
         self._state["links"].append(self.bridge)
         self._save()
-        _sh(["ip", "link", "add", self.bridge, "type", "bridge"])
+        # A MAC of its own, set at creation: a bridge without one takes the lowest MAC of its ports and changes it,
+        # with no gratuitous ARP, whenever a port with a lower one joins (br_stp_recalculate_bridge_id; a set address
+        # is kept).  A host that had resolved the bridge address to another port's MAC then sends frames the bridge
+        # hands up as PACKET_OTHERHOST, which IP drops: its new connections to the servers at the bridge address time
+        # out until its neighbour entry is re-resolved (15-50 s).  CI stop 41: node1's JuiceFS client could not dial
+        # Redis for ~25 s on two fresh clusters in a row (a helper's reading; reproduced with three veths).
+        _sh(["ip", "link", "add", self.bridge, "address", self.bridge_mac, "type", "bridge"])
         for _attempt in range(5):
             self.subnet = self._pick_subnet()
             _sh(["ip", "addr", "add", f"{self.subnet}.1/24", "dev", self.bridge])
