@@ -346,8 +346,8 @@ def main() -> None:
     ap.add_argument(
         "--profile",
         metavar="DIR",
-        help="cProfile each rank's barrier add(b, 1) into DIR/rank-<r>.prof (the profiler slows it: compare no timing "
-        "with a run without; python -m benchmarks.profile_adds DIR sums them)",
+        help="cProfile each rank's barrier add(b, 1) into DIR/rank-<r>.prof (the profiler slows it: its timings "
+        "compare only with each other; python -m benchmarks.profile_adds DIR sums them)",
     )
     a = ap.parse_args()
     K, K_ADD, STORE_TIMEOUT, PROFILE = a.k, a.k_add, a.limit, a.profile  # read by the forked ranks

@@ -29,6 +29,11 @@ def _label(func: tuple[str, int, str]) -> str:
     return f"{name}" if path == "~" else f"{os.path.basename(path)}:{line}({name})"
 
 
+def _short(f: tuple) -> str:
+    """A builtin's short name from its pstats key: ``<built-in method posix.listdir>`` -> ``listdir``."""
+    return f[2].split(".")[-1].rstrip(">")
+
+
 def summary(d: str) -> str:
     files = sorted(glob.glob(os.path.join(d, "rank-*.prof")))
     if not files:
@@ -39,12 +44,12 @@ def summary(d: str) -> str:
     n = len(files)
     stats = st.stats  # {func: (primitive calls, calls, tottime, cumtime, callers)}
     out = [f"{n} ranks, one add(b, 1) each; per add:", "", "| system call | calls | wall ms |", "|---|--:|--:|"]
-    sys_calls = {f: v for f, v in stats.items() if f[0] == "~" and f[2].split(".")[-1].rstrip(">") in FS_CALLS}
+    sys_calls = {f: v for f, v in stats.items() if f[0] == "~" and _short(f) in FS_CALLS}
     # the link count read past the cache: a raw statx(2) through ctypes (the counting wrapper's, under a benchmark)
     sys_calls |= {(f[0], f[1], "statx"): v for f, v in stats.items() if f[2] == "statx" and f[0].endswith("fsops.py")}
     sleep = [v for f, v in stats.items() if f[0] == "~" and "time.sleep" in f[2]]
     for f, v in sorted(sys_calls.items(), key=lambda kv: -kv[1][1]):
-        out.append(f"| {f[2].split('.')[-1].rstrip('>')} | {v[1] / n:.2f} | {1000 * v[2] / n:.1f} |")
+        out.append(f"| {_short(f)} | {v[1] / n:.2f} | {1000 * v[2] / n:.1f} |")
     if sleep:
         out.append(f"| (sleep) | {sum(v[1] for v in sleep) / n:.2f} | {1000 * sum(v[2] for v in sleep) / n:.1f} |")
     out += ["", "| FolderStore function | calls | cumulative wall ms |", "|---|--:|--:|"]

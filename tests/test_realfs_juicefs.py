@@ -104,9 +104,10 @@ def test_killed_client_fails_its_node_at_once_and_the_others_go_on(fresh):
     # ETIMEDOUT that the client itself answered a call waiting on a slow Redis (CI, stop 36: a
     # node1 still opening --dir under load printed "cannot open the rendezvous directory .../rdzv:
     # Connection timed out").  Each is the one line a user must get; a traceback or a wait is not.
-    assert f"{c.rdzv}: " in line or f"{c.rdzv}/kcl" in line, line + dump([b])
-    assert any(e in line for e in DEAD_CLIENT), line + dump([b])
-    assert line.endswith("check the shared mount on this node"), line + dump([b])
+    why = line + dump([b])
+    assert f"{c.rdzv}: " in line or f"{c.rdzv}/kcl" in line, why
+    assert any(e in line for e in DEAD_CLIENT), why
+    assert line.endswith("check the shared mount on this node"), why
     # a node started on that host now fails on its first call, the stat of --dir, the same way
     # (a raw traceback and exit 1 before: CI, stop 35, met it as ETIMEDOUT)
     n = start(c, 1, "kcl-late", 2, timeout=30).wait(60)
