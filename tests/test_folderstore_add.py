@@ -8,14 +8,15 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 from helpers import bindfs_missing, bindfs_views
 
 from fsmingle.fs import folderstore_add
-from fsmingle.fs.folderstore import FolderKV
-from fsmingle.fs.folderstore_log import HINT_RE, hint_name, version_name
+from fsmingle.fs.folderstore import FolderKV, key_dir
+from fsmingle.fs.folderstore_log import EPOCH0, HINT_RE, hint_name, version_name
 from fsmingle.fs.folderstore_wait import fast_pause
 from fsmingle.fs.store import PosixStore
 
@@ -250,6 +251,56 @@ def test_a_compaction_keeps_the_retired_epoch_for_its_grace(tmp_path):
     kept = trashed(None)
     assert len([f for f in kept if f.startswith("v-")]) >= 4, kept  # a whole sealed epoch, every name still taken
     assert trashed(0) == []
+
+
+class _CountingClock:
+    """Real time; counts the pauses (``sleep``) taken through it."""
+
+    monotonic = staticmethod(time.monotonic)
+
+    def __init__(self):
+        self.sleeps = []
+
+    def sleep(self, secs: float) -> None:
+        self.sleeps.append(secs)
+        time.sleep(secs)
+
+
+def test_an_add_whose_epoch_is_retired_under_it_goes_where_the_log_went_without_a_pause_or_a_mkdir(
+    tmp_path, monkeypatch
+):
+    """B's delta add is about to link into its epoch when A's adds seal that epoch and retire it (256 adders do it
+    in milliseconds).  B's ``link()`` finds the directory gone; B lists the key, finds the newer epoch and adds
+    there: exact, with no pause and no ``mkdir``.  Before (session 14's profile: 1.5 times a contended add), B
+    linked a read-modify-write's version into the same gone directory, paused ``poll_min``, made the key directory
+    and epoch 0 again (two ``mkdir``) and resolved fresh (a probe per epoch)."""
+    root = tmp_path / "s"
+    root.mkdir(mode=0o700)
+    clock = _CountingClock()
+    a, b = FolderKV(PosixStore(str(root))), FolderKV(PosixStore(str(root)), clock=clock)
+    for kv in (a, b):
+        kv.seal_at = 4
+    for kv in (a, b, a, b):  # past epoch 0 (its seal) and version 1 of epoch 1: where deltas go
+        kv.add("ctr", 1)
+    real, mkdirs, raced = folderstore_add._link_slots, [], []
+
+    def racing(kv, d, *args):
+        if kv is b and not raced:  # A seals B's epoch and the next, retiring both (grace: out of every listing)
+            raced.append(d)
+            for _ in range(8):
+                a.add("ctr", 1)
+            mkdirs.clear()  # A's, not B's
+            assert not os.path.exists(root / d), "A's adds did not retire B's epoch"
+        return real(kv, d, *args)
+
+    real_mkdir = os.mkdir
+    monkeypatch.setattr(folderstore_add, "_link_slots", racing)
+    monkeypatch.setattr(os, "mkdir", lambda p, *a, **k: (mkdirs.append(p), real_mkdir(p, *a, **k))[1])
+    assert b.add("ctr", 1) == 4 + 8 + 1
+    kd = str(root / key_dir("ctr"))
+    again = [m for m in mkdirs if m in (kd, f"{kd}/{EPOCH0}")]  # (a seal B makes next mkdirs its new epoch: fine)
+    assert raced and again == [] and clock.sleeps == [], (raced, mkdirs, clock.sleeps)
+    assert a.add("ctr", 0) == 13
 
 
 @pytest.mark.root

@@ -21,6 +21,7 @@ The argument: ``docs/folderstore.md``, "Adds without a read-modify-write".
 from __future__ import annotations
 
 import contextlib
+import enum
 import errno
 import os
 import secrets
@@ -44,6 +45,15 @@ from .store import UNTRUSTED, _tmp_name, _unlink_quiet, storage_error
 _RETRY = (errno.EIO, errno.ETIMEDOUT, errno.EAGAIN)  # effect unknown: link again, EEXIST tells (nlink)
 SEAL_WAIT = 4  # polls (POLL_MIN each, jittered) an adder that finds an epoch full waits for its last delta's seal
 SEAL_GROW = 4  # a contended counter's epochs grow, doubling, up to SEAL_GROW x seal_at (128 versions)
+
+
+class Moved(enum.Enum):
+    """What :func:`delta_add` answers when its epoch directory is gone: the caller finds where the log went
+    (``FolderKV._moved_on``) without a read-modify-write into the same gone epoch (session 15)."""
+
+    EPOCH_GONE = "epoch gone"
+
+
 CACHE = 4096  # computed values and hints of delta versions kept per process (each dropped whole when full, hints
 # with the names harvest marked seen)
 # An integer add sees has fewer digits than this: under Python's default int_max_str_digits (4300), so str() of a
@@ -330,10 +340,12 @@ def _posix_slots(kv, root: str, d: str, tmp: str, first: int, last: int, new: Ve
     return 0
 
 
-def delta_add(kv, key: str, kd: str, amount: int, st: State, op: Op) -> int | State | None:
+def delta_add(kv, key: str, kd: str, amount: int, st: State, op: Op) -> int | State | Moved | None:
     """Add ``amount`` by a delta version after ``st`` (where the key's log stands, as this process sees it);
     returns the new value, or None where a delta may not go (the caller's read-modify-write goes on), or
-    where the log stands now if the epoch filled up meanwhile.
+    where the log stands now if the epoch filled up meanwhile, or ``Moved.EPOCH_GONE`` if the epoch's
+    directory is gone (retired: the log moved on; or its lookup lies) -- no effect, the caller looks where the
+    log went (a read-modify-write's ``link()`` into the same directory would fail too: 1.5 an add, session 14).
 
     Raises:
         ValueError: the value the delta landed on is not an integer (the delta changes nothing).
@@ -351,7 +363,7 @@ def delta_add(kv, key: str, kd: str, amount: int, st: State, op: Op) -> int | St
     new = Version(key, "add", secrets.token_hex(8), str(amount).encode())
     m = _link_slots(kv, d, st.n + 1, cap - 1, new, key, op)
     if m is None:
-        return None  # the epoch is gone: the read-modify-write's link() fails too, and resolves afresh
+        return Moved.EPOCH_GONE  # no effect (ours is in no slot); the caller looks where the log went
     if m == 0:  # every version below the seal is taken: where the log stands now (the seal is next)
         kv._saw(kd, st.ep, cap - 1)
         return kv._resolve(key, kd, op)
