@@ -15,7 +15,7 @@ import pytest
 from helpers import bindfs_missing, bindfs_views
 
 from fsmingle.fs import folderstore_add
-from fsmingle.fs.folderstore import FolderKV, key_dir
+from fsmingle.fs.folderstore import FolderKV, FolderStoreTimeout, key_dir
 from fsmingle.fs.folderstore_log import EPOCH0, HINT_RE, hint_name, version_name
 from fsmingle.fs.folderstore_wait import fast_pause
 from fsmingle.fs.store import PosixStore
@@ -301,6 +301,46 @@ def test_an_add_whose_epoch_is_retired_under_it_goes_where_the_log_went_without_
     again = [m for m in mkdirs if m in (kd, f"{kd}/{EPOCH0}")]  # (a seal B makes next mkdirs its new epoch: fine)
     assert raced and again == [] and clock.sleeps == [], (raced, mkdirs, clock.sleeps)
     assert a.add("ctr", 0) == 13
+
+
+@pytest.mark.parametrize("path", ["delta", "read-modify-write"])
+def test_a_write_whose_epoch_is_retired_under_every_try_keeps_its_timeout(tmp_path, monkeypatch, path):
+    """B (timeout 0.2 s) writes while A seals and retires B's epoch just before each of B's ``link()``s, 1,500
+    times.  B raises its timeout at 0.2 s, saying the write took no effect.  Before (the session 15 attack on the
+    first version of ``_moved_on``, whose look at where the log went has no pause to end at the deadline) B chased
+    the log for about 6 s and answered, past its timeout."""
+    root = tmp_path / "s"
+    root.mkdir(mode=0o700)
+    a, b = FolderKV(PosixStore(str(root))), FolderKV(PosixStore(str(root)), timeout=0.2)
+    for kv in (a, b):
+        kv.seal_at = kv.seal_max = 4  # no grown epochs: A needs few adds to seal
+    for kv in (a, b, a, b, a, b):
+        kv.add("ctr", 1)
+    rounds, added = [], []
+
+    def interfere(d):  # A seals (and so retires) B's epoch
+        if len(rounds) < 1500:
+            rounds.append(d)
+            while os.path.isdir(root / d):
+                added.append(a.add("ctr", 1))
+
+    if path == "delta":
+        real = folderstore_add._link_slots
+        monkeypatch.setattr(
+            folderstore_add, "_link_slots", lambda kv, d, *x: (kv is b and interfere(d), real(kv, d, *x))[1]
+        )
+    else:
+        real = FolderKV._link
+        monkeypatch.setattr(
+            FolderKV, "_link", lambda kv, d, *x: (kv is b and "/e-" in d and interfere(d), real(kv, d, *x))[1]
+        )
+    t0 = time.monotonic()
+    with pytest.raises(FolderStoreTimeout, match="it took no effect") as e:
+        b.add("ctr", 1) if path == "delta" else b.set("ctr", b"7")
+    took = time.monotonic() - t0
+    assert took < 0.2 + 1.0 and len(rounds) < 1500, (took, len(rounds), str(e.value))
+    assert added == list(range(7, 7 + len(added)))  # B's tries took no effect: A's adds are all there is
+    assert a.add("ctr", 0) == 6 + len(added), "B's write took effect although it raised"
 
 
 @pytest.mark.root

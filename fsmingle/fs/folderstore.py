@@ -232,11 +232,16 @@ class FolderKV:
                     self._seen[kd] = (seen[0], "", 0)
                     return None, d
                 continue
-            n = max(self._listed(d), seen[2] if ep == seen[1] else 0)
-            if n == 0 and fresh and not self._probe(d):
-                return None, d  # retired after our probe: a gone directory lists empty, not "just sealed into"
-            if n == 0 and self._seal.get(kd, (None,))[0] == ep:
-                return State(ep, 0, self._seal[kd][1]), ""  # just sealed into: the seal's value is current
+            listed = self._listed(d)
+            if listed == 0 and fresh and not self._probe(d):
+                # Retired after our probe: a gone directory lists empty, not "just sealed into" -- asked before the
+                # floor of what we saw, which would read that version through an entry cached by inode (NFS, FUSE)
+                # and answer a fresh read from a retired epoch (the session 15 attack; hypothesis example below).
+                return None, d
+            n = max(listed, seen[2] if ep == seen[1] else 0)
+            sealed = self._seal.get(kd)  # read once: another thread may replace it (NCCL's monitor thread)
+            if n == 0 and sealed is not None and sealed[0] == ep:
+                return State(ep, 0, sealed[1]), ""  # just sealed into: the seal's value is current
             if n == 0:
                 e0_empty = ep == EPOCH0
                 continue  # empty: an orphan of a lost seal, or just sealed into (reached by its seal below)
@@ -369,7 +374,7 @@ class FolderKV:
             # would mostly lose again: back off a random moment, growing with the losses in a row
             # (at most poll_max), as CAS loops do.
             self._saw(kd, st.ep, st.n + 1)
-            self.clock.sleep(self.rng.random() * lost)
+            self._nap(op, self.rng.random() * lost, f"lost the race for {self.store.path(kd)}/{st.ep}")  # no effect
             lost = min(lost * 2, self.poll_max)
             # Retry on top of the newest version we can see: the winner's, or a newer one a listing
             # shows (never below the winner's: _seen).  The next link() is the judge.
@@ -389,7 +394,13 @@ class FolderKV:
 
         Raises:
             CorruptStateError: the store was removed while in use, or ``st.ep`` stayed missing for ``LIE_LIMIT``.
-            the timeout error: the deadline passed while pausing or resolving."""
+            the timeout error: the deadline passed (checked first: the log may move on under every try, and this
+                path has no pause to end at the deadline; nothing of ours took effect in the gone epoch)."""
+        if op.deadline is not None and self.clock.monotonic() >= op.deadline:
+            raise self.timeout_error(
+                f"Timeout after {op.secs:g} s {op.what}: {self.store.path(kd)}/{st.ep} is gone"
+                " (the log kept moving on under this write; it took no effect)"
+            )
         now, _ = self._try_resolve(key, kd, fresh=False, full=True)
         if now is not None and epoch_number(now.ep) > epoch_number(st.ep):
             return now, False, 0.0
