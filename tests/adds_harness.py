@@ -17,7 +17,7 @@ from fsmingle.fs.store import PosixStore
 def kv_at(root, seal_at, **kw) -> FolderKV:
     """A FolderKV on ``root`` (one "host") whose epochs seal at ``seal_at`` versions."""
     kv = FolderKV(PosixStore(str(root)), **kw)
-    kv.seal_at = seal_at
+    kv.seal_at = kv.seal_first = seal_at  # a counter's first epoch too (its creating add names it)
     return kv
 
 

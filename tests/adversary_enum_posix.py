@@ -78,7 +78,7 @@ def one(seal_at, prefix, k, intruder, fault, j, amount=3):
     a = FolderKV(PosixStore(root), timeout=20.0, poll_max=0.02)
     b = FolderKV(PosixStore(root), poll_max=0.02)
     for kv in (a, b):
-        kv.seal_at = seal_at
+        kv.seal_at = kv.seal_first = seal_at  # a counter's first epoch too (its creating add names it)
     h = History()
 
     def run(kv, who, name, *args):

@@ -19,5 +19,5 @@ def lagging_stores(lags: list[float], seal_at: int):
     fs.mkdir_truth("", None)
     kvs = [FolderKV(v, clock=AdvancingClock(fs), poll_max=0.5) for v in views]
     for kv in kvs:
-        kv.seal_at = seal_at
+        kv.seal_at = kv.seal_first = seal_at  # a counter's first epoch too (its creating add names it)
     return fs, views, kvs

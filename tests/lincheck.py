@@ -116,7 +116,7 @@ def capacities(kv, seal_at) -> int:
     epochs of both capacities, and seals at both slots.  Returns the largest capacity (for prefixes and intruders)."""
     base, grown = seal_at if isinstance(seal_at, tuple) else (seal_at, None)
     if kv is not None:
-        kv.seal_at = base
+        kv.seal_at = kv.seal_first = base  # a counter's first epoch too (its creating add names it)
         if grown is not None:
             kv.seal_max, kv.grow_after = grown, 0
     return grown or base

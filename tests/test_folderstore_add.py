@@ -8,13 +8,14 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 from helpers import bindfs_missing, bindfs_views
 
-from fsmingle.fs import folderstore_add
+from fsmingle.fs import folderstore_add, trash
 from fsmingle.fs.folderstore import FolderKV, FolderStoreTimeout, key_dir
 from fsmingle.fs.folderstore_log import EPOCH0, HINT_RE, hint_name, version_name
 from fsmingle.fs.folderstore_wait import fast_pause
@@ -279,7 +280,7 @@ def test_an_add_whose_epoch_is_retired_under_it_goes_where_the_log_went_without_
     clock = _CountingClock()
     a, b = FolderKV(PosixStore(str(root))), FolderKV(PosixStore(str(root)), clock=clock)
     for kv in (a, b):
-        kv.seal_at = 4
+        kv.seal_at = kv.seal_first = 4
     for kv in (a, b, a, b):  # past epoch 0 (its seal) and version 1 of epoch 1: where deltas go
         kv.add("ctr", 1)
     real, mkdirs, raced = folderstore_add._link_slots, [], []
@@ -301,6 +302,58 @@ def test_an_add_whose_epoch_is_retired_under_it_goes_where_the_log_went_without_
     again = [m for m in mkdirs if m in (kd, f"{kd}/{EPOCH0}")]  # (a seal B makes next mkdirs its new epoch: fine)
     assert raced and again == [] and clock.sleeps == [], (raced, mkdirs, clock.sleeps)
     assert a.add("ctr", 0) == 13
+
+
+def test_the_add_that_creates_a_counter_seals_epoch_0_and_the_others_wait_for_its_seal(tmp_path, monkeypatch):
+    """N ranks add 1 to a fresh counter at once (torch's store-based barrier).  A wins version 1 of epoch 0 (marked
+    ``sealing``) and is held there; B finds epoch 0 full, its seal next, and waits; A, released at B's first pause,
+    seals epoch 0 at once, naming a grown epoch (``-c128``) that holds a copy of its value; B adds there as a delta.
+    B makes no epoch and retires none.  Before (session 15), each of the N-1 losers made an epoch and raced for
+    epoch 0's seal (a ``mkdir``, a lost ``link()`` and a retirement each), and the counter then crossed epochs of
+    32, 64 and 128 -- each crossing a wait for a seal on the barrier's critical path."""
+    root = tmp_path / "s"
+    root.mkdir(mode=0o700)
+    clock = _CountingClock()
+    a, b = FolderKV(PosixStore(str(root))), FolderKV(PosixStore(str(root)), clock=clock)
+    kd = str(root / key_dir("ctr"))
+    won, go, answers, made = threading.Event(), threading.Event(), {}, []
+    real_link, real_mkdir, real_sleep = FolderKV._link, os.mkdir, clock.sleep
+
+    def link(kv, d, n, *x):  # A is held just after its version 1 of epoch 0 won
+        got = real_link(kv, d, n, *x)
+        if kv is a and d.endswith(EPOCH0) and n == 1:
+            won.set()
+            assert go.wait(30), "B never waited"
+        return got
+
+    def sleep(secs):
+        if not clock.sleeps:  # B's first pause (its wait for the seal): A goes on
+            go.set()
+            t.join(30)
+        real_sleep(secs)
+
+    def mkdir(path, *x, **k):
+        if threading.current_thread() is threading.main_thread() and path not in (kd, f"{kd}/{EPOCH0}"):
+            made.append(path)  # B's: an epoch of its own
+        return real_mkdir(path, *x, **k)
+
+    monkeypatch.setattr(FolderKV, "_link", link)
+    monkeypatch.setattr(os, "mkdir", mkdir)
+    clock.sleep = sleep
+    t = threading.Thread(target=lambda: answers.__setitem__("a", a.add("ctr", 1)))
+    t.start()
+    try:
+        assert won.wait(30)
+        answers["b"] = b.add("ctr", 1)
+    finally:
+        go.set()
+        t.join(30)
+    assert answers == {"a": 1, "b": 2} and made == [], (answers, made)
+    (grown,) = [e for e in os.listdir(kd) if e != EPOCH0]
+    assert grown.endswith(f"-c{folderstore_add.SEAL_GROW * a.seal_at}"), grown
+    assert sorted(v for v in os.listdir(f"{kd}/{grown}") if v.startswith("v-")) == [version_name(1), version_name(2)]
+    assert not [n for n in os.listdir(root) if n.startswith(trash.PREFIX)], "an epoch was retired"
+    assert FolderKV(PosixStore(str(root))).add("ctr", 0) == 2
 
 
 @pytest.mark.parametrize("path", ["delta", "read-modify-write"])
@@ -384,18 +437,18 @@ def test_the_last_delta_of_an_epoch_seals_it_at_once(tmp_path):
     root = tmp_path / "s"
     root.mkdir(mode=0o700)
     kv = FolderKV(PosixStore(str(root)))
-    kv.seal_at = 5
+    kv.seal_at = kv.seal_first = 5
     kd = root / key_dir("ctr")
-    for want in range(1, 4):  # epoch 0's two versions, then version 1 of epoch 1 (full)
-        assert kv.add("ctr", 1) == want
+    assert kv.add("ctr", 1) == 1  # creates the counter: epoch 0's version 1, and at once its seal (version 2)
+    assert sorted(v for v in os.listdir(kd / EPOCH0) if v.startswith("v-")) == [version_name(1), version_name(2)]
     ep = max(e for e in os.listdir(kd) if e.startswith("e-"))
-    assert sorted(v for v in os.listdir(kd / ep) if v.startswith("v-")) == [version_name(1)]
-    assert [kv.add("ctr", 1) for _ in range(3)] == [4, 5, 6]  # deltas at versions 2, 3 and 4: the last slot
+    assert sorted(v for v in os.listdir(kd / ep) if v.startswith("v-")) == [version_name(1)]  # the seal's copy
+    assert [kv.add("ctr", 1) for _ in range(3)] == [2, 3, 4]  # deltas at versions 2, 3 and 4: the last slot
     eps = sorted(e for e in os.listdir(kd) if e.startswith("e-"))
     # The seal made by the 3rd add: its epoch retired (out of the key's directory), the next one holds the copy.
     assert ep not in eps and len(eps) == 2, eps
     assert sorted(v for v in os.listdir(kd / eps[-1]) if v.startswith("v-")) == [version_name(1)]
-    assert FolderKV(PosixStore(str(root))).try_get("ctr") == b"6" and kv.add("ctr", 2) == 8
+    assert FolderKV(PosixStore(str(root))).try_get("ctr") == b"4" and kv.add("ctr", 2) == 6
 
 
 def test_a_contended_counter_grows_its_next_epoch_in_the_name_and_a_quiet_one_keeps_the_default(tmp_path):
@@ -412,7 +465,7 @@ def test_a_contended_counter_grows_its_next_epoch_in_the_name_and_a_quiet_one_ke
     root.mkdir(mode=0o700)
     a, b = (FolderKV(PosixStore(str(root))) for _ in range(2))
     for kv in (a, b):
-        kv.seal_at = 4
+        kv.seal_at = kv.seal_first = 4
     kd = root / key_dir("ctr")
 
     def epochs():

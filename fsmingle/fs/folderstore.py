@@ -85,6 +85,7 @@ class FolderKV:
         self.seal_at = SEAL_AT  # versions per epoch (tests lower it to compact often)
         self.seal_max = None  # a grown epoch's largest capacity (None: folderstore_add.SEAL_GROW x seal_at, 128)
         self.grow_after = 1  # lost slots of the last delta's writer that grow the next epoch (0: every delta seal)
+        self.seal_first = None  # capacity of a counter's first epoch, named by its creating add (None: grown_cap)
         self.retire_grace = retire_grace  # seconds a retired epoch's files are kept (Store.retire)
         self.crowd = max(1, crowd)
         self._made: set[str] = set()  # key directories this process made or found (mkdir)
@@ -323,9 +324,13 @@ class FolderKV:
             self._made.add(kd)
 
     # ------------------------------------------------------------------ read-modify-write
-    def _update(self, key: str, change: Callable[[bytes | None], tuple[str, bytes] | None], what: str, jump=None):
+    def _update(
+        self, key: str, change: Callable[[bytes | None], tuple[str, bytes] | None], what: str, jump=None, created=None
+    ):
         """Apply ``change`` to the value of ``key`` atomically; returns the version written (None: nothing written),
         or what ``jump(kd, state, op)`` returned that is not None nor a newer state (an add's delta: .folderstore_add).
+        ``created(kd, version, op)`` is called after a write of ours created the key (version 1 of epoch 0, written
+        ``sealing``: ``created`` seals epoch 0).
 
         ``change(value)`` (None: missing) returns ``(op, value)`` to write, or None to write nothing
         (then answered from a fresh read: a failed ``compare_set`` is linearizable too).  The ``link()``
@@ -357,13 +362,16 @@ class FolderKV:
             seal = None
             if st.n + 1 >= self.cap(st.ep):
                 seal = self._new_epoch(kd, st.ep)  # a read-modify-write's epoch: the default capacity
-            new = Version(key, kind, token, value, seal)
+            # A creating write whose caller seals epoch 0 at once says so: the others wait for that seal.
+            new = Version(key, kind, token, value, seal, sealing=created is not None and st.ep == EPOCH0 and st.n == 0)
             got = self._link(f"{kd}/{st.ep}", st.n + 1, new, key, op)
             if got is new:
                 self._saw(kd, st.ep, st.n + 1)
                 if seal is not None:
                     self._seal[kd] = (seal, new)
                     self._sealed(kd, st.ep, seal, new)
+                elif created is not None and st.ep == EPOCH0 and st.n == 0:
+                    created(kd, new, op)
                 return new
             if seal is not None:
                 self._retire(f"{kd}/{seal}")  # nobody knows its name: the seal that would have named it lost
@@ -468,12 +476,13 @@ class FolderKV:
         return name
 
     def _sealed(self, kd: str, old: str, new_ep: str, seal: Version) -> None:
-        """After our seal of ``old`` won: copy its value into the new epoch, then retire the epochs below it."""
-        if old == EPOCH0:
-            return  # epoch 0 stays (a seal's value stays readable there): nothing to retire
+        """After our seal of ``old`` won: copy its value into the new epoch (its version 1: the next adds go there as
+        deltas, not as read-modify-writes racing for version 1), then retire the epochs below it (never epoch 0)."""
         copy = Version(seal.key, seal.op, secrets.token_hex(8), seal.value)
         try:  # a failure here must not fail the write (it took effect): a later seal retires these epochs
             self._create(f"{kd}/{new_ep}/{version_name(1)}", copy.encode())  # EEXIST: a writer's successor
+            if old == EPOCH0:
+                return  # epoch 0 stays (a seal's value stays readable there): nothing to retire
             old_eps = [ep for num, ep in self._epochs(kd) if num < epoch_number(new_ep) and ep != EPOCH0]
         except (FileNotFoundError, StorageError):
             return  # not proven there (the copy), or the epochs not listed (EIO)

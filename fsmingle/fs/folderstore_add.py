@@ -354,6 +354,11 @@ def delta_add(kv, key: str, kd: str, amount: int, st: State, op: Op) -> int | St
             a ``link()`` of ours answered EIO or a lost reply and whose version it made was not settled by the
             deadline -- the message then says whether it took effect is unknown.
     """
+    if st.ep == EPOCH0 and st.n + 1 >= kv.cap(EPOCH0) and st.ver is not None and st.ver.sealing:
+        # Epoch 0 full, its seal next, and its version 1 says its writer (a counter's creating add: ``created``
+        # below) seals it at once: wait a moment for that, as for a last delta's seal, rather than each of the N-1
+        # others making an epoch and racing for the seal's slot (a mkdir, a lost link() and a retirement each).
+        return _await_seal(kv, key, kd, st, op)
     if st.ep == EPOCH0 or st.n < 1 or st.ver is None:
         return None  # epoch 0 and version 1 stay full versions
     cap = kv.cap(st.ep)  # this epoch's own capacity: from its name (docs/folderstore.md, "Grown epochs")
@@ -399,9 +404,13 @@ def delta_add(kv, key: str, kd: str, amount: int, st: State, op: Op) -> int | St
         # Contended (our delta passed slots others took): the next epoch holds more, so that N adders cross fewer
         # epochs; a quiet counter's stay at the default (item 1's bound).  Either way in the name, never reused.
         grow = m - (st.n + 1) >= kv.grow_after
-        top = kv.seal_max or SEAL_GROW * kv.seal_at
-        _seal_now(kv, kd, st.ep, cap, v, op, max(cap, min(2 * cap, top)) if grow else kv.seal_at)
+        _seal_now(kv, kd, st.ep, cap, v, op, max(cap, min(2 * cap, grown_cap(kv))) if grow else kv.seal_at)
     return base + amount
+
+
+def grown_cap(kv) -> int:
+    """The largest capacity of a grown epoch (versions): ``seal_max``, else ``SEAL_GROW`` x ``seal_at`` (128)."""
+    return kv.seal_max or SEAL_GROW * kv.seal_at
 
 
 def _seal_now(kv, kd: str, ep: str, cap: int, v: Version, op: Op, nxt_cap: int) -> None:
@@ -457,9 +466,16 @@ def add(kv, key: str, amount: int) -> int:
     def jump(kd, st, op):
         return delta_add(kv, key, kd, amount, st, op) if amount and as_int(st.value) is not None else None
 
+    def created(kd, v, op):
+        # The add that created the counter seals epoch 0 at once, naming a grown epoch: a counter's first add is
+        # most often one of N at once (torch's store-based barrier, a rank counter), whose other N-1 otherwise each
+        # made an epoch and raced for epoch 0's seal, then crossed epochs of 32, 64 and 128 -- every crossing a
+        # wait for a seal on the barrier's critical path (session 15).  A quiet counter's next seal is the default.
+        _seal_now(kv, kd, EPOCH0, kv.cap(EPOCH0), v, op, kv.seal_first or grown_cap(kv))
+
     while True:
         try:
-            done = kv._update(key, change, "adding to", jump)
+            done = kv._update(key, change, "adding to", jump, created)
             return done if isinstance(done, int) else out[0]
         except _NotInt:
             cur = kv.try_get(key)  # linearizable: a ValueError only for a value that is not an integer then

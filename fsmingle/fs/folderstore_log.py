@@ -145,12 +145,15 @@ def as_bytes(v) -> bytes:
 class Version:
     """One immutable version of a key: ``op`` is ``set``, ``del`` (a tombstone) or ``add`` (a delta: its value an
     integer to add to the version below, :mod:`.folderstore_add`); ``next``, on a
-    seal, names the epoch that continues the key's log (the seal's own value is current until then)."""
+    seal, names the epoch that continues the key's log (the seal's own value is current until then); ``sealing``:
+    its writer seals its epoch at once (a counter's creating add: others wait for that seal rather than make one).
+    ``sealing`` is an optional header field: a reader that predates it ignores it (and only makes a seal itself)."""
 
-    __slots__ = ("key", "next", "op", "token", "value")
+    __slots__ = ("key", "next", "op", "sealing", "token", "value")
 
-    def __init__(self, key: str, op: str, token: str, value: bytes, next: str | None = None):
+    def __init__(self, key: str, op: str, token: str, value: bytes, next: str | None = None, sealing: bool = False):
         self.key, self.op, self.token, self.value, self.next = key, op, token, value, next
+        self.sealing = sealing
 
     @property
     def live(self) -> bool:
@@ -160,6 +163,8 @@ class Version:
         head = {"schema": SCHEMA, "kind": "kv", "key": self.key, "op": self.op, "token": self.token}
         if self.next is not None:
             head["next"] = self.next
+        if self.sealing:
+            head["sealing"] = True
         head["len"] = len(self.value)
         data = json.dumps(head, separators=(",", ":")).encode() + b"\n" + self.value
         if len(data) > MAX_RECORD:  # never reached within MAX_KEY and MAX_VALUE; never written past it
@@ -180,12 +185,13 @@ class Version:
                 and isinstance(h.get("token"), str)
                 and h.get("len") == len(value)
                 and (h.get("next") is None or (isinstance(h["next"], str) and EPOCH_RE.match(h["next"]) is not None))
+                and h.get("sealing", False) in (False, True)
             )
         except ValueError:
             ok = False
         if not ok:
             raise CorruptStateError(f"{where} is not a FolderStore version (damaged or foreign); remove the store")
-        return cls(h["key"], h["op"], h["token"], value, h.get("next"))
+        return cls(h["key"], h["op"], h["token"], value, h.get("next"), h.get("sealing", False) is True)
 
 
 def probe_dir(root: str, name: str) -> bool:
