@@ -281,10 +281,11 @@ def _one(px, seal_at, prefix, role, j, intruder, fault, then, also=None):
 
 # seal_ats, prefixes (None: 2 .. seal_at + 3), roles, intruders
 SIZES = {
-    "ci": ((4,), (3, 5), ("add", "set"), (None, "seal")),
+    # prefixes 0 and 1 (session 15): A's add creates the counter (its seal of epoch 0), or waits for B's seal
+    "ci": ((4,), (0, 1, 3, 5), ("add", "set"), (None, "seal")),
     "big": ((3, 4), None, ROLES, INTRUDERS),
     # session 6 (cap): A in a grown epoch of 6 (lincheck.capacities): at its 2nd version, its last delta, its seal
-    "grown": (((4, 6),), (5, 7, 8), ("add", "set"), (None, "seal")),
+    "grown": (((4, 6),), (0, 1, 5, 7, 8), ("add", "set"), (None, "seal")),
 }
 
 

@@ -4,6 +4,7 @@ timed), stay a link() per lost race; and a compaction keeps the retired epoch's 
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import subprocess
@@ -354,6 +355,98 @@ def test_the_add_that_creates_a_counter_seals_epoch_0_and_the_others_wait_for_it
     assert sorted(v for v in os.listdir(f"{kd}/{grown}") if v.startswith("v-")) == [version_name(1), version_name(2)]
     assert not [n for n in os.listdir(root) if n.startswith(trash.PREFIX)], "an epoch was retired"
     assert FolderKV(PosixStore(str(root))).add("ctr", 0) == 2
+
+
+@pytest.mark.parametrize("sealing", [1, 0, 1.0, None, "true", [], {}])
+def test_a_version_s_sealing_field_is_a_json_boolean_or_the_version_is_foreign(sealing):
+    """``sealing`` (session 15) round-trips, is False when absent (versions written before), and any other JSON
+    type in its place is refused as a foreign file (``1`` too: Python's ``1 in (False, True)`` is true)."""
+    from fsmingle.errors import CorruptStateError
+    from fsmingle.fs.folderstore_log import Version
+
+    v = Version("k", "set", "t0", b"1", sealing=True)
+    assert Version.decode(v.encode(), "x").sealing is True
+    assert Version.decode(Version("k", "set", "t0", b"1").encode(), "x").sealing is False
+    head, _, value = v.encode().partition(b"\n")
+    bad = json.dumps({**json.loads(head), "sealing": sealing}).encode() + b"\n" + value
+    with pytest.raises(CorruptStateError, match="not a FolderStore version"):
+        Version.decode(bad, "x")
+
+
+def test_adders_seal_epoch_0_themselves_when_the_counter_s_creator_died_before_its_seal(tmp_path, monkeypatch):
+    """A's add creates the counter (version 1, ``sealing``) and dies before its seal (its process killed: here its
+    ``_seal_now`` of epoch 0 does nothing).  B finds epoch 0 full, waits ``SEAL_WAIT`` polls for A's seal, then makes
+    the seal itself (a read-modify-write, as before session 15); B and C answer 2 and 3, within a second."""
+    root = tmp_path / "s"
+    root.mkdir(mode=0o700)
+    a, b, c = (FolderKV(PosixStore(str(root)), timeout=10) for _ in range(3))
+    real = folderstore_add._seal_now
+    monkeypatch.setattr(folderstore_add, "_seal_now", lambda kv, kd, ep, *x: None if kv is a else real(kv, kd, ep, *x))
+    assert a.add("ctr", 1) == 1
+    kd = root / key_dir("ctr")
+    assert sorted(os.listdir(kd / EPOCH0)) == [version_name(1)]  # no seal: A "died"
+    t0 = time.monotonic()
+    assert b.add("ctr", 1) == 2 and c.add("ctr", 1) == 3
+    assert time.monotonic() - t0 < 1.0
+    assert sorted(os.listdir(kd / EPOCH0)) == [version_name(1), version_name(2)]  # B's seal
+    assert FolderKV(PosixStore(str(root))).add("ctr", 0) == 3
+
+
+def test_a_seal_slot_that_keeps_failing_does_not_hold_the_add_that_took_effect(tmp_path, monkeypatch):
+    """Every ``link()`` of epoch 0's seal answers EIO (a soft mount's timeout).  The creating add took effect at its
+    version 1: it answers within ``SEAL_WAIT x poll_max`` (1 s), not at its 5 s timeout (the session 15 attack: the
+    add answered at its timeout); the seal is left to the next writer, who makes it once the slot heals."""
+    from fsmingle.fs import store as store_module
+    from fsmingle.fs.folderstore_add import SEAL_WAIT
+
+    class EioOs:  # os for the store module: link() of epoch 0's version 2 fails while ``broken``
+        broken = True
+
+        def __getattr__(self, name):
+            return getattr(os, name)
+
+        def link(self, src, dst, *a, **kw):
+            if EioOs.broken and str(dst).endswith(f"{EPOCH0}/{version_name(2)}"):
+                raise OSError(errno.EIO, "Input/output error (injected)", dst)
+            return os.link(src, dst, *a, **kw)
+
+    monkeypatch.setattr(store_module, "os", EioOs())
+    root = tmp_path / "s"
+    root.mkdir(mode=0o700)
+    a = FolderKV(PosixStore(str(root)), timeout=5)
+    t0 = time.monotonic()
+    assert a.add("ctr", 5) == 5
+    took = time.monotonic() - t0
+    assert took < SEAL_WAIT * a.poll_max + 0.5, f"the creating add answered after {took:.2f} s"
+    EioOs.broken = False
+    assert FolderKV(PosixStore(str(root)), timeout=5).add("ctr", 1) == 6
+    assert version_name(2) in os.listdir(root / key_dir("ctr") / EPOCH0)
+
+
+def test_a_quiet_counter_s_first_epoch_holds_128_and_its_next_ones_the_default(tmp_path):
+    """Issue 30 item 1's bound for a counter since session 15: its creating add names a first epoch of
+    ``SEAL_GROW x SEAL_AT`` (128) versions whether or not others add -- at most 2 + 2 x 128 files under the key
+    while it fills -- and a quiet counter's next epochs are the default (32): back to the old bound."""
+    from fsmingle.fs.folderstore import SEAL_AT
+
+    root = tmp_path / "s"
+    root.mkdir(mode=0o700)
+    kv = FolderKV(PosixStore(str(root)), retire_grace=0.0)
+    kd = root / key_dir("ctr")
+    top = folderstore_add.SEAL_GROW * SEAL_AT
+
+    def files():
+        return sum(len(fs) for _, _, fs in os.walk(kd))
+
+    for _ in range(top - 2):
+        kv.add("ctr", 1)
+    (first,) = [e for e in os.listdir(kd) if e != EPOCH0]
+    assert first.endswith(f"-c{top}") and files() <= 2 + 2 * top, (first, files())
+    for _ in range(2 * SEAL_AT):
+        kv.add("ctr", 1)
+    newest = max((e for e in os.listdir(kd) if e != EPOCH0), key=lambda e: int(e[2:14]))
+    assert "-c" not in newest[15:] and files() <= 2 + 2 * SEAL_AT, (newest, files())
+    assert FolderKV(PosixStore(str(root))).add("ctr", 0) == top - 2 + 2 * SEAL_AT
 
 
 @pytest.mark.parametrize("path", ["delta", "read-modify-write"])

@@ -422,11 +422,16 @@ def _seal_now(kv, kd: str, ep: str, cap: int, v: Version, op: Op, nxt_cap: int) 
     may fail it (a failed seal is made by the next writer, as before)."""
     # Every Exception, on purpose: StorageError, the store's timeout, even CorruptStateError met while sealing fail
     # the seal, never the add that already took effect (a caller retrying a failed add counts it twice); the next
-    # writer meets the same error in its own operation, where it is reported.
+    # writer meets the same error in its own operation, where it is reported.  The seal's own tries end within
+    # SEAL_WAIT x poll_max (as long as its waiters wait, _await_seal), not at the add's deadline: a seal slot that
+    # keeps failing (EIO) must not hold a caller whose add took effect for its whole timeout (session 15's attack).
+    short = Op(kv.clock, SEAL_WAIT * kv.poll_max, op.what)
+    if op.deadline is not None:
+        short.deadline = min(short.deadline, op.deadline)
     with contextlib.suppress(Exception):
         nxt = kv._new_epoch(kd, ep, nxt_cap)
         seal = Version(v.key, "set", secrets.token_hex(8), v.value, nxt)
-        if kv._link(f"{kd}/{ep}", cap, seal, v.key, op) is seal:
+        if kv._link(f"{kd}/{ep}", cap, seal, v.key, short) is seal:
             kv._saw(kd, ep, cap)
             kv._seal[kd] = (nxt, seal)
             kv._sealed(kd, ep, nxt, seal)

@@ -185,7 +185,7 @@ class Version:
                 and isinstance(h.get("token"), str)
                 and h.get("len") == len(value)
                 and (h.get("next") is None or (isinstance(h["next"], str) and EPOCH_RE.match(h["next"]) is not None))
-                and h.get("sealing", False) in (False, True)
+                and isinstance(h.get("sealing", False), bool)
             )
         except ValueError:
             ok = False
