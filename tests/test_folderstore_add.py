@@ -453,8 +453,8 @@ def test_a_quiet_counter_s_first_epoch_holds_128_and_its_next_ones_the_default(t
 def test_a_write_whose_epoch_is_retired_under_every_try_keeps_its_timeout(tmp_path, monkeypatch, path):
     """B (timeout 0.2 s) writes while A seals and retires B's epoch just before each of B's ``link()``s, 1,500
     times.  B raises its timeout at 0.2 s, saying the write took no effect.  Before (the session 15 attack on the
-    first version of ``_moved_on``, whose look at where the log went has no pause to end at the deadline) B chased
-    the log for about 6 s and answered, past its timeout."""
+    first version of ``folderstore_link.moved_on``, whose look at where the log went has no pause to end at the
+    deadline) B chased the log for about 6 s and answered, past its timeout."""
     root = tmp_path / "s"
     root.mkdir(mode=0o700)
     a, b = FolderKV(PosixStore(str(root))), FolderKV(PosixStore(str(root)), timeout=0.2)

@@ -18,15 +18,15 @@ No torch import here: the ``torch.distributed.Store`` face is :mod:`fsmingle.fs.
 from __future__ import annotations
 
 import contextlib
-import errno
 import random
 import secrets
 import time
 from collections.abc import Callable, Iterable
 
 from ..errors import CorruptStateError, StorageError
-from .folderstore_add import Moved, add, fresh_lookup, full, harvest, settled_in_trash
+from .folderstore_add import Moved, add, fresh_lookup, full, harvest
 from .folderstore_keys import live_keys
+from .folderstore_link import link_version, moved_on
 from .folderstore_log import (
     _UNKNOWN_EFFECT,
     _UNREADABLE,
@@ -345,7 +345,7 @@ class FolderKV:
         while True:
             while jump is not None and (done := jump(kd, st, op)) is not None:
                 if done is Moved.EPOCH_GONE:
-                    st, fresh, gone = self._moved_on(key, kd, st, op, gone)
+                    st, fresh, gone = moved_on(self, key, kd, st, op, gone, LIE_LIMIT)
                     continue
                 if not isinstance(done, State):
                     return done
@@ -376,7 +376,7 @@ class FolderKV:
             if seal is not None:
                 self._retire(f"{kd}/{seal}")  # nobody knows its name: the seal that would have named it lost
             if got is None:  # the epoch is gone (retired: the log moved on), or its lookup lies
-                st, fresh, gone = self._moved_on(key, kd, st, op, gone)
+                st, fresh, gone = moved_on(self, key, kd, st, op, gone, LIE_LIMIT)
                 continue
             # Lost the race.  Under contention (N ranks adding to one counter) every retry at once
             # would mostly lose again: back off a random moment, growing with the losses in a row
@@ -388,77 +388,8 @@ class FolderKV:
             # shows (never below the winner's: _seen).  The next link() is the judge.
             st, fresh = self._resolve(key, kd, op), False
 
-    def _moved_on(self, key: str, kd: str, st: State, op: Op, gone: float) -> tuple[State, bool, float]:
-        """Where the log of ``key`` stands after a write found the directory of ``st.ep`` gone: ``(state, fresh,
-        gone)``, ``gone`` the time since which ``st.ep`` has been missing (0.0 once the log is found past it).
-
-        First a full listing of the key, not fresh: an epoch numbered above the gone one that it shows is where the
-        log went (an epoch is retired only after its successor holds a version: "Compaction without ABA"), and the
-        next ``link()`` judges, as after a lost race -- a state older than the newest costs a lost race or a gone
-        epoch more, never a wrong write.  That saves the nap, the two ``mkdir`` and the probes below, 1.5 times a
-        contended add (session 14's profile).  Else (a listing that lags, the epoch's lookup lying, the store
-        removed): nap ``poll_min``, make the key directory again -- a store removed under us raises at once -- and
-        resolve fresh (every epoch probed: a lagging listing shows the new one).
-
-        Raises:
-            CorruptStateError: the store was removed while in use, or ``st.ep`` stayed missing for ``LIE_LIMIT``.
-            the timeout error: the deadline passed (checked first: the log may move on under every try, and this
-                path has no pause to end at the deadline; nothing of ours took effect in the gone epoch)."""
-        if op.deadline is not None and self.clock.monotonic() >= op.deadline:
-            raise self.timeout_error(
-                f"Timeout after {op.secs:g} s {op.what}: {self.store.path(kd)}/{st.ep} is gone"
-                " (the log kept moving on under this write; it took no effect)"
-            )
-        now, _ = self._try_resolve(key, kd, fresh=False, full=True)
-        if now is not None and epoch_number(now.ep) > epoch_number(st.ep):
-            return now, False, 0.0
-        gone = gone or self.clock.monotonic()
-        if self.clock.monotonic() - gone > LIE_LIMIT:
-            raise CorruptStateError(f"{self.store.path(kd)}/{st.ep} has been missing for {LIE_LIMIT:g} s")
-        self._nap(op, self.poll_min, f"{self.store.path(kd)}/{st.ep} is missing (or its lookup lies)")
-        self._keydir(key, again=True)
-        now = self._resolve(key, kd, op, fresh=True)
-        return now, True, 0.0 if epoch_number(now.ep) > epoch_number(st.ep) else gone
-
-    def _link(self, d: str, n: int, new: Version, key: str, op: Op) -> Version | None:
-        """Create version ``n`` of epoch ``d`` as ``new``: returns ``new`` if ours, the winner's version if
-        another's, None if the epoch directory is gone.  Whose is told by the token: a lost reply
-        (EEXIST after success) and an I/O error after the effect are read back, never failed."""
-        name, data = f"{d}/{version_name(n)}", new.encode()
-        pause, since, unknown = self.poll_min, self.clock.monotonic(), False
-        while True:
-            try:
-                made = self._create(name, data)
-            except FileNotFoundError:  # gone: after an EIO ours may be in it, retired since (the trash tells)
-                return settled_in_trash(self, d, n, new, key, op) if unknown else None
-            except StorageError as e:
-                if e.errno not in (errno.EIO, errno.ETIMEDOUT, errno.EAGAIN):
-                    raise
-                # The effect is unknown (a soft mount's timeout, a reply lost for good): create it
-                # again with the same token -- EEXIST then reads back whose it is.
-                self._nap(op, pause, f"creating {self.store.path(name)} keeps failing: {e} ({_UNKNOWN_EFFECT})")
-                pause, unknown = min(pause * 2, self.poll_max), True
-                continue
-            if made:
-                return new
-            # EEXIST: version n exists -- ours (a lost reply) or another's.  Until a read-back tells, a later
-            # ENOENT (the epoch retired while we paused) must ask the trash, never answer "gone, nothing of
-            # ours": that add would be written again, counted twice (nradv's finding 5).
-            unknown = True
-            try:
-                won = self._read(d, n, key)
-            except StorageError as e:  # EIO on the read-back: whose version n is, is read again (nradv's finding 4)
-                self._nap(op, pause, f"reading {self.store.path(name)} back keeps failing: {e} ({_UNKNOWN_EFFECT})")
-                pause = min(pause * 2, self.poll_max)
-                continue  # create again: EEXIST, then the read-back (ours or another's, never unknown for good)
-            if won is not None:
-                return new if won.token == new.token else won
-            # The server said it exists but this client cannot read it: a lying lookup (list, read
-            # again after a pause) -- or the epoch was retired since (then the probe says so).
-            self._unreadable(op, name, since, pause, unknown=True)
-            pause = min(pause * 2, self.poll_max)
-            if not self._probe(d):  # retired since: its files wait in the trash (retire_grace) -- ours among them?
-                return settled_in_trash(self, d, n, new, key, op)
+    def _link(self, d: str, n: int, new: Version, key: str, op: Op) -> Version | None:  # (tests patch it here)
+        return link_version(self, d, n, new, key, op)
 
     def cap(self, ep: str) -> int:
         """Versions epoch ``ep`` holds, the last one its seal: 2 for epoch 0, else what its name says (the default

@@ -49,7 +49,7 @@ SEAL_GROW = 4  # a contended counter's epochs grow, doubling, up to SEAL_GROW x 
 
 class Moved(enum.Enum):
     """What :func:`delta_add` answers when its epoch directory is gone: the caller finds where the log went
-    (``FolderKV._moved_on``) without a read-modify-write into the same gone epoch (session 15)."""
+    (``folderstore_link.moved_on``) without a read-modify-write into the same gone epoch (session 15)."""
 
     EPOCH_GONE = "epoch gone"
 
