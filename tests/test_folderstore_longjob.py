@@ -23,6 +23,8 @@ import sys
 import pytest
 from helpers import torch_env
 
+from fsmingle.fs import folderstore_add
+
 pytest.importorskip("torch")
 
 pytestmark = pytest.mark.torch
@@ -109,7 +111,7 @@ if rank == 0:
         store.set("keepalive/0", str(i))
         if i % 240 == 0:
             rec["files"].append(files())
-            if rec["files"][-1] >= day // 10:
+            if rec["files"][-1] >= day // 5:
                 break  # unbounded (no compaction): say so now rather than at the timeout
     store.wait(["adds-done"])
     rec["late"] = costs(day)
@@ -151,9 +153,13 @@ def test_a_day_of_writes_under_torchrun_costs_the_same_and_keeps_few_files(tmp_p
     seal_at, keys = rec["seal_at"], rec["keys"]
     # torch's role_info/0, assigned_ranks/0, MASTER_ADDR, MASTER_PORT; started, keepalive/0, mine, progress, adds-done
     assert len(keys) == 9, keys
-    # ... plus what was retired within the (compressed) grace: an epoch or two of the keep-alive
-    assert max(rec["files"]) <= len(keys) * (2 + 2 * seal_at) + 2 * seal_at, rec["files"]
-    assert max(rec["files"]) < DAY // 10, rec["files"]
+    # ... plus what was retired within the (compressed) grace: an epoch or two of the keep-alive; and each of the two
+    # counters (mine, progress) may still be in its first epoch, which holds up to SEAL_GROW x seal_at versions and
+    # as many hints less two (session 15: its creating add names it) -- a bound of the work, never of the day: the
+    # 600 adds of progress filled theirs, and CI caught it at 316 files while it filled, over the old DAY // 10.
+    first = folderstore_add.SEAL_GROW * seal_at
+    assert max(rec["files"]) <= len(keys) * (2 + 2 * seal_at) + 2 * seal_at + 2 * 2 * (first - seal_at), rec["files"]
+    assert max(rec["files"]) < DAY // 5, rec["files"]  # without compaction: one version per write, DAY of them
 
     # Every answer after the day: the last keep-alive, every add counted, torch's own key as the agent wrote it.
     assert rec["keepalive"] == str(DAY + 2 * seal_at - 1) and rec["counter"] == ADDS  # costs() wrote 2 epochs more
